@@ -1,0 +1,7 @@
+"""``python -m naiad`` runs the ``naiad`` command."""
+
+import sys
+
+from naiad.cli import main
+
+sys.exit(main())

@@ -1,0 +1,69 @@
+"""naiad's exception hierarchy.
+
+Every error naiad raises on purpose is a :class:`NaiadError`. Messages name the parameter or the
+place (file, line, worker), the rule, the value found, and the fix when there is one.
+"""
+
+from __future__ import annotations
+
+__all__ = ["NaiadError", "ConfigError", "SourceError", "WorkerError", "StateError"]
+
+
+class NaiadError(Exception):
+    """Base class of every error naiad raises on purpose."""
+
+
+class ConfigError(NaiadError, ValueError):
+    """A bad argument, found at construction (a ``ValueError`` too, as torch raises)."""
+
+
+class SourceError(NaiadError):
+    """A file could not be read or parsed.
+
+    Attributes:
+        path: the file, when known.
+        line: 1-based line (text formats) or row (columnar formats), when known.
+        column: the column involved, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        column: str | None = None,
+    ) -> None:
+        where = []
+        if path is not None:
+            where.append(str(path))
+        if line is not None:
+            where.append(f"line {line}")
+        if column is not None:
+            where.append(f"column {column!r}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        self.path = path
+        self.line = line
+        self.column = column
+
+
+class WorkerError(NaiadError):
+    """A worker died or stopped answering.
+
+    Attributes:
+        worker_id: which worker.
+        exitcode: its exit code (negative: killed by that signal), or None if it is still alive.
+        task: what it was doing, in words.
+    """
+
+    def __init__(
+        self, message: str, *, worker_id: int, exitcode: int | None = None, task: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.exitcode = exitcode
+        self.task = task
+
+
+class StateError(NaiadError, ValueError):
+    """A state dict that does not fit this loader: shows the stored and the current value."""

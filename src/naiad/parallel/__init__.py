@@ -1,0 +1,27 @@
+"""Parallel execution: the only package in naiad that starts threads or processes.
+
+A :class:`WorkerPool` runs a *handler* over a stream of tasks and yields the results in task order
+(or as completed). The handler is built inside each worker by a picklable *factory*, so the
+dataset (or a source description) crosses the process boundary once and heavy state can be built
+in the worker. ``num_workers=0`` runs the handler inline in the calling thread.
+"""
+
+from __future__ import annotations
+
+from naiad.parallel.pool import (
+    Exhausted,
+    HandlerFactory,
+    Pinned,
+    WorkerContext,
+    WorkerPool,
+    get_worker_context,
+)
+
+__all__ = [
+    "Exhausted",
+    "HandlerFactory",
+    "Pinned",
+    "WorkerContext",
+    "WorkerPool",
+    "get_worker_context",
+]
