@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from naiad.fetch import ArrayDataset
+from naiad.loader import DataLoader
 from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArrayDataset",
+    "DataLoader",
     "ConfigError",
     "NaiadError",
     "SourceError",

@@ -1,0 +1,228 @@
+"""Fetch: turn one batch of indices into one batch, calling the dataset as few times as possible.
+
+Three strategies, chosen once per loader (:func:`choose_fetch`), fastest first:
+
+``gather``    the dataset is data naiad can index as a whole (a tensor, a numeric NumPy array,
+              a ``TensorDataset``, an :class:`ArrayDataset`, or a ``Subset`` of one) and the
+              collate function is torch's default: one vectorized index per column and batch,
+              giving exactly the batch ``default_collate`` would build sample by sample.
+``getitems``  the dataset defines ``__getitems__`` (torch's batched protocol): one call per
+              batch, then ``collate_fn`` on the list it returns.
+``items``     anything else: ``dataset[i]`` per index, then ``collate_fn`` (torch's own path).
+
+An exception from the dataset or the collate function keeps its type and message and gains a
+note naming the index (or indices) it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data._utils.collate import default_collate, default_convert
+
+from naiad.errors import ConfigError
+from naiad.parallel.pool import add_note
+
+__all__ = ["ArrayDataset", "FetchStrategy", "choose_fetch", "make_fetch"]
+
+FetchStrategy = Literal["gather", "getitems", "items"]
+
+_DEFAULT_COLLATES = (default_collate,)
+
+
+def _describe_indices(indices: Sequence[int] | np.ndarray, most: int = 8) -> str:
+    shown = ", ".join(str(int(i)) for i in indices[:most])
+    more = f", ... ({len(indices)} in all)" if len(indices) > most else ""
+    return f"[{shown}{more}]"
+
+
+def _numeric_array(a: Any) -> bool:
+    return isinstance(a, np.ndarray) and a.dtype.kind in "biufc" and a.ndim >= 1
+
+
+class ArrayDataset(Dataset):
+    """A map-style dataset over whole arrays or tensors, gathered a batch at a time.
+
+    ``ArrayDataset(x, y)`` yields ``(x[i], y[i])`` samples and ``ArrayDataset({"x": x, "y": y})``
+    yields dicts, like a ``TensorDataset`` but also for NumPy arrays. naiad's DataLoader builds
+    each batch with one vectorized index per column; torch's DataLoader works with it too,
+    through ``__getitems__``.
+
+    Args:
+        *arrays: tensors or numeric NumPy arrays with the same first dimension, or a single
+            mapping of names to them.
+
+    Example:
+        >>> import numpy as np
+        >>> ds = ArrayDataset(np.zeros((10, 8), np.float32), np.ones(10, np.float32))
+        >>> len(ds), ds[3][0].shape
+        (10, (8,))
+    """
+
+    def __init__(self, *arrays: Any) -> None:
+        if len(arrays) == 1 and isinstance(arrays[0], Mapping):
+            self.keys: list[str] | None = list(arrays[0].keys())
+            columns = list(arrays[0].values())
+        else:
+            self.keys = None
+            columns = list(arrays)
+        if not columns:
+            raise ConfigError("ArrayDataset needs at least one array or tensor.")
+        for c in columns:
+            if not (isinstance(c, torch.Tensor) or _numeric_array(c)):
+                raise ConfigError(
+                    f"ArrayDataset takes tensors or numeric NumPy arrays, got {type(c).__name__}"
+                    + (f" of dtype {c.dtype}" if isinstance(c, np.ndarray) else "")
+                    + "."
+                )
+        lengths = {len(c) for c in columns}
+        if len(lengths) != 1:
+            raise ConfigError(f"ArrayDataset: every array needs the same length, got {sorted(lengths)}.")
+        self.columns = columns
+        self._len = lengths.pop()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> Any:
+        row = [c[index] for c in self.columns]
+        return dict(zip(self.keys, row)) if self.keys is not None else tuple(row)
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        # torch's DataLoader contract: a list of samples for collate_fn.
+        return [self[i] for i in indices]
+
+    def gather(self, indices: np.ndarray) -> Any:
+        """The collated batch for ``indices``: what ``default_collate`` makes of the samples."""
+        cols = [_gather_one(c, indices) for c in self.columns]
+        return dict(zip(self.keys, cols)) if self.keys is not None else cols
+
+
+def _gather_one(column: Any, indices: np.ndarray) -> torch.Tensor:
+    if isinstance(column, torch.Tensor):
+        return column.index_select(0, torch.from_numpy(indices)) if column.ndim else column
+    return torch.from_numpy(np.ascontiguousarray(column[indices]))
+
+
+def _gatherable(dataset: Any) -> bool:
+    """True when naiad can index ``dataset`` as a whole, column by column."""
+    if isinstance(dataset, torch.Tensor):
+        return dataset.ndim >= 1 and dataset.layout == torch.strided
+    if isinstance(dataset, np.ndarray):
+        return _numeric_array(dataset)
+    kind = type(dataset)
+    if kind is TensorDataset:
+        return all(t.ndim >= 1 and t.layout == torch.strided for t in dataset.tensors)
+    if kind is ArrayDataset:
+        return True
+    if kind is Subset:
+        return _gatherable(dataset.dataset)
+    return False
+
+
+def _gather(dataset: Any, indices: np.ndarray) -> Any:
+    kind = type(dataset)
+    if isinstance(dataset, (torch.Tensor, np.ndarray)):
+        return _gather_one(dataset, indices)
+    if kind is TensorDataset:
+        # default_collate turns a batch of tuples into a list of stacked columns.
+        return [_gather_one(t, indices) for t in dataset.tensors]
+    if kind is ArrayDataset:
+        return dataset.gather(indices)
+    if kind is Subset:
+        base = np.asarray(dataset.indices, dtype=np.int64)
+        return _gather(dataset.dataset, base[indices])
+    raise TypeError(f"cannot gather from {kind.__name__}")  # guarded by _gatherable
+
+
+def choose_fetch(dataset: Any, collate_fn: Callable[[Any], Any] | None, auto_collation: bool) -> FetchStrategy:
+    """Pick the fastest strategy that yields exactly the batches torch's DataLoader would."""
+    if not auto_collation:
+        return "items"
+    if (collate_fn is None or collate_fn in _DEFAULT_COLLATES) and _gatherable(dataset):
+        return "gather"
+    getitems = getattr(dataset, "__getitems__", None)
+    if getitems:
+        return "getitems"
+    return "items"
+
+
+def make_fetch(
+    dataset: Any,
+    collate_fn: Callable[[Any], Any] | None,
+    auto_collation: bool,
+    strategy: FetchStrategy | None = None,
+) -> Callable[[Any], Any]:
+    """Return ``fetch(indices) -> batch`` for ``dataset``.
+
+    With auto-collation, ``indices`` is a 1-D int64 NumPy array or a list of indices; without
+    it (``batch_size=None``), a single index. The result equals what torch's DataLoader builds
+    from the same indices.
+    """
+    if collate_fn is None:
+        collate_fn = default_collate if auto_collation else default_convert
+    if strategy is None:
+        strategy = choose_fetch(dataset, collate_fn, auto_collation)
+    collate = collate_fn
+
+    def collate_noted(data: Any, indices: Any) -> Any:
+        try:
+            return collate(data)
+        except Exception as exc:
+            add_note(exc, f"naiad: raised by collate_fn on the samples at indices {_describe_indices(indices)}")
+            raise
+
+    if not auto_collation:
+
+        def fetch_one(index: Any) -> Any:
+            try:
+                sample = dataset[index]
+            except Exception as exc:
+                add_note(exc, f"naiad: raised by dataset[{index!r}]")
+                raise
+            return collate(sample)
+
+        return fetch_one
+
+    if strategy == "gather":
+
+        def fetch_gather(indices: Any) -> Any:
+            idx = np.asarray(indices, dtype=np.int64)
+            try:
+                return _gather(dataset, idx)
+            except IndexError as exc:
+                add_note(exc, f"naiad: raised while gathering indices {_describe_indices(idx)} (dataset of length {len(dataset)})")
+                raise
+
+        return fetch_gather
+
+    if strategy == "getitems":
+
+        def fetch_getitems(indices: Any) -> Any:
+            idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+            try:
+                data = dataset.__getitems__(idx)
+            except Exception as exc:
+                add_note(exc, f"naiad: raised by dataset.__getitems__ for indices {_describe_indices(idx)}")
+                raise
+            return collate_noted(data, idx)
+
+        return fetch_getitems
+
+    def fetch_items(indices: Any) -> Any:
+        idx = indices.tolist() if isinstance(indices, np.ndarray) else indices
+        data = []
+        index = None
+        try:
+            for index in idx:
+                data.append(dataset[index])
+        except Exception as exc:
+            add_note(exc, f"naiad: raised by dataset[{index!r}]")
+            raise
+        return collate_noted(data, idx)
+
+    return fetch_items

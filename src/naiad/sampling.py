@@ -1,0 +1,134 @@
+"""Index plans for map-style datasets: which indices, batch by batch, in which order.
+
+torch's samplers hand out one Python int at a time and ``BatchSampler`` groups them in a Python
+loop. For the samplers torch builds itself (``SequentialSampler``, ``RandomSampler`` without
+replacement, under ``BatchSampler``) and for naiad's :class:`SeededRandomSampler`, naiad computes
+the epoch's whole index array at once and slices it into batches; the indices, and the draws
+from torch's random generators, are exactly those torch would make. Any other sampler is
+iterated as torch iterates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
+
+from naiad.errors import ConfigError
+
+__all__ = ["IndexPlan", "SeededRandomSampler", "epoch_permutation", "plan_batches"]
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The permutation of ``range(n)`` for ``(seed, epoch)``: a pure function, int64."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % 2**63, epoch])))
+    return rng.permutation(n).astype(np.int64, copy=False)
+
+
+class SeededRandomSampler(Sampler[int]):
+    """Shuffles a map-style dataset by ``(seed, epoch)``, the same for any number of workers.
+
+    The epoch advances each time the sampler is iterated, unless :meth:`set_epoch` names it,
+    as with ``DistributedSampler``.
+
+    Args:
+        data_source: the dataset (only its length is used).
+        seed: the shuffle seed.
+
+    Example:
+        >>> s = SeededRandomSampler(range(5), seed=0)
+        >>> sorted(s) == list(range(5))
+        True
+    """
+
+    def __init__(self, data_source: Sized, seed: int) -> None:
+        self.data_source = data_source
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order on the next iteration."""
+        self.epoch = int(epoch)
+
+    def next_epoch(self) -> int:
+        """The epoch the next iteration uses; the one after it is ``epoch + 1`` unless set."""
+        epoch = self.epoch
+        self.epoch = epoch + 1
+        return epoch
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The index order of ``epoch``."""
+        return epoch_permutation(len(self.data_source), self.seed, epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.permutation(self.next_epoch()).tolist()
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+
+def _random_sampler_indices(sampler: RandomSampler) -> np.ndarray:
+    """The indices ``iter(sampler)`` would yield, drawing the same random numbers in the same order."""
+    n = len(sampler.data_source)
+    if sampler.generator is None:
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    else:
+        generator = sampler.generator
+    num_samples = sampler.num_samples
+    parts = [torch.randperm(n, generator=generator) for _ in range(num_samples // n)]
+    parts.append(torch.randperm(n, generator=generator)[: num_samples % n])
+    return torch.cat(parts).numpy()
+
+
+class IndexPlan:
+    """One epoch of index batches, as NumPy int64 arrays (fast path) or the sampler's lists."""
+
+    def __init__(self, batches: Iterator[Any], vectorized: bool) -> None:
+        self.batches = batches
+        self.vectorized = vectorized
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.batches
+
+
+def _slices(indices: np.ndarray, batch_size: int, drop_last: bool) -> Iterator[np.ndarray]:
+    n = len(indices)
+    stop = n - n % batch_size if drop_last else n
+    for start in range(0, stop, batch_size):
+        yield indices[start : start + batch_size]
+
+
+def plan_batches(batch_sampler: Any, sampler: Any, auto_collation: bool) -> IndexPlan:
+    """The index batches of one epoch, computed at once where torch's semantics allow.
+
+    Must be called where torch's iterator would first draw from the sampler, so that random
+    generators are consumed in the same order as torch's DataLoader.
+    """
+    if auto_collation:
+        if type(batch_sampler) is BatchSampler:
+            indices = _sampler_indices(batch_sampler.sampler)
+            if indices is not None:
+                if batch_sampler.batch_size <= 0:
+                    raise ConfigError(f"`batch_size` must be >= 1, got {batch_sampler.batch_size}.")
+                return IndexPlan(_slices(indices, batch_sampler.batch_size, batch_sampler.drop_last), True)
+        return IndexPlan(iter(batch_sampler), False)
+    indices = _sampler_indices(sampler)
+    if indices is not None:
+        return IndexPlan(iter(indices.tolist()), True)
+    return IndexPlan(iter(sampler), False)
+
+
+def _sampler_indices(sampler: Any) -> np.ndarray | None:
+    kind = type(sampler)
+    if kind is SequentialSampler:
+        return np.arange(len(sampler.data_source), dtype=np.int64)
+    if kind is RandomSampler and not sampler.replacement:
+        return _random_sampler_indices(sampler)
+    if kind is SeededRandomSampler:
+        return sampler.permutation(sampler.next_epoch())
+    return None

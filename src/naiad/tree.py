@@ -1,0 +1,45 @@
+"""Walk nested batches: dicts, lists, tuples and namedtuples of tensors, other leaves untouched."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
+
+import torch
+
+__all__ = ["map_tensors"]
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
+    """Apply ``fn`` to every tensor in ``data``, keeping the containers' types.
+
+    Mappings keep their type (mutable ones are copied and updated, so subclasses keep their
+    extra attributes), namedtuples stay namedtuples, lists and tuples keep their type; strings,
+    bytes and any other leaf pass through unchanged.
+
+    Example:
+        >>> map_tensors(lambda t: t * 2, {"x": torch.ones(2), "name": "a"})["x"].tolist()
+        [2.0, 2.0]
+    """
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, Mapping):
+        items = {k: map_tensors(fn, v) for k, v in data.items()}
+        if isinstance(data, MutableMapping):
+            clone = copy.copy(data)
+            clone.update(items)
+            return clone
+        try:
+            return type(data)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(map_tensors(fn, v) for v in data))
+    if isinstance(data, tuple):
+        return tuple(map_tensors(fn, v) for v in data)
+    if isinstance(data, list):
+        return [map_tensors(fn, v) for v in data]
+    return data
