@@ -217,12 +217,14 @@ class _CudaMover(_Mover):
 class _Channel:
     """What the producer thread and the consumer share. The thread never holds the iterator."""
 
-    __slots__ = ("items", "slots", "stop")
+    __slots__ = ("items", "slots", "stop", "join_timeout_s")
 
     def __init__(self, depth: int) -> None:
         self.items: queue.SimpleQueue[tuple[int, Any, Any, Any]] = queue.SimpleQueue()
         self.slots = threading.Semaphore(depth)
         self.stop = threading.Event()
+        # How long shutdown waits for the thread; 0 after a timeout, when it is known stuck.
+        self.join_timeout_s = _JOIN_TIMEOUT_S
 
 
 def _produce(
@@ -291,12 +293,13 @@ def _add_note(exc: BaseException, note: str) -> None:
             pass
 
 
-def _shutdown(chan: _Channel, thread: threading.Thread, join_timeout_s: float) -> None:
+def _shutdown(chan: _Channel, thread: threading.Thread) -> None:
     chan.stop.set()
     chan.slots.release()  # wake a producer waiting for a free slot
     if thread is not threading.current_thread() and thread.ident is not None:
+        join_timeout_s = chan.join_timeout_s
         thread.join(timeout=join_timeout_s)
-        if thread.is_alive():
+        if thread.is_alive() and join_timeout_s > 0:
             warnings.warn(
                 f"naiad: the DevicePrefetcher's background thread is still inside its source's "
                 f"next() after {join_timeout_s} s; it exits when that call returns.",
@@ -350,9 +353,7 @@ class PrefetchIterator(Iterator[T]):
             name="naiad-prefetch",
             daemon=True,  # never blocks interpreter exit; the finalizer stops it before that
         )
-        self._finalizer = weakref.finalize(
-            self, _shutdown, self._chan, self._thread, _JOIN_TIMEOUT_S
-        )
+        self._finalizer = weakref.finalize(self, _shutdown, self._chan, self._thread)
         self._thread.start()
 
     def __iter__(self) -> PrefetchIterator[T]:
@@ -405,6 +406,8 @@ class PrefetchIterator(Iterator[T]):
                         task=f"prefetching batch {self.delivered}",
                     ) from None
             if deadline is not None and time.monotonic() >= deadline:
+                # The thread is stuck in the source's next(): ask it to stop, don't wait for it.
+                chan.join_timeout_s = 0.0
                 self.close()
                 raise WorkerError(
                     f"no batch from the DevicePrefetcher's source within timeout_s={self._timeout_s} "
