@@ -49,7 +49,6 @@ the source iterator (stopping its workers) in its own ``finally``.
 
 from __future__ import annotations
 
-import copy
 import queue
 import threading
 import time
@@ -64,6 +63,7 @@ import torch
 
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
+from naiad.tree import map_tensors
 
 __all__ = ["DevicePrefetcher", "PrefetchIterator", "move_to_device"]
 
@@ -79,45 +79,6 @@ _BATCH, _END, _ERROR = 0, 1, 2
 
 # --------------------------------------------------------------------------------------------
 # Walking nested batches.
-
-
-def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``obj`` with every tensor leaf replaced by ``fn(leaf)``; the containers keep their types.
-
-    Dicts (and other mappings), lists, tuples and namedtuples are walked; every other value
-    (strings, numbers, NumPy arrays, None) is returned as it is.
-    """
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, Mapping):
-        if type(obj) is dict:
-            return {k: _map_tensors(v, fn) for k, v in obj.items()}
-        try:
-            # copy.copy keeps what a constructor call would lose (a defaultdict's factory).
-            clone = copy.copy(obj)
-            clone.update({k: _map_tensors(v, fn) for k, v in obj.items()})  # type: ignore[attr-defined]
-            return clone
-        except (AttributeError, TypeError):
-            return {k: _map_tensors(v, fn) for k, v in obj.items()}
-    if isinstance(obj, tuple):
-        if hasattr(obj, "_fields"):  # a namedtuple: fields are positional arguments
-            return type(obj)(*(_map_tensors(v, fn) for v in obj))
-        items = tuple(_map_tensors(v, fn) for v in obj)
-        if type(obj) is tuple:
-            return items
-        try:
-            return type(obj)(items)
-        except TypeError:
-            return items
-    if isinstance(obj, list):
-        items_list = [_map_tensors(v, fn) for v in obj]
-        if type(obj) is list:
-            return items_list
-        try:
-            return type(obj)(items_list)
-        except TypeError:
-            return items_list
-    return obj
 
 
 def _count_rows(obj: Any) -> int | None:
@@ -147,7 +108,7 @@ def move_to_device(batch: T, device: str | torch.device, *, non_blocking: bool =
         {'x': tensor([1., 1.]), 'name': 'a'}
     """
     target = torch.device(device)
-    return _map_tensors(batch, lambda t: t.to(target, non_blocking=non_blocking))
+    return map_tensors(lambda t: t.to(target, non_blocking=non_blocking), batch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,7 +129,7 @@ class _Mover:
 
     def __call__(self, batch: Any) -> tuple[Any, Any, list[torch.Tensor], bool]:
         self.foreign = False
-        moved = _map_tensors(batch, self._leaf)
+        moved = map_tensors(self._leaf, batch)
         return moved, None, [], self.foreign
 
 
@@ -204,7 +165,7 @@ class _CudaMover(_Mover):
         self.copied = []
         # The current device and stream are per thread: set both for this producer thread.
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            moved = _map_tensors(batch, self._leaf)
+            moved = map_tensors(self._leaf, batch)
             event = torch.cuda.Event()
             event.record(self.stream)
         return moved, event, self.copied, self.foreign
@@ -379,7 +340,9 @@ class PrefetchIterator(Iterator[T]):
             for t in copied:
                 t.record_stream(stream)
         if foreign:
-            value = _map_tensors(value, lambda t: t if t.device == self._device else t.to(self._device))
+            value = map_tensors(
+                lambda t: t if t.device == self._device else t.to(self._device), value
+            )
         self.delivered += 1
         if self._telemetry is not None:
             self._telemetry.record_step(time.perf_counter() - t0, rows)

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from naiad.device import DevicePrefetcher, _count_rows, _map_tensors, move_to_device
+from naiad.device import DevicePrefetcher, _count_rows, _Mover, move_to_device
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
 
@@ -118,15 +118,10 @@ def test_nested_containers_keep_their_types_and_leaves_pass_through():
         max_leaves=10,
     )
 )
-def test_map_tensors_with_identity_rebuilds_an_equal_structure(batch):
-    seen: list[torch.Tensor] = []
-
-    def visit(t: torch.Tensor) -> torch.Tensor:
-        seen.append(t)
-        return t
-
-    out = _map_tensors(batch, visit)
+def test_cpu_mover_rebuilds_an_equal_structure_around_the_same_tensors(batch):
+    out, event, copied, foreign = _Mover(torch.device("cpu"))(batch)
     assert _structure(out) == _structure(batch)
+    assert event is None and copied == [] and not foreign
 
 
 def _structure(obj):
