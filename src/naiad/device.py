@@ -222,7 +222,9 @@ def _produce(
             if telemetry is not None:
                 if source_stage is not None:
                     telemetry.add(source_stage, t1 - t0, start_s=t0, track="prefetch thread")
-                telemetry.add("transfer", time.perf_counter() - t1, start_s=t1, track="prefetch thread")
+                telemetry.add(
+                    "transfer", time.perf_counter() - t1, start_s=t1, track="prefetch thread"
+                )
             del batch
             chan.items.put((_BATCH, moved, event, (copied, foreign, rows)))
             index += 1
@@ -352,7 +354,9 @@ class PrefetchIterator(Iterator[T]):
         chan = self._chan
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         while True:
-            wait_s = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
+            wait_s = (
+                _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
+            )
             try:
                 return chan.items.get(timeout=wait_s)
             except queue.Empty:
@@ -521,7 +525,9 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"`device` must name a torch device such as 'cuda' or 'cpu', got {device!r}.") from exc
+        raise ConfigError(
+            f"`device` must name a torch device such as 'cuda' or 'cpu', got {device!r}."
+        ) from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(

@@ -108,7 +108,9 @@ def test_nested_containers_keep_their_types_and_leaves_pass_through():
 @settings(max_examples=50, deadline=None)
 @given(
     st.recursive(
-        st.one_of(st.integers(), st.text(max_size=3), st.none(), st.builds(torch.randn, st.integers(0, 3))),
+        st.one_of(
+            st.integers(), st.text(max_size=3), st.none(), st.builds(torch.randn, st.integers(0, 3))
+        ),
         lambda children: st.one_of(
             st.lists(children, max_size=3),
             st.tuples(children, children),
