@@ -26,6 +26,7 @@ import json
 import math
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -537,7 +538,7 @@ def plot_waits(results: list[RunResult], path: str, title: str, plt: Any) -> Non
         ax.plot(range(r.steps), [w * 1e3 for w in r.waits_s], label=r.name, linewidth=1.2)
     ax.set_xlabel("step")
     ax.set_ylabel("wait for data (ms)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 110), fontsize=8)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
