@@ -47,7 +47,7 @@ class SourceError(NaiadError):
         self.column = column
 
 
-class WorkerError(NaiadError):
+class WorkerError(NaiadError, RuntimeError):
     """A worker died or stopped answering.
 
     Attributes:

@@ -55,7 +55,9 @@ __all__ = [
 
 # How often a blocked wait wakes up to check that the other side is alive.
 _POLL_S = 0.5
-_JOIN_TIMEOUT_S = 5.0
+# Grace for a worker to finish its task and return before it is terminated: a worker busy on
+# a task nobody will read (after a `break` or an error) need not be waited for.
+_JOIN_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -308,9 +310,10 @@ class _ProcessBackend:
                 died.append(self._sentinels[r])
                 continue
             w = self._conn_index[id(r)]
+            conn = self.conns[w]
             try:
-                while r.poll():
-                    kind, seq, value, stages = r.recv()
+                while conn.poll():
+                    kind, seq, value, stages = conn.recv()
                     if kind == "ok":
                         value = _unpack(value)
                     out.append((w, kind, seq, value, stages))

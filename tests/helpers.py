@@ -1,0 +1,59 @@
+"""Shared test helpers: deep comparison of batches, process accounting."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def assert_same_batch(a: Any, b: Any, path: str = "batch") -> None:
+    """Assert ``a`` and ``b`` are the same batch: types, nesting, shapes, dtypes and values."""
+    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+        assert torch.equal(a, b), f"{path}: values differ"
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), path
+    elif isinstance(a, dict):
+        assert list(a.keys()) == list(b.keys()), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same_batch(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{path}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_batch(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def assert_same_batches(expected: list[Any], got: list[Any]) -> None:
+    """Assert two lists of batches are the same, batch by batch."""
+    assert len(expected) == len(got), f"{len(got)} batches, expected {len(expected)}"
+    for i, (a, b) in enumerate(zip(expected, got)):
+        assert_same_batch(a, b, f"batch {i}")
+
+
+def child_pids() -> set[int]:
+    """PIDs of this process's live (non-zombie) descendants."""
+    import psutil
+
+    out = set()
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def shm_entries() -> set[str]:
+    """Names in /dev/shm (empty where it does not exist)."""
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
