@@ -1,0 +1,157 @@
+"""The epoch plan: which rows of which blocks this rank reads, in which order, in what batches.
+
+A pure function of the block row counts and (seed, epoch, shuffle, rank, world size, batch size,
+drop_last). Workers execute the plan; they never decide it.
+
+NOTE [ Exactly once across ranks ]
+The blocks of all files, with their exact row counts, are permuted per (seed, epoch). Laid end
+to end, the permuted blocks form one sequence of ``N`` rows; rank ``r`` of ``w`` takes the
+contiguous range ``[r*N//w, (r+1)*N//w)`` of it, so the ranges partition the rows and their
+sizes differ by at most one. A block that straddles two ranges is read by both ranks, each
+keeping only its own rows. Every rank then yields the same number of batches
+``ceil(max_rows / batch_size)``: a rank with one row fewer makes its last batches slightly
+smaller instead of yielding one batch fewer, so collective operations (DDP's all-reduce) never
+wait for a rank that has stopped. With ``drop_last=True`` every rank yields
+``min_rows // batch_size`` full batches and the rest of its rows are not used in that epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from naiad.errors import ConfigError
+from naiad.sources.base import Block
+
+__all__ = ["RankPlan", "ReadTask", "batch_sizes", "block_permutation", "make_plan", "rank_bounds", "rng_for"]
+
+# Stream tags, so the block permutation and the shuffle buffer draw independent numbers.
+TAG_BLOCKS = 0
+TAG_BUFFER = 1
+
+
+class ReadTask(NamedTuple):
+    """Read rows ``lo:hi`` of ``block`` (plain data: this is what crosses to a worker)."""
+
+    block: Block
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's share of one epoch.
+
+    Attributes:
+        tasks: the reads, in the order their rows enter the shuffle buffer.
+        rows: rows this rank reads (the sum of ``hi - lo`` over ``tasks``).
+        batch_sizes: the size of every batch this rank yields, in order.
+        total_rows: rows over all ranks.
+    """
+
+    tasks: list[ReadTask]
+    rows: int
+    batch_sizes: np.ndarray
+    total_rows: int
+
+    @property
+    def num_batches(self) -> int:
+        """Batches this rank yields (the same on every rank)."""
+        return len(self.batch_sizes)
+
+
+def rng_for(seed: int, epoch: int, *keys: int) -> np.random.Generator:
+    """The generator for (seed, epoch, keys): independent streams, never the clock."""
+    return np.random.default_rng(np.random.SeedSequence([seed % 2**64, epoch % 2**64, *keys]))
+
+
+def block_permutation(num_blocks: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The order of the blocks in this epoch: a permutation per (seed, epoch), or file order."""
+    if not shuffle:
+        return np.arange(num_blocks)
+    return rng_for(seed, epoch, TAG_BLOCKS).permutation(num_blocks)
+
+
+def rank_bounds(total_rows: int, world_size: int) -> np.ndarray:
+    """Row boundaries of the ranks' contiguous ranges: sizes differ by at most one."""
+    return (np.arange(world_size + 1, dtype=np.int64) * total_rows) // world_size
+
+
+def batch_sizes(rows: int, num_batches: int, batch_size: int) -> np.ndarray:
+    """Split ``rows`` into exactly ``num_batches`` batches of at most ``batch_size``.
+
+    Full batches come first; the last few share what is left as evenly as possible, so no
+    batch is empty unless ``rows < num_batches`` (a rank with almost no rows).
+
+    Example:
+        >>> batch_sizes(8, 3, 4).tolist()
+        [4, 2, 2]
+    """
+    if rows > num_batches * batch_size:
+        raise ConfigError(f"{rows} rows do not fit in {num_batches} batches of {batch_size}.")
+    if num_batches == 0:
+        return np.zeros(0, np.int64)
+    if rows < num_batches:
+        return (np.arange(num_batches) < rows).astype(np.int64)
+    # The most full batches such that each remaining batch still gets at least one row.
+    full = num_batches if batch_size == 1 else min(num_batches, (rows - num_batches) // (batch_size - 1))
+    rest_batches = num_batches - full
+    sizes = np.full(num_batches, batch_size, np.int64)
+    if rest_batches:
+        rest = rows - full * batch_size
+        base, extra = divmod(rest, rest_batches)
+        sizes[full:] = base
+        sizes[full : full + extra] += 1
+    return sizes
+
+
+def make_plan(
+    blocks: Sequence[Block],
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+) -> RankPlan:
+    """The plan of one rank for one epoch (see NOTE [ Exactly once across ranks ]).
+
+    Example:
+        >>> from naiad.sources import Block
+        >>> blocks = [Block("a", 0, 10, 10, 1), Block("b", 0, 7, 7, 1)]
+        >>> plan = make_plan(blocks, seed=0, epoch=0, shuffle=False, rank=1, world_size=2,
+        ...                  batch_size=4, drop_last=False)
+        >>> [(t.block.path, t.lo, t.hi) for t in plan.tasks], plan.batch_sizes.tolist()
+        ([('a', 8, 10), ('b', 0, 7)], [4, 4, 1])
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"`rank` must be in [0, world_size), got rank={rank}, world_size={world_size}.")
+    if batch_size < 1:
+        raise ConfigError(f"`batch_size` must be >= 1, got {batch_size}.")
+    order = block_permutation(len(blocks), seed=seed, epoch=epoch, shuffle=shuffle)
+    rows = np.fromiter((blocks[i].rows for i in order), np.int64, count=len(order))
+    starts = np.concatenate(([0], np.cumsum(rows)))
+    total = int(starts[-1])
+    bounds = rank_bounds(total, world_size)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    first = int(np.searchsorted(starts, lo, side="right")) - 1
+    last = int(np.searchsorted(starts, hi, side="left"))
+    tasks = []
+    for k in range(max(first, 0), min(last, len(order))):
+        a = max(lo - int(starts[k]), 0)
+        b = min(hi - int(starts[k]), int(rows[k]))
+        if b > a:
+            tasks.append(ReadTask(blocks[int(order[k])], a, b))
+    sizes_all = np.diff(bounds)
+    if drop_last:
+        n = int(sizes_all.min()) // batch_size
+        sizes = np.full(n, batch_size, np.int64)
+    else:
+        n = -(-int(sizes_all.max()) // batch_size)
+        sizes = batch_sizes(hi - lo, n, batch_size)
+    return RankPlan(tasks, hi - lo, sizes, total)

@@ -1,0 +1,225 @@
+"""A columnar shuffle buffer: rows in, rows out in random order, memory bounded by its capacity.
+
+NOTE [ Shuffle buffer ]
+The buffer is a set of ``capacity_rows`` slots per column (NumPy arrays, preallocated when the
+first rows arrive). While it is filling, rows are copied in. Once full, each arriving chunk of
+``m`` rows (``m <= capacity``) is exchanged: ``m`` distinct random slots are drawn, their rows
+are emitted in the drawn order, and the new rows take their places. This is the classic
+streaming shuffle (TensorFlow's ``shuffle(buffer_size)``) done ``m`` rows at a time with one
+gather and one scatter per column, never a Python loop per row. At the end of the stream the
+remaining rows leave in a random permutation.
+
+The draws depend only on the chunk sizes and the generator, not on the data, so running the
+buffer over row *positions* alone replays exactly which rows it holds at any point: that is how
+a stream resumes mid-epoch (see ``naiad.stream``) without saving the buffer's contents.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from naiad.errors import ConfigError, StateError
+from naiad.plan import RankPlan, ReadTask
+
+__all__ = ["BufferReplay", "ShuffleBuffer", "as_array"]
+
+ArrayColumns = dict[str, np.ndarray]
+
+
+def as_array(values: Any) -> np.ndarray:
+    """A column as a NumPy array: lists (strings, nested values) become 1-D object arrays."""
+    if isinstance(values, np.ndarray):
+        return values
+    return np.fromiter(values, dtype=object, count=len(values))
+
+
+class ShuffleBuffer:
+    """A fixed-capacity columnar shuffle buffer (see NOTE [ Shuffle buffer ]).
+
+    Args:
+        capacity_rows: the number of rows held; memory is this many rows of every column.
+        rng: the generator; the caller derives it from (seed, epoch, rank).
+
+    Example:
+        >>> buf = ShuffleBuffer(4, np.random.default_rng(0))
+        >>> out = buf.push({"i": np.arange(10)}) + [buf.flush()]
+        >>> sorted(np.concatenate([c["i"] for c in out]).tolist())
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+
+    def __init__(self, capacity_rows: int, rng: np.random.Generator) -> None:
+        if capacity_rows < 1:
+            raise ConfigError(f"`shuffle_buffer` must be >= 1, got {capacity_rows}.")
+        self.capacity_rows = capacity_rows
+        self.rng = rng
+        self.size = 0
+        self.rows_in = 0
+        self.rows_out = 0
+        self.slots: ArrayColumns | None = None
+
+    def _allocate(self, columns: ArrayColumns) -> None:
+        self.slots = {
+            name: np.empty((self.capacity_rows, *col.shape[1:]), dtype=col.dtype)
+            for name, col in columns.items()
+        }
+
+    def push(self, columns: ArrayColumns) -> list[ArrayColumns]:
+        """Add rows (all columns the same length); returns the chunks of rows that leave."""
+        n = len(next(iter(columns.values()))) if columns else 0
+        if n == 0:
+            return []
+        if self.slots is None:
+            self._allocate(columns)
+        slots = self.slots
+        assert slots is not None  # allocated just above
+        self.rows_in += n
+        pos = 0
+        if self.size < self.capacity_rows:
+            take = min(self.capacity_rows - self.size, n)
+            for name, col in columns.items():
+                slots[name][self.size : self.size + take] = col[:take]
+            self.size += take
+            pos = take
+        out: list[ArrayColumns] = []
+        while pos < n:
+            m = min(self.capacity_rows, n - pos)
+            # Floyd's algorithm inside Generator.choice: O(m) for m much smaller than capacity.
+            idx = self.rng.choice(self.capacity_rows, m, replace=False)
+            out.append({name: slot[idx] for name, slot in slots.items()})
+            for name, col in columns.items():
+                slots[name][idx] = col[pos : pos + m]
+            pos += m
+            self.rows_out += m
+        return out
+
+    def flush(self) -> ArrayColumns:
+        """Empty the buffer: every row still held, in a random permutation."""
+        if self.slots is None or self.size == 0:
+            return {}
+        perm = self.rng.permutation(self.size)
+        out = {name: slot[:self.size][perm] for name, slot in self.slots.items()}
+        self.rows_out += self.size
+        self.size = 0
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        """Rows in and out, and the generator's state (JSON-able); not the buffered rows."""
+        return {
+            "version": 1,
+            "capacity_rows": self.capacity_rows,
+            "rows_in": self.rows_in,
+            "rows_out": self.rows_out,
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore counters and generator of an *empty* buffer (the rows are replayed by the caller)."""
+        if state.get("version") != 1:
+            raise StateError(f"shuffle buffer state version {state.get('version')!r} is not 1.")
+        if state["capacity_rows"] != self.capacity_rows:
+            raise StateError(
+                f"shuffle buffer capacity: stored {state['capacity_rows']}, current {self.capacity_rows}."
+            )
+        self.rows_in = state["rows_in"]
+        self.rows_out = state["rows_out"]
+        self.rng.bit_generator.state = state["rng"]
+
+
+class BufferReplay:
+    """What a mid-epoch resume re-reads and where its rows go (see NOTE [ Mid-epoch resume ]).
+
+    Built by replaying the plan over row positions; ``window`` lists the reads to redo, and
+    :meth:`put` drops each of their rows into its buffer slot or its place among the rows still
+    owed to the batches.
+    """
+
+    def __init__(self, next_task: int, window: list[ReadTask], window_pos: list[int], base: int = 0,
+                 held: np.ndarray | None = None, owed: np.ndarray | None = None, end: int = 0) -> None:
+        self.next_task = next_task
+        self.window = window
+        self.window_pos = window_pos  # stream position of each window read's first row
+        self.base = base
+        self.shuffled = held is not None
+        self.held = held if held is not None else np.zeros(0, np.int64)
+        self.owed = owed if owed is not None else np.zeros(0, np.int64)
+        self.slot_of = np.full(max(end - base, 0), -1, np.int64)
+        self.slot_of[self.held - base] = np.arange(len(self.held))
+        self.owed_of = np.full(max(end - base, 0), -1, np.int64)
+        self.owed_of[self.owed - base] = np.arange(len(self.owed))
+        self.slots: dict[str, np.ndarray] | None = None
+        self.pending: dict[str, np.ndarray] = {}
+        self.done = 0
+
+    @classmethod
+    def nothing(cls) -> BufferReplay:
+        """A fresh start: nothing to restore."""
+        return cls(0, [], [])
+
+    @classmethod
+    def replay(cls, plan: RankPlan, buffer: ShuffleBuffer | None, start: int) -> BufferReplay:
+        """Where the stream stands after ``start`` rows have left in batches."""
+        tasks = plan.tasks
+        offsets = np.concatenate(([0], np.cumsum([t.hi - t.lo for t in tasks]))).astype(np.int64)
+        if start >= offsets[-1] and buffer is None:
+            return cls(len(tasks), [], [])
+        if buffer is None:  # no shuffle: rows leave in stream order; continue at row `start`
+            k = int(np.searchsorted(offsets, start, side="right")) - 1
+            t = tasks[k]
+            return cls(k + 1, [ReadTask(t.block, t.lo + start - int(offsets[k]), t.hi)], [start])
+        ghost = ShuffleBuffer(buffer.capacity_rows, buffer.rng)  # shares the generator: it advances
+        emitted, owed = 0, []
+        next_task = len(tasks)
+        for k in range(len(tasks)):
+            for chunk in ghost.push({"p": np.arange(offsets[k], offsets[k + 1])}):
+                emitted += len(chunk["p"])
+                if emitted > start:
+                    owed.append(chunk["p"][max(0, len(chunk["p"]) - (emitted - start)):])
+            if emitted >= start:
+                next_task = k + 1
+                break
+        else:
+            flushed = ghost.flush().get("p", np.zeros(0, np.int64))
+            owed.append(flushed[max(0, start - emitted):])
+        held = ghost.slots["p"][: ghost.size] if ghost.slots is not None else np.zeros(0, np.int64)
+        owed_pos = np.concatenate(owed) if owed else np.zeros(0, np.int64)
+        needed = np.concatenate((held, owed_pos))
+        end = int(offsets[next_task])
+        base = int(needed.min()) if len(needed) else end
+        window, window_pos = [], []
+        for k in range(next_task):
+            a, b = int(offsets[k]), int(offsets[k + 1])
+            if b > base:
+                lo = max(a, base)
+                window.append(ReadTask(tasks[k].block, tasks[k].lo + lo - a, tasks[k].hi))
+                window_pos.append(lo)
+        return cls(next_task, window, window_pos, base, held, owed_pos, end)
+
+    def put(self, arrays: dict[str, np.ndarray]) -> None:
+        """Place the rows of the next re-read window task."""
+        pos = self.window_pos[self.done]
+        self.done += 1
+        if not self.shuffled:  # the rows continue the stream as they are
+            self.pending = arrays
+            return
+        n = len(next(iter(arrays.values()))) if arrays else 0
+        rel = np.arange(pos, pos + n) - self.base
+        if self.slots is None:
+            self.slots = {k: np.empty((len(self.held), *v.shape[1:]), v.dtype) for k, v in arrays.items()}
+            self.pending = {k: np.empty((len(self.owed), *v.shape[1:]), v.dtype) for k, v in arrays.items()}
+        s, q = self.slot_of[rel], self.owed_of[rel]
+        held, owed = s >= 0, q >= 0
+        for k, v in arrays.items():
+            self.slots[k][s[held]] = v[held]
+            self.pending[k][q[owed]] = v[owed]
+
+    def finish(self, buffer: ShuffleBuffer | None) -> dict[str, np.ndarray]:
+        """Install the restored rows in the buffer; returns the rows still owed to batches."""
+        if buffer is not None and self.slots is not None and len(self.held):
+            buffer._allocate(self.slots)
+            assert buffer.slots is not None
+            for k, v in self.slots.items():
+                buffer.slots[k][: len(self.held)] = v
+            buffer.size = len(self.held)
+        return self.pending

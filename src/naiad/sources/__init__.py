@@ -1,0 +1,34 @@
+"""File formats: each reader returns a lazy :class:`Source` cut into blocks with row counts.
+
+``read_csv``, ``read_jsonl`` and ``read_text`` cut files into byte ranges of whole lines;
+``read_parquet`` into row groups; ``read_arrow`` into record batches; ``read_npy`` into row
+ranges of a memory-mapped array. Parsing is PyArrow's (or a NumPy memory map), a block at a time.
+"""
+
+from __future__ import annotations
+
+from naiad.sources.arrow import ArrowSource, read_arrow
+from naiad.sources.base import Block, BlockData, Source
+from naiad.sources.csv import CsvSource, read_csv
+from naiad.sources.jsonl import JsonlSource, read_jsonl
+from naiad.sources.npy import NpySource, read_npy
+from naiad.sources.parquet import ParquetSource, read_parquet
+from naiad.sources.text import TextSource, read_text
+
+__all__ = [
+    "ArrowSource",
+    "Block",
+    "BlockData",
+    "CsvSource",
+    "JsonlSource",
+    "NpySource",
+    "ParquetSource",
+    "Source",
+    "TextSource",
+    "read_arrow",
+    "read_csv",
+    "read_jsonl",
+    "read_npy",
+    "read_parquet",
+    "read_text",
+]

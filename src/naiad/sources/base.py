@@ -1,0 +1,324 @@
+"""The :class:`Source` interface shared by every file format, and the :class:`Block` it is cut into.
+
+A source is a lazy description of some files: constructing one reads at most metadata (a CSV
+header, a Parquet footer). At first iteration it is cut into *blocks* (byte ranges of a text
+file, row groups, record batches, row ranges), each with an exact row count, so the epoch plan
+(:mod:`naiad.plan`) is a pure function of the row counts. Workers only ever call
+:meth:`Source.read_block`; the source object crosses the process boundary once, inside the
+handler factory.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple, Union
+
+import numpy as np
+import pyarrow as pa
+
+from naiad.errors import ConfigError, SourceError
+
+__all__ = [
+    "Block",
+    "BlockData",
+    "Columns",
+    "DTypes",
+    "PathLike",
+    "Source",
+    "expand_paths",
+    "table_to_columns",
+]
+
+PathLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+"""A path, a glob pattern, or a list of paths/patterns."""
+
+DTypes = Mapping[str, Any] | str | np.dtype | pa.DataType | None
+"""Column types: a mapping column -> dtype, or one dtype for every numeric column."""
+
+Columns = dict[str, np.ndarray | list]
+"""One chunk of rows: column name -> NumPy array (numeric, bool) or list (strings, others)."""
+
+OnBadRows = Literal["raise", "skip"]
+
+
+class Block(NamedTuple):
+    """One unit of reading: plain data, so it pickles cheaply and prints clearly in errors.
+
+    Attributes:
+        path: the file.
+        start: first byte (text formats), row group / record batch index, or first row (npy).
+        stop: end of the byte range, index + 1, or end row (npy); -1 means the whole file.
+        rows: number of rows (samples) in the block.
+        first_line: 1-based line of the block's first line (text formats) or 0-based row of its
+            first row in the file (columnar formats); used in error messages.
+    """
+
+    path: str
+    start: int
+    stop: int
+    rows: int
+    first_line: int
+
+
+class BlockData(NamedTuple):
+    """What a worker returns for one task: the columns and how many bad rows it skipped."""
+
+    columns: Columns
+    bad_rows: int
+
+
+def expand_paths(paths: PathLike) -> list[str]:
+    """Turn a path, a glob or a list of them into a sorted-per-pattern list of existing files.
+
+    Raises:
+        SourceError: a named file does not exist, or a pattern matches nothing.
+    """
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not items:
+        raise ConfigError("`paths` must name at least one file, got an empty list.")
+    out: list[str] = []
+    for item in items:
+        text = os.fspath(item)
+        if glob.has_magic(text):
+            matches = sorted(p for p in glob.glob(text, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise SourceError("the pattern matches no file.", path=text)
+            out.extend(matches)
+        elif not os.path.isfile(text):
+            what = "is a directory, not a file" if os.path.isdir(text) else "file not found"
+            raise SourceError(f"{what}.", path=text)
+        else:
+            out.append(text)
+    return out
+
+
+def resolve_dtypes(dtypes: DTypes, names: Sequence[str]) -> dict[str, pa.DataType] | pa.DataType | None:
+    """Turn the user's ``dtypes`` into PyArrow types (a per-column dict or one numeric type)."""
+    if dtypes is None:
+        return None
+    if isinstance(dtypes, Mapping):
+        unknown = [c for c in dtypes if c not in names]
+        if unknown:
+            raise ConfigError(
+                f"`dtypes` names unknown column(s) {unknown}; the columns are {list(names)}."
+            )
+        return {c: to_arrow_type(t) for c, t in dtypes.items()}
+    return to_arrow_type(dtypes)
+
+
+def to_arrow_type(dtype: Any) -> pa.DataType:
+    """A PyArrow type from a NumPy dtype, a name ("float32", "str") or a PyArrow type."""
+    if isinstance(dtype, pa.DataType):
+        return dtype
+    if dtype in ("str", "string", str):
+        return pa.string()
+    try:
+        return pa.from_numpy_dtype(np.dtype(dtype))
+    except (TypeError, pa.ArrowNotImplementedError) as exc:
+        raise ConfigError(f"`dtypes` has an unsupported type {dtype!r}: {exc}") from None
+
+
+def apply_dtypes(schema: pa.Schema, dtypes: dict[str, pa.DataType] | pa.DataType | None) -> pa.Schema:
+    """The schema after ``dtypes``: per-column types, or one type for every numeric column."""
+    if dtypes is None:
+        return schema
+    fields = []
+    for f in schema:
+        if isinstance(dtypes, dict):
+            t = dtypes.get(f.name, f.type)
+        elif pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type):
+            t = dtypes
+        else:
+            t = f.type
+        fields.append(pa.field(f.name, t))
+    return pa.schema(fields)
+
+
+def select_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str) -> pa.Schema:
+    """Keep ``columns`` (in the file's order) or all; a name not in the file is a SourceError."""
+    if columns is None:
+        return schema
+    names = schema.names
+    unknown = [c for c in columns if c not in names]
+    if unknown:
+        raise SourceError(
+            f"unknown column(s) {unknown} in `columns`; the file has {names}.", path=path,
+            column=unknown[0],
+        )
+    wanted = set(columns)
+    return pa.schema([f for f in schema if f.name in wanted])
+
+
+def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
+    """Columns as NumPy arrays (numeric, bool, fixed-size lists) or lists (everything else).
+
+    Nulls in float columns become NaN; integer and bool columns must have none (the caller
+    checks, because only it knows the file and line).
+    """
+    out: Columns = {}
+    for name, col in zip(table.column_names, table.columns):
+        t = col.type
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            out[name] = col.to_numpy(zero_copy_only=False)
+        elif pa.types.is_fixed_size_list(t) and (
+            pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+        ):
+            # e.g. an embedding column: one (rows, width) array, not a list of lists.
+            flat = col.flatten().to_numpy(zero_copy_only=False)
+            out[name] = flat.reshape(len(col), t.list_size)
+        else:
+            out[name] = col.to_pylist()
+    return out
+
+
+def numpy_dtype(t: pa.DataType) -> np.dtype | None:
+    """The NumPy dtype a column of type ``t`` becomes, or None for a list column."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return np.dtype(t.to_pandas_dtype())
+    if pa.types.is_fixed_size_list(t) and (
+        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+    ):
+        return np.dtype(t.value_type.to_pandas_dtype())
+    return None
+
+
+def null_rows(table: pa.Table) -> np.ndarray:
+    """Row indices with a null in an integer or bool column (NumPy has no integer NaN)."""
+    mask: np.ndarray | None = None
+    for col in table.columns:
+        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+            m = col.is_null().to_numpy(zero_copy_only=False)
+            mask = m if mask is None else (mask | m)
+    return np.zeros(0, np.int64) if mask is None else np.flatnonzero(mask)
+
+
+class Source(ABC):
+    """A lazy, picklable description of the files to stream, cut into blocks with row counts.
+
+    Sources are made by the readers (:func:`naiad.read_csv` and friends) and are passed to
+    ``naiad.DataLoader`` as its ``dataset``. Construction reads at most metadata; the blocks and
+    their row counts are computed at first use and cached (for CSV, JSONL and text this is one
+    sequential scan for newlines; for Parquet, Arrow IPC and npy it is metadata only).
+
+    Attributes:
+        paths: the files, in the order they are planned.
+        on_bad_rows: "raise" (a :class:`~naiad.SourceError`) or "skip" (counted, reported).
+    """
+
+    def __init__(self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise") -> None:
+        if on_bad_rows not in ("raise", "skip"):
+            raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {on_bad_rows!r}.")
+        self.paths: list[str] = expand_paths(paths)
+        self.on_bad_rows: OnBadRows = on_bad_rows
+        self._schema: pa.Schema | None = None
+        self._blocks: list[Block] | None = None
+
+    # -- what subclasses provide ------------------------------------------------------------
+
+    @abstractmethod
+    def _read_schema(self) -> pa.Schema:
+        """The output schema (after column selection and dtypes), from metadata or a sample."""
+
+    @abstractmethod
+    def _file_blocks(self, path: str) -> list[Block]:
+        """Cut one file into blocks with exact row counts."""
+
+    @abstractmethod
+    def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
+        """Rows ``lo:hi`` of ``block`` (row positions counted before any bad row is skipped)."""
+
+    # -- the interface the planner and the workers use ---------------------------------------
+
+    def schema(self) -> pa.Schema:
+        """The columns and their types, in file order (cached; reads metadata or a sample)."""
+        if self._schema is None:
+            self._schema = self._read_schema()
+        return self._schema
+
+    @property
+    def column_names(self) -> list[str]:
+        """Output column names, in file order."""
+        return list(self.schema().names)
+
+    def blocks(self) -> list[Block]:
+        """Every block of every file, in file order, with row counts (computed once, cached)."""
+        if self._blocks is None:
+            self._blocks = [b for path in self.paths for b in self._file_blocks(path)]
+        return self._blocks
+
+    def set_blocks(self, blocks: list[Block]) -> None:
+        """Install a block list computed elsewhere (e.g. in parallel, or from a cache)."""
+        self._blocks = list(blocks)
+
+    def __len__(self) -> int:
+        """Total rows over all files (may trigger the row count)."""
+        return sum(b.rows for b in self.blocks())
+
+    def read_block(self, block: Block, lo: int = 0, hi: int | None = None, *, use_threads: bool = False) -> BlockData:
+        """Read rows ``lo:hi`` of ``block`` as columns, skipping bad rows if asked to.
+
+        Raises:
+            SourceError: naming the file, the line or row, and the problem.
+        """
+        hi = block.rows if hi is None else hi
+        if not 0 <= lo <= hi <= block.rows:
+            raise ConfigError(f"rows {lo}:{hi} are outside block {block}.")
+        return self._read(block, lo, hi, use_threads)
+
+    def empty_columns(self) -> Columns:
+        """Zero rows of every column, with the right dtypes (for a rank that has no rows)."""
+        out: Columns = {}
+        for f in self.schema():
+            dt = numpy_dtype(f.type)
+            if dt is None:
+                out[f.name] = []
+            elif pa.types.is_fixed_size_list(f.type):
+                out[f.name] = np.zeros((0, f.type.list_size), dt)
+            else:
+                out[f.name] = np.zeros(0, dt)
+        return out
+
+    def __repr__(self) -> str:
+        files = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
+        return f"{type(self).__name__}({files!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The block list can be long (thousands of byte ranges); tasks carry their own block, so
+        # workers never need it.
+        state = self.__dict__.copy()
+        state["_blocks"] = None
+        return state
+
+
+def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRows) -> tuple[pa.Table, int]:
+    """Drop (or report) rows with a null in an integer/bool column; returns (table, dropped).
+
+    For columnar formats, where a row number is exact; text formats find such rows line by line.
+    """
+    bad = null_rows(table)
+    if bad.size == 0:
+        return table, 0
+    if on_bad_rows == "raise":
+        col = null_column(table)
+        raise SourceError(
+            f"missing value at row {block.first_line + lo + int(bad[0])} in an integer column "
+            f"(NumPy integers have no NaN); pass dtypes={{{col!r}: 'float32'}} to read it as "
+            "NaN, or on_bad_rows='skip'.",
+            path=block.path, column=col,
+        )
+    keep = np.ones(table.num_rows, bool)
+    keep[bad] = False
+    return table.filter(pa.array(keep)), int(bad.size)
+
+
+def null_column(table: pa.Table) -> str:
+    """The first integer/bool column that has a null."""
+    for name, col in zip(table.column_names, table.columns):
+        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+            return str(name)
+    return ""

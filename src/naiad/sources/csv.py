@@ -1,0 +1,282 @@
+"""CSV (and TSV, and any delimiter) files, parsed by PyArrow one byte-range block at a time."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from naiad.errors import ConfigError, SourceError
+from naiad.sources.base import (
+    Block,
+    BlockData,
+    DTypes,
+    OnBadRows,
+    PathLike,
+    Source,
+    apply_dtypes,
+    null_column,
+    null_rows,
+    resolve_dtypes,
+    select_columns,
+    table_to_columns,
+)
+from naiad.sources.lines import (
+    BadRow,
+    detect_compression,
+    parse_robust,
+    read_block_bytes,
+    scan_file,
+    slice_rows,
+)
+
+__all__ = ["CsvSource", "read_csv"]
+
+_SAMPLE_BYTES = 1 << 20
+_COLUMN_RE = re.compile(r"column #(\d+)")
+_ROW_RE = re.compile(r"Row #\d+: |:[^:]*$")
+_INT_RE = r"^[+-]?\d+$"
+_FLOAT_RE = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(?i:nan|inf|infinity)$"
+_NULLS = ["", "NA", "N/A", "n/a", "NULL", "null", "NaN", "nan", "-NaN", "-nan", "#N/A", "None"]
+
+
+def _skip_row(row: object) -> str:
+    return "skip"
+
+
+def read_csv(
+    paths: PathLike,
+    *,
+    delimiter: str = ",",
+    header: bool = True,
+    column_names: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+    dtypes: DTypes = None,
+    compression: str | None = "infer",
+    quote_char: str | None = '"',
+    newlines_in_values: bool = False,
+    on_bad_rows: OnBadRows = "raise",
+    block_bytes: int = 1 << 20,
+) -> CsvSource:
+    """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow.
+
+    Column types are inferred from the first MiB of the first non-empty file and then fixed for
+    every block, so a batch never changes dtype; ``dtypes`` overrides them.
+
+    Args:
+        paths: a file, a glob ("data/*.csv") or a list of them; files are read in this order.
+        delimiter: the field separator ("\\t" for TSV).
+        header: the first line of every file holds the column names.
+        column_names: names to use (replacing the header's when ``header`` is True; required
+            or "f0", "f1", ... when it is False).
+        columns: keep only these columns (output keeps file order).
+        dtypes: a mapping column -> dtype ("float32", np.int64, pa.string()...), or one dtype
+            for every numeric column (``dtypes="float32"``).
+        compression: "infer" from the extension (.gz, .zst, .bz2, .lz4), a codec name or None.
+            A compressed file is read as one block (it cannot be entered in the middle).
+        quote_char: the quoting character, or None for no quoting.
+        newlines_in_values: allow newlines inside quoted values. Files are then not split
+            into byte ranges: each file is one block (memory grows with the file size).
+        on_bad_rows: "raise" a :class:`~naiad.SourceError` naming file, line and problem, or
+            "skip" the row and count it (see ``StreamCounters.bad_rows``).
+        block_bytes: the size of a block, the unit of reading and of block shuffling.
+
+    Example:
+        >>> ds = naiad.read_csv("diabetes.csv", dtypes="float32")  # doctest: +SKIP
+        >>> loader = naiad.DataLoader(ds, batch_size=256, shuffle=True,
+        ...                           transform=naiad.pack_xy(label="Outcome"))  # doctest: +SKIP
+    """
+    return CsvSource(
+        paths, delimiter=delimiter, header=header, column_names=column_names, columns=columns,
+        dtypes=dtypes, compression=compression, quote_char=quote_char,
+        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, block_bytes=block_bytes,
+    )
+
+
+class CsvSource(Source):
+    """CSV files cut into byte-range blocks (see :func:`read_csv`)."""
+
+    def __init__(
+        self,
+        paths: PathLike,
+        *,
+        delimiter: str = ",",
+        header: bool = True,
+        column_names: Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+        dtypes: DTypes = None,
+        compression: str | None = "infer",
+        quote_char: str | None = '"',
+        newlines_in_values: bool = False,
+        on_bad_rows: OnBadRows = "raise",
+        block_bytes: int = 1 << 20,
+    ) -> None:
+        super().__init__(paths, on_bad_rows=on_bad_rows)
+        if len(delimiter) != 1:
+            raise ConfigError(f"`delimiter` must be one character, got {delimiter!r}.")
+        if block_bytes < 1:
+            raise ConfigError(f"`block_bytes` must be >= 1, got {block_bytes}.")
+        self.delimiter = delimiter
+        self.header = header
+        self.compression = compression
+        self.newlines_in_values = newlines_in_values
+        self.block_bytes = block_bytes
+        self._quote = quote_char
+        self._dtypes_arg = dtypes
+        self._selected = list(columns) if columns is not None else None
+        self._names = list(column_names) if column_names is not None else None
+        self._full: pa.Schema | None = None  # every column, types fixed
+        if self._names is None and header:
+            self._names = self._header_names(self.paths[0])
+        if self._selected is not None and self._names is not None:
+            select_columns(pa.schema([(n, pa.string()) for n in self._names]), self._selected, self.paths[0])
+
+    # -- metadata --------------------------------------------------------------------------
+
+    def _head(self, path: str, nbytes: int) -> bytes:
+        codec = detect_compression(path, self.compression)
+        try:
+            with pa.input_stream(path, compression=codec) as stream:
+                return bytes(stream.read(nbytes))
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceError(f"cannot read: {exc}", path=path) from None
+
+    def _header_names(self, path: str) -> list[str] | None:
+        head = self._head(path, 1 << 16)
+        if not head:
+            return None
+        line = head.split(b"\n", 1)[0].rstrip(b"\r")
+        opts = pacsv.ParseOptions(delimiter=self.delimiter, quote_char=self._quote or False)
+        try:
+            table = pacsv.read_csv(pa.py_buffer(line + b"\n"), parse_options=opts,
+                                   read_options=pacsv.ReadOptions(autogenerate_column_names=True))
+        except pa.ArrowException as exc:
+            raise SourceError(f"cannot parse the header: {exc}", path=path, line=1) from None
+        return [str(v[0]) if len(v) else "" for v in table.to_pydict().values()]
+
+    def _parse_options(self) -> pacsv.ParseOptions:
+        return pacsv.ParseOptions(
+            delimiter=self.delimiter, quote_char=self._quote or False,
+            newlines_in_values=self.newlines_in_values,
+        )
+
+    def full_schema(self) -> pa.Schema:
+        """Every column of the file with its fixed type (before column selection)."""
+        if self._full is None:
+            self._full = self._infer()
+        return self._full
+
+    def _infer(self) -> pa.Schema:
+        inferred: pa.Schema | None = None
+        for path in self.paths:
+            head = self._head(path, _SAMPLE_BYTES)
+            if self.header:
+                head = head.split(b"\n", 1)[1] if b"\n" in head else b""
+            cut = head.rfind(b"\n") + 1
+            sample = head[:cut] if cut else head
+            if sample.strip():
+                inferred = self._infer_sample(sample)
+                break
+        if inferred is None:  # no file has a data row: names only
+            inferred = pa.schema([(n, pa.string()) for n in (self._names or [])])
+        return apply_dtypes(inferred, resolve_dtypes(self._dtypes_arg, inferred.names))
+
+    def _infer_sample(self, sample: bytes) -> pa.Schema:
+        """Column types from a sample, robust to a few bad rows in it.
+
+        PyArrow's own inference turns a numeric column into text because of one bad value, and
+        fails outright on a row with a wrong field count. So: bad rows are skipped, a column is
+        numeric when most of its non-empty values are numbers (the rest are bad rows,
+        reported when their block is read), and PyArrow infers only the other columns.
+        """
+        names = self._names
+        read = pacsv.ReadOptions(column_names=names, autogenerate_column_names=names is None)
+        parse = self._parse_options()
+        parse.invalid_row_handler = _skip_row
+        try:
+            as_text = pacsv.read_csv(pa.py_buffer(sample), read_options=read, parse_options=parse,
+                                     convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names or []}))
+            if names is None:
+                names = self._names = list(as_text.column_names)
+                as_text = as_text.cast(pa.schema([(n, pa.string()) for n in names]))
+        except pa.ArrowException as exc:
+            raise SourceError(f"cannot read the first MiB to infer column types: {exc}", path=self.paths[0]) from None
+        numeric: dict[str, pa.DataType] = {}
+        for name, col in zip(names, as_text.columns):
+            values = pc.utf8_trim_whitespace(col)
+            values = pc.filter(values, pc.invert(pc.is_in(values, pa.array(_NULLS))))
+            if len(values) == 0:
+                continue
+            floats = pc.sum(pc.match_substring_regex(values, _FLOAT_RE)).as_py() or 0
+            if floats > 0.5 * len(values):
+                ints = pc.sum(pc.match_substring_regex(values, _INT_RE)).as_py() or 0
+                numeric[name] = pa.int64() if ints == floats else pa.float64()
+        try:
+            others = pacsv.read_csv(pa.py_buffer(sample), read_options=read, parse_options=parse,
+                                    convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in numeric})).schema
+        except pa.ArrowException:
+            others = as_text.schema
+        fields = []
+        for f in others:
+            t = numeric.get(f.name, f.type)
+            # A column that is empty in the sample is inferred as null; read it as text.
+            fields.append(pa.field(f.name, pa.string() if pa.types.is_null(t) else t))
+        return pa.schema(fields)
+
+    def _read_schema(self) -> pa.Schema:
+        return select_columns(self.full_schema(), self._selected, self.paths[0])
+
+    # -- blocks ----------------------------------------------------------------------------
+
+    def _file_blocks(self, path: str) -> list[Block]:
+        if self.header and path != self.paths[0]:
+            # Every file is parsed with the first file's names: a different header would
+            # silently put values in the wrong columns.
+            first = self._header_names(self.paths[0])
+            names = self._header_names(path)
+            if None not in (first, names) and names != first:
+                raise SourceError(f"the header {names} differs from the first file's {first}.", path=path, line=1)
+        return scan_file(
+            path, block_bytes=self.block_bytes, header_lines=1 if self.header else 0,
+            compression=self.compression, keep_blank=False, whole=self.newlines_in_values,
+        )
+
+    def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
+        full = self.full_schema()
+        schema = self.schema()
+        buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
+        read = pacsv.ReadOptions(column_names=full.names, use_threads=use_threads)
+        convert = pacsv.ConvertOptions(column_types=full, include_columns=schema.names)
+        parse_opts = self._parse_options()
+
+        def parse(data: bytes) -> pa.Table:
+            if not data.strip():
+                return schema.empty_table()
+            table = pacsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse_opts, convert_options=convert)
+            if null_rows(table).size:
+                raise BadRow(f"missing value in integer column {null_column(table)!r} (NumPy integers have no NaN; pass dtypes={{{null_column(table)!r}: 'float32'}} to read NaN)")
+            return table
+
+        def describe(exc: Exception) -> tuple[str, str | None]:
+            text = _ROW_RE.sub("", str(exc).split("\n")[0])
+            m = _COLUMN_RE.search(text)
+            column = full.names[int(m.group(1))] if m and int(m.group(1)) < len(full.names) else None
+            if "conversion error" in text and column is not None:
+                text += f" (the type {full.field(column).type} was inferred from the first MiB; pass dtypes={{{column!r}: ...}} if it is wrong)"
+            return text, column
+
+        tables, skipped = parse_robust(
+            buf, parse, path=block.path, first_line=block.first_line + line0,
+            on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
+        )
+        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+        if table.num_rows + skipped != hi - lo:
+            raise SourceError(
+                f"expected {hi - lo} rows from line {block.first_line + line0}, parsed {table.num_rows + skipped}: "
+                "a newline inside a quoted value? Pass newlines_in_values=True.",
+                path=block.path, line=block.first_line + line0,
+            )
+        return BlockData(table_to_columns(table), skipped)

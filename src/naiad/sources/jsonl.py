@@ -1,0 +1,165 @@
+"""JSON Lines files (one JSON object per line), parsed by PyArrow one byte-range block at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.json as pajson
+
+from naiad.errors import SourceError
+from naiad.sources.base import (
+    Block,
+    BlockData,
+    DTypes,
+    OnBadRows,
+    PathLike,
+    Source,
+    apply_dtypes,
+    null_column,
+    null_rows,
+    resolve_dtypes,
+    select_columns,
+    table_to_columns,
+)
+from naiad.sources.lines import (
+    BadRow,
+    detect_compression,
+    parse_robust,
+    read_block_bytes,
+    scan_file,
+    slice_rows,
+)
+
+__all__ = ["JsonlSource", "read_jsonl"]
+
+_SAMPLE_BYTES = 1 << 20
+
+
+def read_jsonl(
+    paths: PathLike,
+    *,
+    columns: Sequence[str] | None = None,
+    dtypes: DTypes = None,
+    compression: str | None = "infer",
+    on_bad_rows: OnBadRows = "raise",
+    block_bytes: int = 1 << 20,
+) -> JsonlSource:
+    """A lazy source over JSON Lines files (a path, a glob or a list), parsed by PyArrow.
+
+    Fields and their types are inferred from the first MiB of the first non-empty file, then
+    fixed; fields that appear only later are ignored (name them in ``dtypes`` to keep them).
+    A field missing from a row is NaN (floats) or a bad row (integers: pass a float dtype).
+
+    Args:
+        paths: a file, a glob or a list of them; files are read in this order.
+        columns: keep only these fields (output keeps the inferred order).
+        dtypes: a mapping field -> dtype, or one dtype for every numeric field.
+        compression: "infer" from the extension, a codec name or None (one block per file).
+        on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
+        block_bytes: the size of a block, the unit of reading and of block shuffling.
+
+    Example:
+        >>> ds = naiad.read_jsonl("events-*.jsonl.gz", columns=["x", "label"])  # doctest: +SKIP
+    """
+    return JsonlSource(paths, columns=columns, dtypes=dtypes, compression=compression,
+                       on_bad_rows=on_bad_rows, block_bytes=block_bytes)
+
+
+class JsonlSource(Source):
+    """JSON Lines files cut into byte-range blocks (see :func:`read_jsonl`)."""
+
+    def __init__(
+        self,
+        paths: PathLike,
+        *,
+        columns: Sequence[str] | None = None,
+        dtypes: DTypes = None,
+        compression: str | None = "infer",
+        on_bad_rows: OnBadRows = "raise",
+        block_bytes: int = 1 << 20,
+    ) -> None:
+        super().__init__(paths, on_bad_rows=on_bad_rows)
+        self.compression = compression
+        self.block_bytes = block_bytes
+        self._dtypes_arg = dtypes
+        self._selected = list(columns) if columns is not None else None
+        self._full: pa.Schema | None = None
+
+    def full_schema(self) -> pa.Schema:
+        """Every inferred field with its fixed type (before column selection)."""
+        if self._full is None:
+            self._full = self._infer()
+        return self._full
+
+    def _infer(self) -> pa.Schema:
+        for path in self.paths:
+            codec = detect_compression(path, self.compression)
+            try:
+                with pa.input_stream(path, compression=codec) as stream:
+                    head = bytes(stream.read(_SAMPLE_BYTES))
+            except (OSError, pa.ArrowException) as exc:
+                raise SourceError(f"cannot read: {exc}", path=path) from None
+            cut = head.rfind(b"\n") + 1
+            sample = head[:cut] if cut else head + b"\n"
+            if not sample.strip():
+                continue
+            # Bad lines in the sample are left out of the inference (found again, with their
+            # line numbers, when their block is read).
+            pieces, _ = parse_robust(
+                sample, lambda b: pajson.read_json(pa.py_buffer(b if b.endswith(b"\n") else b + b"\n")),
+                path=path, first_line=1, on_bad_rows="skip", keep_blank=False,
+                describe=lambda e: (str(e), None),
+            )
+            if not pieces:
+                raise SourceError("no line of the first MiB is a JSON object.", path=path, line=1)
+            schema = pa.unify_schemas([t.schema for t in pieces], promote_options="permissive")
+            schema = pa.schema([pa.field(f.name, pa.string() if pa.types.is_null(f.type) else f.type) for f in schema])
+            dtypes = resolve_dtypes(self._dtypes_arg, schema.names) if not isinstance(self._dtypes_arg, dict) else None
+            if isinstance(self._dtypes_arg, dict):
+                # Fields named in dtypes are kept even if the sample lacks them.
+                extra = [pa.field(c, t) for c, t in resolve_dtypes(self._dtypes_arg, list(self._dtypes_arg)).items()  # type: ignore[union-attr]
+                         if c not in schema.names]
+                schema = pa.schema(list(schema) + extra)
+                dtypes = resolve_dtypes(self._dtypes_arg, schema.names)
+            return apply_dtypes(schema, dtypes)
+        return pa.schema([])
+
+    def _read_schema(self) -> pa.Schema:
+        return select_columns(self.full_schema(), self._selected, self.paths[0])
+
+    def _file_blocks(self, path: str) -> list[Block]:
+        return scan_file(path, block_bytes=self.block_bytes, header_lines=0,
+                         compression=self.compression, keep_blank=False, whole=False)
+
+    def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
+        full = self.full_schema()
+        schema = self.schema()
+        buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
+        read = pajson.ReadOptions(use_threads=use_threads)
+        parse_opts = pajson.ParseOptions(explicit_schema=full, unexpected_field_behavior="ignore")
+
+        def parse(data: bytes) -> pa.Table:
+            if not data.strip():
+                return schema.empty_table()
+            if not data.endswith(b"\n"):
+                data += b"\n"
+            table = pajson.read_json(pa.py_buffer(data), read_options=read, parse_options=parse_opts)
+            table = table.select(schema.names)
+            if null_rows(table).size:
+                col = null_column(table)
+                raise BadRow(f"missing value in integer field {col!r} (pass dtypes={{{col!r}: 'float32'}} to read NaN)")
+            return table
+
+        def describe(exc: Exception) -> tuple[str, str | None]:
+            return str(exc).split("\n")[0].replace(" in row 0", ""), None
+
+        tables, skipped = parse_robust(
+            buf, parse, path=block.path, first_line=block.first_line + line0,
+            on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
+        )
+        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+        if table.num_rows + skipped != hi - lo:
+            raise SourceError(f"expected {hi - lo} rows, parsed {table.num_rows + skipped}: one object per line is required.",
+                              path=block.path, line=block.first_line + line0)
+        return BlockData(table_to_columns(table), skipped)

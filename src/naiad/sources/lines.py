@@ -1,0 +1,237 @@
+"""Line-oriented files (CSV, JSONL, text): cutting into byte-range blocks, and bad-row isolation.
+
+NOTE [ Byte-range blocks ]
+A text file is cut into blocks of about ``block_bytes`` that end just after a newline, so every
+block holds whole lines and can be parsed on its own. The cut and the row count of every block
+come from one sequential scan at first iteration (C-speed ``bytes.count``, with a NumPy pass
+only for blocks that contain blank lines, which the CSV and JSON parsers skip). This is why a
+newline inside a quoted CSV value is unsupported unless the reader is told about it
+(``newlines_in_values=True``), in which case each file is a single block.
+
+Compressed files (gzip, zstd, bz2, lz4) cannot be entered in the middle, so each is one block;
+its rows are counted by decompressing it once.
+
+NOTE [ Bad rows ]
+PyArrow parses a whole block at once and, on a bad row, fails the whole block without saying
+which line. Only then do we bisect: parse each half of the lines, recursing into the halves that
+fail, down to single lines. A clean block costs one parse; a block with ``k`` bad rows costs
+``O(k log n)`` parses. The single failing line gives the exact line number and PyArrow's own
+description of the problem.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from naiad.errors import SourceError
+from naiad.sources.base import Block, OnBadRows
+
+__all__ = ["BadRow", "detect_compression", "parse_robust", "read_block_bytes", "row_spans", "scan_file"]
+
+_COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".lz4": "lz4"}
+
+
+class BadRow(ValueError):
+    """Raised by a parse function for a problem PyArrow does not see (e.g. a null integer)."""
+
+
+def detect_compression(path: str, compression: str | None) -> str | None:
+    """The codec for ``path``: ``compression`` if given, else from the extension ("infer")."""
+    if compression != "infer":
+        return compression
+    return _COMPRESSIONS.get(os.path.splitext(path)[1].lower())
+
+
+def _decompress(path: str, codec: str) -> bytes:
+    try:
+        with pa.input_stream(path, compression=codec) as stream:
+            return bytes(stream.read())
+    except (OSError, pa.ArrowException) as exc:
+        raise SourceError(f"cannot decompress ({codec}): {exc}; is the file truncated?", path=path) from None
+
+
+def _header_end(head: bytes, header_lines: int, path: str) -> int:
+    pos = 0
+    for _ in range(header_lines):
+        nl = head.find(b"\n", pos)
+        if nl < 0:
+            raise SourceError("no end of line after the header; is the file truncated?", path=path, line=1)
+        pos = nl + 1
+    return pos
+
+
+def count_rows(buf: bytes | memoryview, keep_blank: bool) -> int:
+    """Rows in ``buf``: its lines, less blank ones unless ``keep_blank`` (text samples)."""
+    data = bytes(buf)
+    n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    if keep_blank or not (data.startswith((b"\n", b"\r\n")) or b"\n\n" in data or b"\n\r\n" in data):
+        return n
+    return len(row_spans(data, keep_blank)[0])
+
+
+def row_spans(buf: bytes, keep_blank: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Byte start, byte end (newline excluded) and 0-based line number of every row in ``buf``."""
+    arr = np.frombuffer(buf, np.uint8)
+    nl = np.flatnonzero(arr == 10)
+    starts = np.concatenate(([0], nl + 1))
+    ends = np.concatenate((nl, [len(buf)]))
+    if len(buf) == 0 or buf[-1:] == b"\n":
+        starts, ends = starts[:-1], ends[:-1]  # nothing after the final newline
+    lines = np.arange(len(starts))
+    if not keep_blank and len(starts):
+        length = ends - starts
+        cr = (length > 0) & (arr[np.maximum(ends - 1, 0)] == 13)
+        keep = (length - cr) > 0
+        starts, ends, lines = starts[keep], ends[keep], lines[keep]
+    return starts, ends, lines
+
+
+def scan_file(path: str, *, block_bytes: int, header_lines: int, compression: str | None, keep_blank: bool, whole: bool) -> list[Block]:
+    """Cut ``path`` into blocks of whole lines of about ``block_bytes``, counting rows.
+
+    Args:
+        header_lines: lines at the top that are not rows (1 for a CSV header).
+        compression: the codec (None: plain); a compressed file is one block.
+        keep_blank: count blank lines as rows (text) or not (CSV, JSONL: the parsers skip them).
+        whole: one block per file (quoted newlines allowed).
+    """
+    codec = detect_compression(path, compression)
+    if codec is not None or whole:
+        if codec is not None:
+            data = _decompress(path, codec)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+        start = _header_end(data, header_lines, path) if header_lines else 0
+        return [Block(path, start, -1, count_rows(memoryview(data)[start:], keep_blank), 1 + header_lines)]
+    blocks: list[Block] = []
+    with open(path, "rb") as f:
+        pos = 0
+        if header_lines:
+            pos = _header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path)
+            f.seek(pos)
+        line = 1 + header_lines
+        carry = b""
+        while True:
+            chunk = f.read(block_bytes)
+            buf = carry + chunk if carry else chunk
+            if not buf:
+                break
+            if chunk:
+                cut = buf.rfind(b"\n") + 1
+                if cut == 0:  # a line longer than block_bytes: keep reading
+                    carry = buf
+                    continue
+            else:
+                cut = len(buf)  # the last line has no newline
+            body, carry = buf[:cut], buf[cut:]
+            blocks.append(Block(path, pos, pos + cut, count_rows(body, keep_blank), line))
+            pos += cut
+            line += body.count(b"\n")
+    return blocks
+
+
+def read_block_bytes(block: Block, compression: str | None) -> bytes:
+    """The bytes of ``block`` (decompressing the whole file when it is compressed)."""
+    codec = detect_compression(block.path, compression)
+    try:
+        if codec is not None:
+            return _decompress(block.path, codec)[block.start :]
+        with open(block.path, "rb") as f:
+            f.seek(block.start)
+            if block.stop < 0:
+                return f.read()
+            data = f.read(block.stop - block.start)
+    except FileNotFoundError:
+        raise SourceError("file not found (was it deleted after the source was made?).", path=block.path) from None
+    if len(data) != block.stop - block.start:
+        raise SourceError(
+            f"expected {block.stop - block.start} bytes at offset {block.start}, read {len(data)}: "
+            "the file shrank after it was scanned.",
+            path=block.path,
+        )
+    return data
+
+
+def slice_rows(buf: bytes, lo: int, hi: int, rows: int, keep_blank: bool) -> tuple[bytes, int]:
+    """Bytes of rows ``lo:hi`` of ``buf`` and the 0-based line of the first one."""
+    if lo == 0 and hi == rows:
+        return buf, 0
+    starts, _, lines = row_spans(buf, keep_blank)
+    if len(starts) != rows:
+        raise SourceError(f"expected {rows} rows in this block, found {len(starts)}: the file changed after it was scanned.")
+    if lo == hi:
+        return b"", 0
+    end = int(starts[hi]) if hi < rows else len(buf)
+    return buf[int(starts[lo]) : end], int(lines[lo])
+
+
+ParseFn = Callable[[bytes], pa.Table]
+
+
+def parse_robust(
+    buf: bytes,
+    parse: ParseFn,
+    *,
+    path: str,
+    first_line: int,
+    on_bad_rows: OnBadRows,
+    keep_blank: bool,
+    describe: Callable[[Exception], tuple[str, str | None]],
+) -> tuple[list[pa.Table], int]:
+    """Parse ``buf``; on failure, isolate the bad lines by bisection (see NOTE [ Bad rows ]).
+
+    Args:
+        parse: bytes of whole lines -> table; raises ``pa.ArrowException`` or :class:`BadRow`.
+        first_line: 1-based line number of the first line of ``buf``.
+        describe: an exception -> (problem in words, column name or None).
+
+    Returns:
+        The parsed pieces in order and the number of bad rows skipped.
+
+    Raises:
+        SourceError: on the first bad row when ``on_bad_rows="raise"``.
+    """
+    try:
+        return [parse(buf)], 0
+    except (pa.ArrowException, BadRow):
+        pass
+    starts, ends, lines = row_spans(buf, keep_blank)
+    n = len(starts)
+    tables: list[pa.Table] = []
+    skipped = 0
+
+    def go(a: int, b: int, known_bad: bool) -> None:
+        nonlocal skipped
+        if a >= b:
+            return
+        if not known_bad:
+            piece = buf[int(starts[a]) : int(starts[b]) if b < n else len(buf)]
+            try:
+                tables.append(parse(piece))
+                return
+            except (pa.ArrowException, BadRow) as exc:
+                err: Exception = exc
+                if b - a > 1:
+                    mid = (a + b) // 2
+                    go(a, mid, False)
+                    go(mid, b, False)
+                    return
+        else:
+            mid = (a + b) // 2
+            go(a, mid, False)
+            go(mid, b, False)
+            return
+        # one line that does not parse
+        if on_bad_rows == "raise":
+            problem, column = describe(err)
+            text = buf[int(starts[a]) : int(ends[a])][:200].decode("utf-8", "replace")
+            raise SourceError(f"{problem}; the line is {text!r}.", path=path, line=first_line + int(lines[a]), column=column)
+        skipped += 1
+
+    go(0, n, True)
+    return tables, skipped

@@ -1,0 +1,163 @@
+"""NumPy ``.npy`` files, memory-mapped: blocks are row ranges of the first axis."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from naiad.errors import ConfigError, SourceError
+from naiad.sources.base import (
+    Block,
+    BlockData,
+    Columns,
+    DTypes,
+    OnBadRows,
+    PathLike,
+    Source,
+    expand_paths,
+    to_arrow_type,
+)
+
+__all__ = ["NpySource", "read_npy"]
+
+
+def read_npy(
+    paths: PathLike | Mapping[str, PathLike],
+    *,
+    column: str = "x",
+    dtypes: DTypes = None,
+    block_rows: int = 1 << 16,
+) -> NpySource:
+    """A lazy source over memory-mapped ``.npy`` files; a block is ``block_rows`` rows.
+
+    An array of shape ``(n, ...)`` gives one column of that name whose batches have shape
+    ``(batch, ...)``; a structured array gives one column per field. A mapping
+    ``{"x": "x-*.npy", "y": "y-*.npy"}`` reads aligned files as columns (same row counts).
+
+    Args:
+        paths: a file, a glob or a list of them, or a mapping column -> files.
+        column: the column name for plain (not structured) arrays given without a mapping.
+        dtypes: a mapping column -> dtype, or one dtype for every column (cast per block).
+        block_rows: rows per block, the unit of reading and of block shuffling.
+
+    Example:
+        >>> ds = naiad.read_npy({"x": "features.npy", "y": "labels.npy"})  # doctest: +SKIP
+    """
+    return NpySource(paths, column=column, dtypes=dtypes, block_rows=block_rows)
+
+
+def _open(path: str) -> np.ndarray:
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise SourceError("file not found.", path=path) from None
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"not a readable .npy file ({exc}); is it truncated?", path=path) from None
+    if not isinstance(arr, np.ndarray) or arr.ndim == 0:
+        raise SourceError("expected an array with a first (row) axis, got a scalar or an archive.", path=path)
+    return arr
+
+
+class NpySource(Source):
+    """Memory-mapped ``.npy`` files cut into row ranges (see :func:`read_npy`)."""
+
+    def __init__(
+        self,
+        paths: PathLike | Mapping[str, PathLike],
+        *,
+        column: str = "x",
+        dtypes: DTypes = None,
+        block_rows: int = 1 << 16,
+        on_bad_rows: OnBadRows = "raise",
+    ) -> None:
+        if block_rows < 1:
+            raise ConfigError(f"`block_rows` must be >= 1, got {block_rows}.")
+        if isinstance(paths, Mapping):
+            groups = {name: expand_paths(p) for name, p in paths.items()}
+            counts = {name: len(ps) for name, ps in groups.items()}
+            if len(set(counts.values())) != 1:
+                raise ConfigError(f"each column needs as many files as the others, got {counts}.")
+            first = next(iter(groups))
+            super().__init__(groups[first], on_bad_rows=on_bad_rows)
+            # file of the first column -> the aligned files of every column
+            self._aligned = {p: {n: groups[n][i] for n in groups} for i, p in enumerate(groups[first])}
+        else:
+            super().__init__(paths, on_bad_rows=on_bad_rows)
+            self._aligned = {p: {column: p} for p in self.paths}
+        self.block_rows = block_rows
+        self._dtypes_arg = dtypes
+        self.schema()  # headers are metadata: check dtypes and shapes now
+
+    def _read_schema(self) -> pa.Schema:
+        fields = []
+        for name, path in self._aligned[self.paths[0]].items():
+            arr = _open(path)
+            if arr.dtype.names and len(self._aligned[self.paths[0]]) == 1:
+                for field in arr.dtype.names:
+                    fields.append(pa.field(field, _arrow_type(arr[field][:0])))
+            else:
+                fields.append(pa.field(name, _arrow_type(arr[:0])))
+        if self._dtypes_arg is not None:
+            if isinstance(self._dtypes_arg, Mapping):
+                unknown = [c for c in self._dtypes_arg if c not in [f.name for f in fields]]
+                if unknown:
+                    raise ConfigError(f"`dtypes` names unknown column(s) {unknown}; the columns are {[f.name for f in fields]}.")
+            fields = [pa.field(f.name, _retype(f.type, self._dtypes_arg, f.name)) for f in fields]
+        return pa.schema(fields)
+
+    def _file_blocks(self, path: str) -> list[Block]:
+        lengths = {name: len(_open(p)) for name, p in self._aligned[path].items()}
+        if len(set(lengths.values())) != 1:
+            raise SourceError(f"aligned files have different row counts {lengths}.", path=path)
+        n = next(iter(lengths.values()))
+        return [Block(path, lo, min(lo + self.block_rows, n), min(lo + self.block_rows, n) - lo, lo)
+                for lo in range(0, n, self.block_rows)]
+
+    def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
+        schema = self.schema()
+        out: Columns = {}
+        a, b = block.start + lo, block.start + hi
+        for name, path in self._aligned[block.path].items():
+            arr = _open(path)
+            if arr.dtype.names and len(self._aligned[block.path]) == 1:
+                rows = arr[a:b]
+                for field in arr.dtype.names:
+                    out[field] = np.array(rows[field], dtype=_np(schema.field(field).type))
+            else:
+                out[name] = np.array(arr[a:b], dtype=_np(schema.field(name).type))
+        return BlockData(out, 0)
+
+
+    def empty_columns(self) -> Columns:
+        """Zero rows of every column, with the trailing shape of the arrays."""
+        schema = self.schema()
+        out: Columns = {}
+        for name, path in self._aligned[self.paths[0]].items():
+            arr = _open(path)
+            if arr.dtype.names and len(self._aligned[self.paths[0]]) == 1:
+                for field in arr.dtype.names:
+                    out[field] = np.zeros((0, *arr[field].shape[1:]), _np(schema.field(field).type))
+            else:
+                out[name] = np.zeros((0, *arr.shape[1:]), _np(schema.field(name).type))
+        return out
+
+
+def _arrow_type(arr: np.ndarray) -> pa.DataType:
+    """A plain array of shape (n, d1, ...) is described as its element type (shape kept aside)."""
+    try:
+        return pa.from_numpy_dtype(arr.dtype)
+    except (pa.ArrowNotImplementedError, TypeError):
+        raise SourceError(f"unsupported dtype {arr.dtype} (numeric and bool only).") from None
+
+
+def _retype(t: pa.DataType, dtypes: Any, name: str) -> pa.DataType:
+    if isinstance(dtypes, Mapping):
+        return to_arrow_type(dtypes[name]) if name in dtypes else t
+    return to_arrow_type(dtypes)
+
+
+def _np(t: pa.DataType) -> np.dtype:
+    return np.dtype(t.to_pandas_dtype())
