@@ -14,7 +14,6 @@ tests ``isinstance(loader, torch.utils.data.DataLoader)`` keeps working.
 from __future__ import annotations
 
 import functools
-import itertools
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -26,10 +25,16 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, Sampler
 
 from naiad.errors import ConfigError
-from naiad.fetch import FetchStrategy, choose_fetch, make_fetch
-from naiad.parallel import Exhausted, WorkerContext, WorkerPool
+from naiad.fetch import FetchStrategy, choose_fetch
+from naiad.parallel import WorkerContext, WorkerPool
 from naiad.sampling import SeededRandomSampler, plan_batches
 from naiad.tree import map_tensors
+from naiad.worker import (
+    describe_iterable_task,
+    describe_map_task,
+    iterable_handler_factory,
+    map_handler_factory,
+)
 
 __all__ = ["DataLoader"]
 
@@ -169,25 +174,27 @@ class DataLoader(TorchDataLoader):
         return drawn if self.seed is None else self.seed
 
     def _make_pool(self, base_seed: int) -> WorkerPool:
+        factory: Callable[[WorkerContext], Callable[[Any], Any]]
+        describe: Callable[[Any], str]
         if self._iterable:
             factory = functools.partial(
-                _iterable_handler_factory,
+                iterable_handler_factory,
                 self.dataset,
                 self.collate_fn,
                 self._auto_collation,
                 self.batch_size,
                 self.drop_last,
             )
-            describe = _describe_iterable_task
+            describe = describe_iterable_task
         else:
             factory = functools.partial(
-                _map_handler_factory,
+                map_handler_factory,
                 self.dataset,
                 self.collate_fn,
                 self._auto_collation,
                 self._fetch_strategy,
             )
-            describe = _describe_map_task
+            describe = describe_map_task
         return WorkerPool(
             factory,
             num_workers=self.num_workers,
@@ -208,86 +215,6 @@ class DataLoader(TorchDataLoader):
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
-
-
-# --------------------------------------------------------------------------------------------
-# Worker-side handlers (built inside each worker by the pool).
-
-
-def _set_torch_worker_info(context: WorkerContext, dataset: Any) -> None:
-    # Datasets shard themselves with torch.utils.data.get_worker_info(); it reads this module
-    # global, which torch's own workers set the same way.
-    from torch.utils.data._utils import worker as torch_worker
-
-    torch_worker._worker_info = torch_worker.WorkerInfo(
-        id=context.worker_id, num_workers=context.num_workers, seed=context.seed, dataset=dataset
-    )
-
-
-def _map_handler_factory(
-    dataset: Any,
-    collate_fn: Callable[[Any], Any],
-    auto_collation: bool,
-    strategy: FetchStrategy,
-    context: WorkerContext,
-) -> Callable[[Any], Any]:
-    if context.mode == "process":
-        _set_torch_worker_info(context, dataset)
-    fetch = make_fetch(dataset, collate_fn, auto_collation, strategy)
-
-    def handle(task: tuple[int, Any]) -> Any:
-        return fetch(task[1])
-
-    return handle
-
-
-def _iterable_handler_factory(
-    dataset: Any,
-    collate_fn: Callable[[Any], Any],
-    auto_collation: bool,
-    batch_size: int | None,
-    drop_last: bool,
-    context: WorkerContext,
-) -> Callable[[Any], Any]:
-    if context.mode == "process":
-        _set_torch_worker_info(context, dataset)
-    state: dict[str, Any] = {"epoch": None, "it": None, "ended": False}
-
-    def handle(epoch: int) -> Any:
-        if state["epoch"] != epoch:  # a new pass (persistent workers): a fresh iterator
-            state.update(epoch=epoch, it=iter(dataset), ended=False)
-        if state["ended"]:
-            raise Exhausted
-        it = state["it"]
-        if not auto_collation:
-            try:
-                item = next(it)
-            except StopIteration:
-                state["ended"] = True
-                raise Exhausted from None
-            return collate_fn(item)
-        assert batch_size is not None
-        data = list(itertools.islice(it, batch_size))
-        if len(data) < batch_size:
-            state["ended"] = True
-        if not data or (drop_last and len(data) < batch_size):
-            raise Exhausted
-        return collate_fn(data)
-
-    return handle
-
-
-def _describe_map_task(task: Any) -> str:
-    number, indices = task
-    if isinstance(indices, (list, np.ndarray)):
-        shown = ", ".join(str(int(i)) for i in indices[:8])
-        more = f", ... ({len(indices)} in all)" if len(indices) > 8 else ""
-        return f"batch {number} (indices [{shown}{more}])"
-    return f"batch {number} (index {indices!r})"
-
-
-def _describe_iterable_task(epoch: Any) -> str:
-    return f"the next batch of the IterableDataset (epoch {epoch})"
 
 
 # --------------------------------------------------------------------------------------------

@@ -82,7 +82,9 @@ def test_persistent_workers_keep_processes_and_order() -> None:
     second = list(loader)
     assert set(loader._pool.worker_pids) == pids  # type: ignore[union-attr]
     # Different epochs, different orders; each a permutation.
-    order = [torch.cat([b[1] for b in first]), torch.cat([b[1] for b in second])]
+    for epoch in (first, second):
+        rows = torch.cat([b[0] for b in epoch])
+        assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, ds.tensors[0].tolist()))
     assert len(first) == len(second) == 7
     assert not all(torch.equal(x[0], y[0]) for x, y in zip(first, second))
     del loader
