@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 from naiad.fetch import ArrayDataset
 from naiad.loader import DataLoader
-from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 
 __version__ = "0.1.0"
 
