@@ -23,7 +23,7 @@ import numpy as np
 from naiad.errors import ConfigError, StateError
 from naiad.plan import RankPlan, ReadTask
 
-__all__ = ["BufferReplay", "ShuffleBuffer", "as_array"]
+__all__ = ["BufferReplay", "ShuffleBuffer", "as_array", "shuffle_quality"]
 
 ArrayColumns = dict[str, np.ndarray]
 
@@ -223,3 +223,25 @@ class BufferReplay:
                 buffer.slots[k][: len(self.held)] = v
             buffer.size = len(self.held)
         return self.pending
+
+
+def shuffle_quality(order: np.ndarray) -> dict[str, float]:
+    """How well ``order`` (the row numbers in the order they were delivered) is shuffled.
+
+    Returns:
+        ``position_correlation``: Pearson correlation between delivery position and row number
+        (0 for a uniform shuffle, 1 for file order); ``neighbour_share``: the share of
+        consecutive deliveries that were neighbours in the file (about ``2/n`` for a uniform
+        shuffle, 1 for file order); ``mean_displacement``: mean ``|position - row| / n``
+        (1/3 for a uniform shuffle, 0 for file order).
+    """
+    order = np.asarray(order, dtype=np.float64)
+    n = len(order)
+    if n < 3:
+        return {"position_correlation": 0.0, "neighbour_share": 0.0, "mean_displacement": 0.0}
+    pos = np.arange(n, dtype=np.float64)
+    return {
+        "position_correlation": float(np.corrcoef(pos, order)[0, 1]),
+        "neighbour_share": float(np.mean(np.abs(np.diff(order)) == 1)),
+        "mean_displacement": float(np.mean(np.abs(pos - (order - order.min()))) / n),
+    }

@@ -239,14 +239,54 @@ class CsvSource(Source):
             names = self._header_names(path)
             if None not in (first, names) and names != first:
                 raise SourceError(f"the header {names} differs from the first file's {first}.", path=path, line=1)
-        return scan_file(
+        blocks = scan_file(
             path, block_bytes=self.block_bytes, header_lines=1 if self.header else 0,
             compression=self.compression, keep_blank=False, whole=self.newlines_in_values,
         )
+        if self.newlines_in_values and blocks:
+            # Lines are not records here: count the records by parsing (as text, so a bad
+            # value does not stop the count; rows with a wrong field count are counted too).
+            b = blocks[0]
+            table, bad = self._parse_records(read_block_bytes(b, self.compression), b, as_text=True)
+            blocks = [b._replace(rows=table.num_rows + bad)]
+        return blocks
+
+    def _parse_records(self, buf: bytes, block: Block, *, as_text: bool, use_threads: bool = False) -> tuple[pa.Table, int]:
+        """Parse a whole file whose quoted values may hold newlines (no line bisection)."""
+        full = self.full_schema()
+        bad: list[tuple[int | None, str, int, int]] = []
+
+        def on_invalid(row: pacsv.InvalidRow) -> str:
+            bad.append((row.number, row.text, row.expected_columns, row.actual_columns))
+            return "skip"
+
+        opts = self._parse_options()
+        opts.invalid_row_handler = on_invalid
+        types = {n: pa.string() for n in full.names} if as_text else full
+        if not buf.strip():
+            return pa.schema([(n, types[n]) for n in full.names]).empty_table(), 0
+        try:
+            table = pacsv.read_csv(
+                pa.py_buffer(buf), parse_options=opts,
+                read_options=pacsv.ReadOptions(column_names=full.names, use_threads=use_threads),
+                convert_options=pacsv.ConvertOptions(column_types=types, include_columns=None if as_text else self.schema().names),
+            )
+        except pa.ArrowException as exc:
+            raise SourceError(f"{exc} (values with newlines: no line number is known).", path=block.path) from None
+        if bad and not as_text and self.on_bad_rows == "raise":
+            number, text, expected, actual = bad[0]
+            raise SourceError(
+                f"data row {number}: Expected {expected} columns, got {actual}; the row is {text[:200]!r}.",
+                path=block.path,
+            )
+        return table, len(bad)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         full = self.full_schema()
         schema = self.schema()
+        if self.newlines_in_values:
+            whole, bad = self._parse_records(read_block_bytes(block, self.compression), block, as_text=False, use_threads=use_threads)
+            return BlockData(table_to_columns(whole.slice(lo, hi - lo)), bad if lo == 0 else 0)
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
         read = pacsv.ReadOptions(column_names=full.names, use_threads=use_threads)
         convert = pacsv.ConvertOptions(column_types=full, include_columns=schema.names)

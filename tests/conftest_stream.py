@@ -1,0 +1,95 @@
+"""Helpers shared by the streaming tests: small files of numbered rows in every format."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from naiad import sources
+from naiad.parallel import WorkerPool
+from naiad.stream import StreamOptions, iter_batches, make_handler_factory
+
+FORMATS = ("csv", "jsonl", "text", "parquet", "arrow", "npy")
+
+
+def write_numbered(directory: str, fmt: str, sizes: Sequence[int], *, chunk_rows: int = 7) -> list[str]:
+    """One file per entry of ``sizes``; row ``i`` overall has ``id == i`` (text: the line ``"i"``)."""
+    paths = []
+    start = 0
+    for k, n in enumerate(sizes):
+        ids = np.arange(start, start + n, dtype=np.int64)
+        start += n
+        path = os.path.join(directory, f"part-{k:03d}.{fmt}")
+        if fmt == "csv":
+            with open(path, "w") as f:
+                f.write("id,value\n")
+                f.writelines(f"{i},{i * 0.5}\n" for i in ids)
+        elif fmt == "jsonl":
+            with open(path, "w") as f:
+                f.writelines(f'{{"id": {i}, "value": {i * 0.5}}}\n' for i in ids)
+        elif fmt == "text":
+            with open(path, "w") as f:
+                f.writelines(f"{i}\n" for i in ids)
+        elif fmt == "parquet":
+            table = pa.table({"id": ids, "value": ids * 0.5})
+            pq.write_table(table, path, row_group_size=chunk_rows)
+        elif fmt == "arrow":
+            table = pa.table({"id": ids, "value": ids * 0.5})
+            with pa.ipc.new_file(path, table.schema) as w:
+                for batch in table.to_batches(max_chunksize=chunk_rows):
+                    w.write_batch(batch)
+                if n == 0:
+                    w.write_table(table)
+        elif fmt == "npy":
+            np.save(path, ids)
+        paths.append(path)
+    return paths
+
+
+def open_numbered(paths: list[str], fmt: str, *, small_blocks: bool = True, **kw: object) -> sources.Source:
+    """The reader for ``fmt`` over ``paths``, with tiny blocks so that files have many."""
+    text_kw = {"block_bytes": 40} if small_blocks else {}
+    if fmt == "csv":
+        return sources.read_csv(paths, **text_kw, **kw)  # type: ignore[arg-type]
+    if fmt == "jsonl":
+        return sources.read_jsonl(paths, **text_kw, **kw)  # type: ignore[arg-type]
+    if fmt == "text":
+        return sources.read_text(paths, column="id", **text_kw, **kw)  # type: ignore[arg-type]
+    if fmt == "parquet":
+        return sources.read_parquet(paths, **kw)  # type: ignore[arg-type]
+    if fmt == "arrow":
+        return sources.read_arrow(paths, **kw)  # type: ignore[arg-type]
+    return sources.read_npy(paths, column="id", block_rows=5 if small_blocks else 1 << 16, **kw)  # type: ignore[arg-type]
+
+
+def ids_of(batch: dict) -> np.ndarray:
+    col = batch["id"]
+    if isinstance(col, list):
+        return np.array([int(v) for v in col], dtype=np.int64)
+    return col.numpy().astype(np.int64)
+
+
+def run_epoch(
+    source: sources.Source,
+    options: StreamOptions,
+    *,
+    epoch: int = 0,
+    num_workers: int = 0,
+    mode: str = "process",
+    pool: WorkerPool | None = None,
+) -> list[dict]:
+    """Every batch of one epoch, driven through a WorkerPool as the loader does."""
+    own = pool is None
+    if pool is None:
+        pool = WorkerPool(make_handler_factory(source), num_workers=num_workers, mode=mode)  # type: ignore[arg-type]
+    try:
+        imap = functools.partial(pool.imap, prefetch=2, in_order=True)
+        return list(iter_batches(source, options, epoch=epoch, imap=imap))
+    finally:
+        if own:
+            pool.close()
