@@ -221,10 +221,8 @@ def _produce(
             rows = rows_of(batch) or 0
             if telemetry is not None:
                 if source_stage is not None:
-                    telemetry.add(source_stage, t1 - t0, start_s=t0, track="prefetch thread")
-                telemetry.add(
-                    "transfer", time.perf_counter() - t1, start_s=t1, track="prefetch thread"
-                )
+                    telemetry.add(source_stage, t1 - t0, start_s=t0)
+                telemetry.end("transfer", t1)
             del batch
             chan.items.put((_BATCH, moved, event, (copied, foreign, rows)))
             index += 1
