@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -24,7 +25,8 @@ from naiad.sources.base import (
 
 __all__ = ["ArrowSource", "read_arrow"]
 
-_OPEN: OrderedDict[str, pa.ipc.RecordBatchFileReader] = OrderedDict()
+# Open readers per thread: one reader is not safe to share between threads.
+_LOCAL = threading.local()
 _MAX_OPEN = 16
 
 
@@ -53,8 +55,11 @@ def read_arrow(
 
 
 def open_ipc(path: str) -> pa.ipc.RecordBatchFileReader:
-    """A cached, memory-mapped IPC file reader (per process), or a SourceError."""
-    reader = _OPEN.get(path)
+    """A cached, memory-mapped IPC file reader (per thread), or a SourceError."""
+    cache: OrderedDict[str, pa.ipc.RecordBatchFileReader] | None = getattr(_LOCAL, "open", None)
+    if cache is None:
+        cache = _LOCAL.open = OrderedDict()
+    reader = cache.get(path)
     if reader is None:
         try:
             reader = pa.ipc.open_file(pa.memory_map(path, "r"))
@@ -65,11 +70,11 @@ def open_ipc(path: str) -> pa.ipc.RecordBatchFileReader:
                 f"not a readable Arrow IPC file ({exc}); is it truncated, or in the stream format?",
                 path=path,
             ) from None
-        _OPEN[path] = reader
-        if len(_OPEN) > _MAX_OPEN:
-            _OPEN.popitem(last=False)
+        cache[path] = reader
+        if len(cache) > _MAX_OPEN:
+            cache.popitem(last=False)
     else:
-        _OPEN.move_to_end(path)
+        cache.move_to_end(path)
     return reader
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -25,8 +26,9 @@ from naiad.sources.base import (
 
 __all__ = ["ParquetSource", "read_parquet"]
 
-# Open files per process: opening parses the footer, which is not free for wide files.
-_OPEN: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+# Open files per thread (a reader is not safe to share between threads): opening parses the
+# footer, which is not free for wide files.
+_LOCAL = threading.local()
 _MAX_OPEN = 16
 
 
@@ -55,8 +57,11 @@ def read_parquet(
 
 
 def open_parquet(path: str) -> pq.ParquetFile:
-    """A cached :class:`pyarrow.parquet.ParquetFile` (per process), or a SourceError."""
-    pf = _OPEN.get(path)
+    """A cached :class:`pyarrow.parquet.ParquetFile` (per thread), or a SourceError."""
+    cache: OrderedDict[str, pq.ParquetFile] | None = getattr(_LOCAL, "open", None)
+    if cache is None:
+        cache = _LOCAL.open = OrderedDict()
+    pf = cache.get(path)
     if pf is None:
         try:
             pf = pq.ParquetFile(path, memory_map=True)
@@ -64,11 +69,11 @@ def open_parquet(path: str) -> pq.ParquetFile:
             raise SourceError("file not found.", path=path) from None
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"not a readable Parquet file ({exc}); is it truncated?", path=path) from None
-        _OPEN[path] = pf
-        if len(_OPEN) > _MAX_OPEN:
-            _OPEN.popitem(last=False)
+        cache[path] = pf
+        if len(cache) > _MAX_OPEN:
+            cache.popitem(last=False)
     else:
-        _OPEN.move_to_end(path)
+        cache.move_to_end(path)
     return pf
 
 
