@@ -136,9 +136,10 @@ class _LatencyDataset(Dataset):
 def resolve_source(spec: str, *, rows: int = 100_000, load_ms: float = 0.0) -> tuple[Any, str]:
     """The dataset ``naiad bench`` measures, and a few words describing it.
 
-    ``"demo"`` is synthetic: 16 float features and an integer label per row. A path or glob is
-    read with naiad's readers when this build has them (``naiad.read_csv``,
-    ``naiad.read_parquet``), else into memory with PyArrow, numeric columns only.
+    ``"demo"`` is naiad's built-in diabetes-shaped table (8 float features and a 0/1 label, see
+    :mod:`naiad.datasets`), in memory. A path or glob is read with naiad's readers when this
+    build has them (``naiad.read_csv``, ``naiad.read_parquet``), else into memory with PyArrow,
+    numeric columns only.
 
     Args:
         spec: ``"demo"``, a file path, or a glob.
@@ -148,14 +149,16 @@ def resolve_source(spec: str, *, rows: int = 100_000, load_ms: float = 0.0) -> t
     Example:
         >>> ds, words = resolve_source("demo", rows=1000)
         >>> len(ds), words
-        (1000, 'demo (1,000 rows: 16 float features, 1 label)')
+        (1000, 'demo (1,000 rows: 8 float features, 1 label)')
     """
     if spec == "demo":
-        g = torch.Generator().manual_seed(0)
-        features = torch.randn(rows, 16, generator=g)
-        labels = torch.randint(0, 10, (rows,), generator=g)
-        dataset: Any = TensorDataset(features, labels)
-        words = f"demo ({rows:,} rows: 16 float features, 1 label)"
+        from naiad.datasets import DIABETES_COLUMNS, make_diabetes_table
+
+        table = make_diabetes_table(rows)
+        features = np.column_stack([table.column(c).to_numpy() for c in DIABETES_COLUMNS[:-1]])
+        labels = np.array(table.column(DIABETES_COLUMNS[-1]).to_numpy())  # a writable copy
+        dataset: Any = TensorDataset(torch.from_numpy(features), torch.from_numpy(labels))
+        words = f"demo ({rows:,} rows: {features.shape[1]} float features, 1 label)"
     else:
         paths = sorted(glob.glob(spec)) or ([spec] if Path(spec).exists() else [])
         if not paths:
