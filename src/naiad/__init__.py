@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
+from naiad.device import DevicePrefetcher
 from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 from naiad.fetch import ArrayDataset
 from naiad.loader import DataLoader
+from naiad.sources import (
+    Source,
+    read_arrow,
+    read_csv,
+    read_jsonl,
+    read_npy,
+    read_parquet,
+    read_text,
+)
+from naiad.stream import pack_xy
+from naiad.telemetry import LoaderStats, Telemetry
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArrayDataset",
     "DataLoader",
+    "DevicePrefetcher",
+    "LoaderStats",
+    "Source",
+    "Telemetry",
+    "pack_xy",
+    "read_arrow",
+    "read_csv",
+    "read_jsonl",
+    "read_npy",
+    "read_parquet",
+    "read_text",
     "ConfigError",
     "NaiadError",
     "SourceError",

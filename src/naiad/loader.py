@@ -14,9 +14,12 @@ tests ``isinstance(loader, torch.utils.data.DataLoader)`` keeps working.
 from __future__ import annotations
 
 import functools
+import itertools
+import os
 import time
 import warnings
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -24,11 +27,21 @@ import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, Sampler
 
-from naiad.errors import ConfigError
+from naiad.device import DevicePrefetcher
+from naiad.errors import ConfigError, StateError
 from naiad.fetch import FetchStrategy, choose_fetch
 from naiad.parallel import WorkerContext, WorkerPool
 from naiad.sampling import SeededRandomSampler, plan_batches
-from naiad.tree import map_tensors
+from naiad.sources.base import Source
+from naiad.stream import (
+    StreamCounters,
+    StreamOptions,
+    iter_batches,
+    make_handler_factory,
+    num_batches,
+)
+from naiad.telemetry import LoaderStats, Telemetry
+from naiad.tree import count_rows, map_tensors
 from naiad.worker import (
     describe_iterable_task,
     describe_map_task,
@@ -93,11 +106,48 @@ class DataLoader(TorchDataLoader):
         in_order: bool = True,
         seed: int | None = None,
         worker_mode: WorkerMode = "process",
+        device: str | torch.device | None = None,
+        device_prefetch: int = 2,
+        shuffle_buffer: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        transform: Callable[[Any], Any] | None = None,
     ) -> None:
         if worker_mode not in ("process", "thread"):
             raise ConfigError(f"`worker_mode` must be 'process' or 'thread', got {worker_mode!r}.")
         if seed is not None and not isinstance(seed, (int, np.integer)):
             raise ConfigError(f"`seed` must be an int, got {type(seed).__name__}.")
+        source = dataset if isinstance(dataset, Source) else None
+        stream_options: StreamOptions | None = None
+        if source is not None:
+            for name, given in (("sampler", sampler), ("batch_sampler", batch_sampler), ("collate_fn", collate_fn)):
+                if given is not None:
+                    raise ConfigError(
+                        f"`{name}` does not apply to a streaming source ({type(source).__name__}): "
+                        "the plan orders its blocks; use `shuffle`, `seed` and `transform`."
+                    )
+            if batch_size is None:
+                raise ConfigError("a streaming source needs an int `batch_size`, got None.")
+            stream_options = StreamOptions(
+                batch_size=batch_size,
+                shuffle=bool(shuffle),
+                seed=0 if seed is None else int(seed),  # 0, not random: every rank must agree
+                shuffle_buffer=shuffle_buffer,
+                drop_last=drop_last,
+                rank=rank,
+                world_size=world_size,
+                transform=transform,
+            )
+            shuffle = None  # the stream shuffles; torch's sampler stays sequential and unused
+        else:
+            for name, number in (("shuffle_buffer", shuffle_buffer), ("rank", rank), ("world_size", world_size)):
+                if number is not None:
+                    raise ConfigError(
+                        f"`{name}` applies to streaming sources (naiad.read_csv and friends); for a "
+                        f"map-style dataset use torch's DistributedSampler, got {name}={number!r}."
+                    )
+        if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or device_prefetch < 1:
+            raise ConfigError(f"`device_prefetch` must be an int >= 1, got {device_prefetch!r}.")
         iterable = isinstance(dataset, IterableDataset)
         if seed is not None and shuffle and not iterable and sampler is None and batch_sampler is None:
             if generator is not None:
@@ -133,21 +183,56 @@ class DataLoader(TorchDataLoader):
         )
         self.seed = None if seed is None else int(seed)
         self.worker_mode: WorkerMode = worker_mode
+        self.device = device
+        self.device_prefetch = device_prefetch
+        self.transform = transform
+        self._source = source
+        self._stream_options = stream_options
+        self._stream_counters = StreamCounters()
         self._iterable = iterable
         self._fetch_strategy: FetchStrategy | None = (
-            None if iterable else choose_fetch(dataset, collate_fn, self._auto_collation)
+            None if iterable or source is not None else choose_fetch(dataset, collate_fn, self._auto_collation)
         )
         self._pool: WorkerPool | None = None  # kept across epochs with persistent_workers
         self._epoch = 0
-        self._wait_s = 0.0
-        self._steps = 0
+        self._telemetry = Telemetry()
+        self._current: weakref.ReferenceType[Any] | None = None  # the pass in progress
+        self._current_inner: weakref.ReferenceType[_LoaderIterator] | None = None
+        self._resume: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------------------------------
 
     @property
     def fetch_strategy(self) -> str:
-        """How batches are built: "gather", "getitems", "items" (map-style) or "iterable"."""
+        """How batches are built: "gather", "getitems", "items" (map-style), "iterable" or "stream"."""
+        if self._source is not None:
+            return "stream"
         return self._fetch_strategy or "iterable"
+
+    def __len__(self) -> int:
+        if self._source is not None:
+            assert self._stream_options is not None
+            return num_batches(self._source, self._stream_options)
+        return super().__len__()
+
+    def stats(self) -> LoaderStats:
+        """What the loader did since it was made: batches, rows, the training loop's wait for data
+        (total, per step, percentiles), and the time spent in each stage.
+
+        ``fetch`` is dataset access and collation (in workers when there are any), ``read`` the
+        reading and parsing of a streaming source's blocks, ``transfer`` the copy to ``device``.
+        Rows skipped by ``on_bad_rows="skip"`` are in :attr:`bad_rows`.
+        """
+        return self._telemetry.stats()
+
+    @property
+    def bad_rows(self) -> dict[str, int]:
+        """Rows a streaming source skipped (``on_bad_rows="skip"``), per file."""
+        return dict(self._stream_counters.bad_rows_by_file)
+
+    def export_trace(self, path: str | os.PathLike[str]) -> str:
+        """Write the loader's recent timeline as Chrome trace JSON (open it in Perfetto)."""
+        return str(self._telemetry.export_chrome_trace(path))
 
     @property
     def epoch(self) -> int:
@@ -160,10 +245,86 @@ class DataLoader(TorchDataLoader):
         if isinstance(self.sampler, SeededRandomSampler):
             self.sampler.set_epoch(epoch)
 
-    def __iter__(self) -> _LoaderIterator:  # type: ignore[override]
+    def __iter__(self) -> Any:
         epoch = self._epoch
         self._epoch += 1
-        return _LoaderIterator(self, epoch)
+        resume, self._resume = self._resume, None
+        skip = 0
+        if resume is not None and resume["epoch"] == epoch:
+            skip = int(resume["batches_yielded"])
+        inner = _LoaderIterator(self, epoch, skip, record_steps=self.device is None)
+        self._current_inner = weakref.ref(inner)
+        outer: Any = inner
+        if self.device is not None:
+            outer = iter(
+                DevicePrefetcher(inner, self.device, depth=self.device_prefetch, telemetry=self._telemetry)
+            )
+        self._current = weakref.ref(outer)
+        return outer
+
+    # ----------------------------------------------------------------------------------------
+    # Resumption.
+
+    def _resumable_why_not(self) -> str | None:
+        if self._iterable:
+            return "an IterableDataset keeps its position to itself"
+        if self._source is not None:
+            return None
+        sampler = self.sampler
+        if self._auto_collation and type(self.batch_sampler) is not torch.utils.data.BatchSampler:
+            return f"the custom batch_sampler {type(self.batch_sampler).__name__} has no known order"
+        if isinstance(sampler, (SeededRandomSampler, torch.utils.data.SequentialSampler)):
+            return None
+        if type(sampler) is torch.utils.data.RandomSampler:
+            return "shuffle=True draws its order from torch's global generator; pass `seed=` for an order that can be resumed"
+        return f"the sampler {type(sampler).__name__} has no known order"
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position as plain JSON-able data: the epoch and the batches delivered.
+
+        Load it into a loader made with the same arguments (:meth:`load_state_dict`) and the
+        next pass continues exactly where this one stopped: the same remaining batches, in the
+        same order, then the following epochs as they would have been.
+
+        Raises:
+            StateError: the order cannot be replayed (an IterableDataset, torch's global-RNG
+                shuffle without ``seed=``, or a custom sampler).
+        """
+        why = self._resumable_why_not()
+        if why is not None:
+            raise StateError(f"this loader cannot be resumed: {why}.")
+        outer = self._current() if self._current is not None else None
+        inner = self._current_inner() if self._current_inner is not None else None
+        if outer is not None and inner is not None and not inner.finished:
+            epoch, delivered = inner.epoch, int(getattr(outer, "delivered", inner.delivered)) + inner.skipped
+        else:
+            epoch, delivered = self._epoch, 0
+        return {
+            "version": 1,
+            "epoch": epoch,
+            "batches_yielded": delivered,
+            "seed": self.seed if self._source is None else self._stream_options.seed,  # type: ignore[union-attr]
+            "num_batches": len(self),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next pass resumes mid-epoch where it stopped."""
+        why = self._resumable_why_not()
+        if why is not None:
+            raise StateError(f"this loader cannot be resumed: {why}.")
+        if not isinstance(state, dict) or state.get("version") != 1:
+            raise StateError(f"unknown loader state: expected a dict with version 1, got {state!r:.200}.")
+        current = self.state_dict()
+        for key in ("seed", "num_batches"):
+            if state.get(key) != current[key]:
+                raise StateError(
+                    f"the state was saved with {key}={state.get(key)!r} but this loader has "
+                    f"{key}={current[key]!r}; make the loader with the same arguments."
+                )
+        if not 0 <= int(state["batches_yielded"]) <= current["num_batches"]:
+            raise StateError(f"`batches_yielded` must be in [0, {current['num_batches']}], got {state['batches_yielded']!r}.")
+        self.set_epoch(int(state["epoch"]))
+        self._resume = dict(state)
 
     # ----------------------------------------------------------------------------------------
 
@@ -176,7 +337,10 @@ class DataLoader(TorchDataLoader):
     def _make_pool(self, base_seed: int) -> WorkerPool:
         factory: Callable[[WorkerContext], Callable[[Any], Any]]
         describe: Callable[[Any], str]
-        if self._iterable:
+        if self._source is not None:
+            factory = make_handler_factory(self._source)
+            describe = _describe_read_task
+        elif self._iterable:
             factory = functools.partial(
                 iterable_handler_factory,
                 self.dataset,
@@ -223,9 +387,14 @@ class DataLoader(TorchDataLoader):
 class _LoaderIterator:
     """One pass over a naiad DataLoader."""
 
-    def __init__(self, loader: DataLoader, epoch: int) -> None:
+    def __init__(self, loader: DataLoader, epoch: int, skip: int = 0, *, record_steps: bool = True) -> None:
         self._loader = loader
         self.epoch = epoch
+        self.delivered = 0
+        self.skipped = skip
+        self.finished = False
+        self._telemetry = loader._telemetry
+        self._record_steps = record_steps
         self._pin = _pin_memory_enabled(loader)
         persistent = loader.persistent_workers and loader.num_workers > 0
         # torch draws the base seed once per iterator, or once per persistent iterator.
@@ -239,14 +408,29 @@ class _LoaderIterator:
             assert pool is not None
         else:
             pool = self._own_pool = loader._make_pool(base_seed)
+        self._pool = pool
+        self._stage = "read" if loader._source is not None else "fetch"
+        self._worker_s = pool.stage_seconds.get("worker", 0.0)
         prefetch = loader.prefetch_factor or 2
-        if loader._iterable:
+        self._batches: Iterator[Any]
+        if loader._source is not None:
+            assert loader._stream_options is not None
+            self._batches = iter_batches(
+                loader._source,
+                loader._stream_options,
+                epoch=epoch,
+                imap=functools.partial(pool.imap, prefetch=prefetch, in_order=True),
+                counters=loader._stream_counters,
+                state=_stream_state(loader, epoch, skip) if skip else None,
+            )
+        elif loader._iterable:
             self._batches = pool.imap_until_exhausted(
                 lambda _w: epoch, prefetch=prefetch, in_order=loader.in_order
             )
         else:
             plan = plan_batches(loader.batch_sampler, loader.sampler, loader._auto_collation)
-            tasks = enumerate(plan)
+            # Resuming skips the delivered batches' indices without fetching them.
+            tasks = itertools.islice(enumerate(plan), skip, None)
             self._batches = pool.imap(tasks, prefetch=prefetch, in_order=loader.in_order)
         self._done = False
 
@@ -262,14 +446,29 @@ class _LoaderIterator:
         t0 = time.perf_counter()
         try:
             batch = next(self._batches)
+        except StopIteration:
+            self.finished = True
+            self.close()
+            raise
         except BaseException:
             self.close()
             raise
+        t1 = time.perf_counter()
+        telemetry = self._telemetry
+        if self._pool.num_workers == 0:
+            telemetry.add(self._stage, t1 - t0)
+        else:
+            worker_s = self._pool.stage_seconds.get("worker", 0.0)
+            telemetry.add(self._stage, worker_s - self._worker_s)
+            self._worker_s = worker_s
+        transform = self._loader.transform
+        if transform is not None and self._loader._source is None:
+            batch = transform(batch)
         if self._pin:
             batch = map_tensors(torch.Tensor.pin_memory, batch)
-        loader = self._loader
-        loader._wait_s += time.perf_counter() - t0
-        loader._steps += 1
+        self.delivered += 1
+        if self._record_steps:
+            telemetry.record_step(time.perf_counter() - t0, count_rows(batch) or 0)
         return batch
 
     def close(self) -> None:
@@ -289,6 +488,20 @@ class _LoaderIterator:
             self.close()
         except Exception:
             pass
+
+
+def _describe_read_task(task: Any) -> str:
+    block = getattr(task, "block", None)
+    if block is None:
+        return f"block {task!r:.300}"
+    return f"{block.path} (block from {block.start} to {block.stop}, its rows {task.lo}:{task.hi})"
+
+
+def _stream_state(loader: DataLoader, epoch: int, skip: int) -> dict[str, Any]:
+    """A stream's resume state: the plan's inputs as the loader has them, and the position."""
+    assert loader._source is not None and loader._stream_options is not None
+    probe = iter_batches(loader._source, loader._stream_options, epoch=epoch, imap=lambda tasks: iter(()))
+    return {**probe.get_state(), "batches_yielded": skip}
 
 
 def _pin_memory_enabled(loader: DataLoader) -> bool:

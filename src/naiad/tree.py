@@ -6,9 +6,10 @@ import copy
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["map_tensors"]
+__all__ = ["count_rows", "map_tensors"]
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -43,3 +44,20 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
     if isinstance(data, list):
         return [map_tensors(fn, v) for v in data]
     return data
+
+
+def count_rows(batch: Any) -> int | None:
+    """Rows in a batch: the length of its first array leaf (a 0-d leaf counts as one row)."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, Mapping):
+        values: Any = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        values = batch
+    else:
+        return None
+    for v in values:
+        n = count_rows(v)
+        if n is not None:
+            return n
+    return None
