@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 
@@ -121,7 +122,7 @@ def main() -> int:
             f"bench_h2d: skipped: no CUDA device (torch {torch.__version__}, torch.cuda.is_available() is False)"
         )
         return 0
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parent))  # the shared environment() of bench_overlap
     from bench_overlap import environment
 
     print(environment())
