@@ -98,14 +98,33 @@ class ArrayDataset(Dataset):
 
     def gather(self, indices: np.ndarray) -> Any:
         """The collated batch for ``indices``: what ``default_collate`` makes of the samples."""
-        cols = [_gather_one(c, indices) for c in self.columns]
+        cols = [_gather_one(c, np.asarray(indices, dtype=np.int64)) for c in self.columns]
         return dict(zip(self.keys, cols)) if self.keys is not None else cols
 
 
 def _gather_one(column: Any, indices: np.ndarray) -> torch.Tensor:
-    if isinstance(column, torch.Tensor):
-        return column.index_select(0, torch.from_numpy(indices)) if column.ndim else column
-    return torch.from_numpy(np.ascontiguousarray(column[indices]))
+    return _column_gatherer(column)(indices)
+
+
+def _column_gatherer(column: Any) -> Callable[[np.ndarray], torch.Tensor]:
+    """``indices -> column[indices]`` as a tensor, the fastest way the column allows.
+
+    ``numpy.take`` on a NumPy view of a CPU tensor is 2-3x faster than ``index_select`` at
+    every batch size (no per-call dispatch, no index-tensor wrapper); tensors NumPy cannot view
+    (bfloat16, requires_grad) take ``index_select``.
+    """
+    if isinstance(column, np.ndarray):
+        return lambda idx: torch.from_numpy(column.take(idx, axis=0))
+    if column.ndim == 0:
+        return lambda idx: column
+    if column.device.type == "cpu" and not column.requires_grad:
+        try:
+            view = column.numpy()
+        except (TypeError, RuntimeError):
+            view = None
+        if view is not None:
+            return lambda idx: torch.from_numpy(view.take(idx, axis=0))
+    return lambda idx: column.index_select(0, torch.from_numpy(idx))
 
 
 def _gatherable(dataset: Any) -> bool:
@@ -124,18 +143,25 @@ def _gatherable(dataset: Any) -> bool:
     return False
 
 
-def _gather(dataset: Any, indices: np.ndarray) -> Any:
+def _compile_gather(dataset: Any) -> Callable[[np.ndarray], Any]:
+    """``indices -> batch`` for a gatherable dataset, with each column's gatherer built once."""
     kind = type(dataset)
     if isinstance(dataset, (torch.Tensor, np.ndarray)):
-        return _gather_one(dataset, indices)
+        return _column_gatherer(dataset)
     if kind is TensorDataset:
         # default_collate turns a batch of tuples into a list of stacked columns.
-        return [_gather_one(t, indices) for t in dataset.tensors]
+        columns = [_column_gatherer(t) for t in dataset.tensors]
+        return lambda idx: [g(idx) for g in columns]
     if kind is ArrayDataset:
-        return dataset.gather(indices)
+        columns = [_column_gatherer(c) for c in dataset.columns]
+        if dataset.keys is not None:
+            keys = dataset.keys
+            return lambda idx: {k: g(idx) for k, g in zip(keys, columns)}
+        return lambda idx: [g(idx) for g in columns]
     if kind is Subset:
         base = np.asarray(dataset.indices, dtype=np.int64)
-        return _gather(dataset.dataset, base[indices])
+        inner = _compile_gather(dataset.dataset)
+        return lambda idx: inner(base.take(idx))
     raise TypeError(f"cannot gather from {kind.__name__}")  # guarded by _gatherable
 
 
@@ -189,11 +215,12 @@ def make_fetch(
         return fetch_one
 
     if strategy == "gather":
+        gather = _compile_gather(dataset)
 
         def fetch_gather(indices: Any) -> Any:
             idx = np.asarray(indices, dtype=np.int64)
             try:
-                return _gather(dataset, idx)
+                return gather(idx)
             except IndexError as exc:
                 add_note(exc, f"naiad: raised while gathering indices {_describe_indices(idx)} (dataset of length {len(dataset)})")
                 raise

@@ -1,0 +1,53 @@
+"""Shared benchmark harness: the environment a result came from, medians, and a table.
+
+Every benchmark prints `environment()` first, so a number in bench/RESULTS.md always comes with
+its machine, versions, git commit and date.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+
+def environment() -> str:
+    """One line: date, machine, cores, Python, torch, numpy, pyarrow, naiad's git commit."""
+    import numpy
+    import pyarrow
+    import torch
+
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        sha = "unknown"
+    return (
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC | {platform.machine()} {platform.processor() or ''}"
+        f" {os.cpu_count()} cores | Python {platform.python_version()} | torch {torch.__version__}"
+        f" | numpy {numpy.__version__} | pyarrow {pyarrow.__version__} | naiad @ {sha}"
+    )
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs, in seconds."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
