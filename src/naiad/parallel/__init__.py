@@ -15,6 +15,7 @@ from naiad.parallel.pool import (
     WorkerContext,
     WorkerPool,
     get_worker_context,
+    worker_rng,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "WorkerContext",
     "WorkerPool",
     "get_worker_context",
+    "worker_rng",
 ]

@@ -1,0 +1,408 @@
+"""The two kinds of workers behind a WorkerPool: processes and threads.
+
+A backend starts and stops workers by id, hands a worker one task at a time and delivers
+``(worker_id, kind, seq, value, stage_seconds)`` messages (see NOTE [ Worker protocol ] in
+:mod:`naiad.parallel.pool`). It knows nothing of order, epochs or errors' meaning: the pool does.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection as mpc
+import os
+import pickle
+import queue
+import signal
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from naiad.parallel.context import WorkerContext, enter, seed_globals
+from naiad.parallel.transport import pack
+
+__all__ = ["Exhausted", "RemoteError", "add_note"]
+
+# How often a blocked wait wakes up to check that the other side is alive.
+POLL_S = 0.5
+# Grace for a worker to finish its task and return before it is terminated: a worker busy on
+# a task nobody will read (after a `break` or an error) need not be waited for.
+JOIN_TIMEOUT_S = 1.0
+
+Message = tuple[int, str, int, Any, dict]
+InitFn = Callable[[int], None] | None
+
+
+class Exhausted(Exception):
+    """Raised by a handler to say this worker has nothing more to give (an iterable ran out)."""
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (where the note is stored but not printed)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        notes = getattr(exc, "__notes__", None) or []
+        notes.append(note)
+        try:
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
+
+class RemoteError:
+    """An exception raised in a worker, carried to the consumer with its type, message and traceback."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            # Most exceptions pickle; keeping the object keeps its type, args, notes and attributes.
+            self.payload: bytes | None = pickle.dumps(exc)
+        except Exception:
+            self.payload = None
+        self.type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        self.message = str(exc)
+
+    def rebuild(self) -> BaseException:
+        """The exception to raise in the consumer (the same type whenever it can be rebuilt)."""
+        exc: BaseException | None = None
+        if self.payload is not None:
+            try:
+                exc = pickle.loads(self.payload)  # our own worker's bytes, never user input
+            except Exception:
+                exc = None
+        if exc is None:
+            exc = RuntimeError(f"{self.type_name}: {self.message}")
+        add_note(exc, "Traceback in the worker:\n" + self.tb.rstrip())
+        return exc
+
+
+def worker_seed(base_seed: int, worker_id: int) -> int:
+    """The per-worker seed a :class:`WorkerContext` reports (and that seeds a worker at start)."""
+    return int(np.random.SeedSequence([base_seed % 2**63, worker_id]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def run_task(handler: Callable[[Any], Any], seq: int, payload: Any) -> tuple:
+    """Run one task; the message that answers it."""
+    t0 = time.perf_counter()
+    try:
+        result = handler(payload)
+    except Exhausted:
+        return ("exhausted", seq, None, {})
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the consumer
+        return ("error", seq, RemoteError(exc), {})
+    return ("ok", seq, result, {"worker": time.perf_counter() - t0})
+
+
+# --------------------------------------------------------------------------------------------
+# Process workers.
+
+
+def _seed_at_start(seed: int) -> None:
+    # As torch does, before worker_init_fn: the set-up code sees seeded generators too.
+    import random
+
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def _process_worker_main(
+    factory: Callable[[WorkerContext], Callable[[Any], Any]],
+    context: WorkerContext,
+    task_queue: Any,
+    result_conn: mpc.Connection,
+    worker_init_fn: InitFn,
+) -> None:
+    # Ctrl-C goes to the whole process group; the main process decides, and tears us down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    torch.set_num_threads(1)  # W workers x N intra-op threads would oversubscribe the cores
+    parent = os.getppid()
+    _seed_at_start(context.seed)
+    enter(context, None)
+
+    def send(msg: tuple) -> bool:
+        try:
+            if msg[0] == "ok":
+                msg = (msg[0], msg[1], pack(msg[2]), msg[3])
+            result_conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            return False  # the main process is gone
+        except Exception as exc:  # the result did not pickle: report that instead
+            result_conn.send(("error", msg[1], RemoteError(exc), {}))
+        return True
+
+    try:
+        if worker_init_fn is not None:
+            worker_init_fn(context.worker_id)
+        handler = factory(context)
+    except BaseException as exc:  # noqa: BLE001
+        send(("error", -1, RemoteError(exc), {}))
+        return
+    if not send(("ready", -1, None, {})):
+        return
+    epoch: int | None = None
+    while True:
+        try:
+            item = task_queue.get(timeout=POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent:  # orphaned: the training process died
+                return
+            continue
+        except (EOFError, OSError):
+            return
+        if item is None:
+            return
+        seq, payload, task_epoch = item
+        if task_epoch != epoch:  # NOTE [ Worker randomness ]: fresh generators each epoch
+            epoch = task_epoch
+            enter(context, epoch)
+            seed_globals(context.seed_sequence(epoch))
+        if not send(run_task(handler, seq, payload)):
+            return
+
+
+class ProcessBackend:
+    """Worker processes, each with a task queue and a result pipe; workers start and stop by id."""
+
+    def __init__(
+        self,
+        factory: Callable[[WorkerContext], Callable[[Any], Any]],
+        context: Any,
+        base_seed: int,
+        rank: int,
+        worker_init_fn: InitFn,
+    ) -> None:
+        self._factory = factory
+        self._mp = context
+        self._base_seed = base_seed
+        self._rank = rank
+        self._init = worker_init_fn
+        self.task_queues: list[Any] = []
+        self.conns: list[Any] = []
+        self.procs: list[Any] = []
+        self.dead: set[int] = set()
+        self.stopping: set[int] = set()  # asked to return; their exit is not a failure
+        self._conn_index: dict[int, int] = {}
+        # The finalizer holds the same lists, so it also sees workers started later.
+        self._finalizer = weakref.finalize(
+            self, _shutdown_processes, self.procs, self.task_queues, self.conns
+        )
+
+    def start(self, w: int, num_workers: int) -> None:
+        """Start worker ``w`` (replacing a stopped worker of that id)."""
+        if w < len(self.procs):
+            self._release(w)
+        tq = self._mp.Queue()
+        reader, writer = self._mp.Pipe(duplex=False)
+        wctx = WorkerContext(
+            w, num_workers, worker_seed(self._base_seed, w), "process", self._base_seed, self._rank
+        )
+        p = self._mp.Process(
+            target=_process_worker_main,
+            args=(self._factory, wctx, tq, writer, self._init),
+            name=f"naiad-worker-{w}",
+            daemon=True,
+        )
+        p.start()
+        writer.close()  # the child holds the only write end: EOF on its death
+        if w < len(self.procs):
+            self.task_queues[w], self.conns[w], self.procs[w] = tq, reader, p
+        else:
+            self.task_queues.append(tq)
+            self.conns.append(reader)
+            self.procs.append(p)
+        self._conn_index = {id(c): i for i, c in enumerate(self.conns)}
+        self.dead.discard(w)
+        self.stopping.discard(w)
+
+    def _release(self, w: int) -> None:
+        # The old worker of this id was asked to return and owes nothing: wait for it briefly.
+        _shutdown_processes([self.procs[w]], [self.task_queues[w]], [self.conns[w]])
+
+    def stop(self, w: int) -> None:
+        """Ask worker ``w`` to return once its queued tasks are done."""
+        self.stopping.add(w)
+        try:
+            self.task_queues[w].put(None)
+        except Exception:
+            pass
+
+    def submit(self, worker_id: int, seq: int, payload: Any, epoch: int) -> None:
+        self.task_queues[worker_id].put((seq, payload, epoch))
+
+    def _drain(self, w: int, out: list[Message]) -> None:
+        conn = self.conns[w]
+        while conn.poll():
+            kind, seq, value, stages = conn.recv()
+            out.append((w, kind, seq, value, stages))
+
+    def poll(self, timeout_s: float) -> list[Message]:
+        live = [i for i in range(len(self.procs)) if i not in self.dead]
+        sentinels = {self.procs[i].sentinel: i for i in live}
+        ready = mpc.wait([self.conns[i] for i in live] + list(sentinels), timeout=timeout_s)
+        out: list[Message] = []
+        ended: list[int] = []
+        for r in ready:
+            if isinstance(r, int):
+                ended.append(sentinels[r])
+                continue
+            w = self._conn_index[id(r)]
+            try:
+                self._drain(w, out)
+            except (EOFError, OSError):
+                ended.append(w)
+            except Exception as exc:  # a result that could not be rebuilt here
+                out.append((w, "error", -2, RemoteError(exc), {}))
+        for w in sorted(set(ended)):
+            # Deliver what it sent before it ended, then report how it ended.
+            try:
+                self._drain(w, out)
+            except Exception:
+                pass  # a large result's shared memory goes with its sender: the death is reported
+            proc = self.procs[w]
+            proc.join(timeout=POLL_S)
+            self.dead.add(w)
+            stopped = w in self.stopping and proc.exitcode == 0
+            out.append((w, "retired" if stopped else "died", -1, proc.exitcode, {}))
+        return out
+
+    def pid(self, worker_id: int) -> int | None:
+        return self.procs[worker_id].pid
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _shutdown_processes(procs: list[Any], task_queues: list[Any], conns: list[Any]) -> None:
+    for tq, p in zip(task_queues, procs):
+        if p.is_alive():
+            try:
+                tq.put_nowait(None)
+            except Exception:
+                pass
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=1.0)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=1.0)
+    for tq in task_queues:
+        tq.cancel_join_thread()  # never block interpreter exit on an unread task
+        tq.close()
+    for c in conns:
+        c.close()
+    for p in procs:
+        try:
+            p.close()
+        except ValueError:
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# Thread workers.
+
+
+class ThreadBackend:
+    """Worker threads sharing one result queue; workers start and stop by id."""
+
+    def __init__(
+        self,
+        factory: Callable[[WorkerContext], Callable[[Any], Any]],
+        base_seed: int,
+        rank: int,
+        worker_init_fn: InitFn,
+    ) -> None:
+        self._factory = factory
+        self._base_seed = base_seed
+        self._rank = rank
+        self._init = worker_init_fn
+        self.results: queue.Queue = queue.Queue()
+        self.task_queues: list[queue.Queue] = []
+        self.threads: list[threading.Thread] = []
+        self.dead: set[int] = set()
+        self.stopping: set[int] = set()
+        self._finalizer = weakref.finalize(self, _shutdown_threads, self.threads, self.task_queues)
+
+    def start(self, w: int, num_workers: int) -> None:
+        """Start worker ``w`` (a stopped worker of that id finishes on its own queue)."""
+        tasks: queue.Queue = queue.Queue()
+        wctx = WorkerContext(
+            w, num_workers, worker_seed(self._base_seed, w), "thread", self._base_seed, self._rank
+        )
+        t = threading.Thread(target=self._main, args=(wctx, tasks), name=f"naiad-worker-{w}", daemon=True)
+        t.start()
+        if w < len(self.threads):
+            self.threads[w], self.task_queues[w] = t, tasks
+        else:
+            self.threads.append(t)
+            self.task_queues.append(tasks)
+        self.dead.discard(w)
+        self.stopping.discard(w)
+
+    def stop(self, w: int) -> None:
+        """Ask worker ``w`` to return once its queued tasks are done."""
+        self.stopping.add(w)
+        self.task_queues[w].put(None)
+
+    def _main(self, context: WorkerContext, tasks: queue.Queue) -> None:
+        w = context.worker_id
+        enter(context, None)
+        try:
+            if self._init is not None:
+                self._init(w)
+            handler = self._factory(context)
+        except BaseException as exc:  # noqa: BLE001
+            self.results.put((w, "error", -1, RemoteError(exc), {}))
+            return
+        self.results.put((w, "ready", -1, None, {}))
+        while True:
+            item = tasks.get()
+            if item is None:
+                return
+            seq, payload, epoch = item
+            # Only worker_rng() follows the epoch here: the global generators belong to every
+            # thread of the process, the training loop's included (NOTE [ Worker randomness ]).
+            enter(context, epoch)
+            kind, seq, value, stages = run_task(handler, seq, payload)
+            self.results.put((w, kind, seq, value, stages))
+
+    def submit(self, worker_id: int, seq: int, payload: Any, epoch: int) -> None:
+        self.task_queues[worker_id].put((seq, payload, epoch))
+
+    def poll(self, timeout_s: float) -> list[Message]:
+        try:
+            out = [self.results.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self.results.get_nowait())
+            except queue.Empty:
+                return out
+
+    def pid(self, worker_id: int) -> int | None:
+        return os.getpid()
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _shutdown_threads(threads: list[threading.Thread], task_queues: list[queue.Queue]) -> None:
+    for tq in task_queues:
+        tq.put(None)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for t in threads:
+        # A thread stuck in user code cannot be killed; it is a daemon and dies with the process.
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
