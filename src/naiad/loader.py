@@ -31,7 +31,7 @@ from naiad.device import DevicePrefetcher
 from naiad.errors import ConfigError, StateError
 from naiad.fetch import FetchStrategy, choose_fetch
 from naiad.parallel import WorkerContext, WorkerPool
-from naiad.sampling import SeededRandomSampler, plan_batches
+from naiad.sampling import SeededRandomSampler, ShardedBatchSampler, plan_batches
 from naiad.sources.base import Source
 from naiad.stream import (
     StreamCounters,
@@ -140,12 +140,13 @@ class DataLoader(TorchDataLoader):
             )
             shuffle = None  # the stream shuffles; torch's sampler stays sequential and unused
         else:
-            for name, number in (("shuffle_buffer", shuffle_buffer), ("rank", rank), ("world_size", world_size)):
-                if number is not None:
-                    raise ConfigError(
-                        f"`{name}` applies to streaming sources (naiad.read_csv and friends); for a "
-                        f"map-style dataset use torch's DistributedSampler, got {name}={number!r}."
-                    )
+            if shuffle_buffer is not None:
+                raise ConfigError(
+                    "`shuffle_buffer` applies to streaming sources (naiad.read_csv and friends); "
+                    f"a map-style dataset is shuffled as a whole, got shuffle_buffer={shuffle_buffer!r}."
+                )
+            if (rank is None) != (world_size is None):
+                raise ConfigError(f"give both `rank` and `world_size` or neither, got rank={rank!r}, world_size={world_size!r}.")
         if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or device_prefetch < 1:
             raise ConfigError(f"`device_prefetch` must be an int >= 1, got {device_prefetch!r}.")
         iterable = isinstance(dataset, IterableDataset)
@@ -156,6 +157,24 @@ class DataLoader(TorchDataLoader):
                 )
             sampler = SeededRandomSampler(dataset, int(seed))
             shuffle = False
+        sharded_batch_size: int | None = None
+        if source is None and rank is not None and world_size is not None:
+            if iterable or sampler is not None and not isinstance(sampler, SeededRandomSampler) or batch_sampler is not None:
+                raise ConfigError(
+                    "`rank`/`world_size` shard a map-style dataset by naiad's own order; they do "
+                    "not combine with an IterableDataset, a custom `sampler` or a `batch_sampler`."
+                )
+            if shuffle:
+                raise ConfigError(
+                    "`shuffle=True` with `rank`/`world_size` needs `seed=`: every rank must draw "
+                    "the same order (torch's global generator differs between processes)."
+                )
+            order = sampler if sampler is not None else torch.utils.data.SequentialSampler(dataset)
+            if batch_size is None:
+                raise ConfigError("`rank`/`world_size` need an int `batch_size`, got None.")
+            batch_sampler = ShardedBatchSampler(order, batch_size, drop_last, int(rank), int(world_size))
+            sharded_batch_size, sharded_drop_last = batch_size, drop_last
+            batch_size, sampler, drop_last = 1, None, False
         if iterable and worker_mode == "thread" and num_workers > 0:
             raise ConfigError(
                 "`worker_mode='thread'` does not support an IterableDataset: "
@@ -181,6 +200,11 @@ class DataLoader(TorchDataLoader):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        if sharded_batch_size is not None:
+            # torch clears batch_size when a batch_sampler is given; the rank's batches are still
+            # of this size (the last few a row smaller), so keep it visible.
+            object.__setattr__(self, "batch_size", sharded_batch_size)
+            object.__setattr__(self, "drop_last", sharded_drop_last)
         self.seed = None if seed is None else int(seed)
         self.worker_mode: WorkerMode = worker_mode
         self.device = device
@@ -242,8 +266,9 @@ class DataLoader(TorchDataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (its shuffle order, with ``seed``)."""
         self._epoch = int(epoch)
-        if isinstance(self.sampler, SeededRandomSampler):
-            self.sampler.set_epoch(epoch)
+        for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            if isinstance(sampler, SeededRandomSampler):
+                sampler.set_epoch(epoch)
 
     def __iter__(self) -> Any:
         epoch = self._epoch
@@ -271,6 +296,8 @@ class DataLoader(TorchDataLoader):
         if self._source is not None:
             return None
         sampler = self.sampler
+        if isinstance(self.batch_sampler, ShardedBatchSampler):
+            return None
         if self._auto_collation and type(self.batch_sampler) is not torch.utils.data.BatchSampler:
             return f"the custom batch_sampler {type(self.batch_sampler).__name__} has no known order"
         if isinstance(sampler, (SeededRandomSampler, torch.utils.data.SequentialSampler)):

@@ -19,7 +19,13 @@ from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSam
 
 from naiad.errors import ConfigError
 
-__all__ = ["IndexPlan", "SeededRandomSampler", "epoch_permutation", "plan_batches"]
+__all__ = [
+    "IndexPlan",
+    "SeededRandomSampler",
+    "ShardedBatchSampler",
+    "epoch_permutation",
+    "plan_batches",
+]
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -70,6 +76,74 @@ class SeededRandomSampler(Sampler[int]):
         return len(self.data_source)
 
 
+class ShardedBatchSampler(Sampler[list[int]]):
+    """This rank's batches of a map-style dataset: every index exactly once across ranks, and the
+    same number of batches on every rank (see NOTE [ Exactly once across ranks ] in plan.py).
+
+    The epoch's order (``SeededRandomSampler`` or sequential) is the same on every rank; rank
+    ``r`` takes the contiguous range ``[r*N//w, (r+1)*N//w)`` of it. Every rank yields
+    ``ceil(max_rows / batch_size)`` batches: a rank with one row fewer makes its last batches a
+    row smaller instead of stopping early, so DDP's collectives never wait on a finished rank,
+    and, unlike ``DistributedSampler``, no sample is repeated to pad. With ``drop_last`` every
+    rank yields ``min_rows // batch_size`` full batches.
+
+    Args:
+        sampler: a ``SequentialSampler`` or a :class:`SeededRandomSampler`.
+        batch_size: rows per full batch.
+        drop_last: keep only full batches.
+        rank: this process's rank, in ``[0, world_size)``.
+        world_size: the number of ranks.
+
+    Example:
+        >>> from torch.utils.data import SequentialSampler
+        >>> [list(map(int, b)) for b in ShardedBatchSampler(SequentialSampler(range(7)), 2, False, 1, 2)]
+        [[3, 4], [5, 6]]
+    """
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool, rank: int, world_size: int) -> None:
+        if not isinstance(sampler, (SequentialSampler, SeededRandomSampler)):
+            raise ConfigError(
+                f"sharding by rank needs the same order on every rank: no shuffle, or `seed=`; got {type(sampler).__name__}."
+            )
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"`batch_size` must be an int >= 1 with `rank`/`world_size`, got {batch_size!r}.")
+        if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ConfigError(f"`rank` must be in [0, world_size), got rank={rank!r}, world_size={world_size!r}.")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+
+    def _sizes(self, n: int) -> tuple[int, int, np.ndarray]:
+        from naiad.plan import batch_sizes, rank_bounds
+
+        bounds = rank_bounds(n, self.world_size)
+        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
+        sizes_all = np.diff(bounds)
+        if self.drop_last:
+            count = int(sizes_all.min()) // self.batch_size
+            return lo, lo + count * self.batch_size, np.full(count, self.batch_size, np.int64)
+        count = -(-int(sizes_all.max()) // self.batch_size)
+        return lo, hi, batch_sizes(hi - lo, count, self.batch_size)
+
+    def batches(self) -> Iterator[np.ndarray]:
+        """The next epoch's batches for this rank, as int64 arrays (advances a seeded epoch)."""
+        indices = _sampler_indices(self.sampler)
+        assert indices is not None
+        lo, hi, sizes = self._sizes(len(indices))
+        mine = indices[lo:hi]
+        ends = np.cumsum(sizes)
+        return (mine[e - s : e] for s, e in zip(sizes.tolist(), ends.tolist()))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.batches():
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        return len(self._sizes(len(self.sampler))[2])
+
+
 def _random_sampler_indices(sampler: RandomSampler) -> np.ndarray:
     """The indices ``iter(sampler)`` would yield, drawing the same random numbers in the same order."""
     n = len(sampler.data_source)
@@ -110,6 +184,8 @@ def plan_batches(batch_sampler: Any, sampler: Any, auto_collation: bool) -> Inde
     generators are consumed in the same order as torch's DataLoader.
     """
     if auto_collation:
+        if type(batch_sampler) is ShardedBatchSampler:
+            return IndexPlan(batch_sampler.batches(), True)
         if type(batch_sampler) is BatchSampler:
             indices = _sampler_indices(batch_sampler.sampler)
             if indices is not None:

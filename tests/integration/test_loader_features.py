@@ -142,3 +142,47 @@ def test_transform_runs_on_whole_batches() -> None:
 
     out = list(naiad.DataLoader(ds, batch_size=4, transform=double))
     assert seen == [4, 4, 2] and torch.equal(torch.cat(out), torch.arange(10.0) * 2)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_map_style_ranks_every_index_once_equal_steps(shuffle: bool, drop_last: bool) -> None:
+    ds = TensorDataset(torch.arange(103))
+    kwargs: dict[str, Any] = dict(batch_size=10, shuffle=shuffle, drop_last=drop_last, seed=4 if shuffle else None)
+    loaders = [naiad.DataLoader(ds, rank=r, world_size=4, **kwargs) for r in range(4)]
+    outs = [list(loader) for loader in loaders]
+    assert len({len(o) for o in outs}) == 1 and all(len(o) == len(loader) for o, loader in zip(outs, loaders))
+    seen = torch.cat([b[0] for o in outs for b in o]).tolist()
+    assert len(seen) == len(set(seen))  # never repeated
+    if drop_last:
+        assert all(len(b[0]) == 10 for o in outs for b in o)
+    else:
+        assert sorted(seen) == list(range(103))  # never lost
+        assert all(len(b[0]) > 0 for o in outs for b in o)
+    if shuffle:
+        assert seen != sorted(seen)
+        again = [list(naiad.DataLoader(ds, rank=r, world_size=4, **kwargs)) for r in range(4)]
+        assert all(torch.equal(a[0], b[0]) for o, p in zip(outs, again) for a, b in zip(o, p))
+
+
+def test_map_style_ranks_need_a_shared_order() -> None:
+    ds = TensorDataset(torch.arange(10))
+    with pytest.raises(naiad.ConfigError, match="seed="):
+        naiad.DataLoader(ds, batch_size=2, shuffle=True, rank=0, world_size=2)
+    with pytest.raises(naiad.ConfigError, match="both"):
+        naiad.DataLoader(ds, batch_size=2, rank=0)
+
+
+def test_map_style_ranks_resume_mid_epoch() -> None:
+    ds = TensorDataset(torch.arange(200))
+    make = lambda: naiad.DataLoader(ds, batch_size=8, shuffle=True, seed=3, rank=1, world_size=3)  # noqa: E731
+    loader = make()
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    state = loader.state_dict()
+    rest = list(it)
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = list(resumed)
+    assert len(got) == len(rest) and all(torch.equal(a[0], b[0]) for a, b in zip(rest, got))
