@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``naiad bench``'s arguments to ``parser``."""
     parser.add_argument(
         "source",
-        help="a file or glob (.csv, .parquet, .feather/.arrow), or 'demo' for built-in synthetic data",
+        help="a file or glob (.csv, .tsv, .parquet, .arrow, .jsonl, .npy), or 'demo' for built-in data",
     )
     parser.add_argument("--batch-size", type=int, default=256, help="rows per batch (default 256)")
     parser.add_argument(
@@ -137,9 +137,9 @@ def resolve_source(spec: str, *, rows: int = 100_000, load_ms: float = 0.0) -> t
     """The dataset ``naiad bench`` measures, and a few words describing it.
 
     ``"demo"`` is naiad's built-in diabetes-shaped table (8 float features and a 0/1 label, see
-    :mod:`naiad.datasets`), in memory. A path or glob is read with naiad's readers when this
-    build has them (``naiad.read_csv``, ``naiad.read_parquet``), else into memory with PyArrow,
-    numeric columns only.
+    :mod:`naiad.datasets`), in memory. A path or glob becomes a streaming source, from naiad's
+    reader for its suffix (``naiad.read_csv``, ``read_parquet``, ``read_arrow``,
+    ``read_jsonl``, ``read_npy``).
 
     Args:
         spec: ``"demo"``, a file path, or a glob.
@@ -165,59 +165,39 @@ def resolve_source(spec: str, *, rows: int = 100_000, load_ms: float = 0.0) -> t
             raise ConfigError(
                 f"`source` must be 'demo', a file or a glob that matches files, got {spec!r}."
             )
-        dataset, words = _read_files(paths)
+        dataset, words = _read_files(spec, paths)
     if load_ms > 0:
+        if not isinstance(dataset, Dataset):
+            raise ConfigError("`--load-ms` applies to 'demo' only, not to a file source.")
         dataset = _LatencyDataset(dataset, load_ms / 1e3)
         words += f", +{load_ms:g} ms per batch"
     return dataset, words
 
 
-def _read_files(paths: list[str]) -> tuple[Any, str]:
+# File suffix -> (naiad reader, its keyword arguments).
+_READERS: dict[str, tuple[str, dict[str, Any]]] = {
+    ".csv": ("read_csv", {}),
+    ".tsv": ("read_csv", {"delimiter": "\t"}),
+    ".parquet": ("read_parquet", {}),
+    ".feather": ("read_arrow", {}),
+    ".arrow": ("read_arrow", {}),
+    ".ipc": ("read_arrow", {}),
+    ".jsonl": ("read_jsonl", {}),
+    ".ndjson": ("read_jsonl", {}),
+    ".npy": ("read_npy", {}),
+}
+
+
+def _read_files(spec: str, paths: list[str]) -> tuple[Any, str]:
     suffix = Path(paths[0]).suffix.lower()
-    reader_name = {".csv": "read_csv", ".tsv": "read_csv", ".parquet": "read_parquet"}.get(suffix)
-    reader = getattr(naiad, reader_name, None) if reader_name else None
-    if reader is not None:
-        target = paths[0] if len(paths) == 1 else paths
-        return reader(target), f"{len(paths)} {suffix} file(s) via naiad.{reader_name}"
-    # Without naiad's readers: the whole table in memory, numeric columns as one float matrix.
-    import pyarrow as pa
-    import pyarrow.compute as pc  # noqa: F401 - registers kernels used by to_numpy on some types
-
-    tables = []
-    for p in paths:
-        if suffix in (".csv", ".tsv"):
-            import pyarrow.csv as pacsv
-
-            opts = pacsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ",")
-            tables.append(pacsv.read_csv(p, parse_options=opts))
-        elif suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            tables.append(pq.read_table(p))
-        elif suffix in (".feather", ".arrow", ".ipc"):
-            import pyarrow.feather as feather
-
-            tables.append(feather.read_table(p))
-        else:
-            raise ConfigError(
-                f"`source` {p!r} has a format naiad bench cannot read ({suffix!r}); "
-                "use .csv, .tsv, .parquet, .feather or .arrow."
-            )
-    table = pa.concat_tables(tables, promote_options="default")
-    numeric = [
-        name
-        for name, typ in zip(table.column_names, table.schema.types)
-        if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ)
-    ]
-    if not numeric:
-        raise ConfigError(f"`source` {paths[0]!r} has no numeric column to load.")
-    matrix = np.column_stack(
-        [table.column(n).to_numpy(zero_copy_only=False).astype(np.float32) for n in numeric]
-    )
-    words = (
-        f"{len(paths)} {suffix} file(s) ({matrix.shape[0]:,} rows, {len(numeric)} numeric columns)"
-    )
-    return TensorDataset(torch.from_numpy(matrix)), words
+    if suffix not in _READERS:
+        raise ConfigError(
+            f"`source` {paths[0]!r} has a format naiad bench cannot read ({suffix!r}); "
+            f"use one of {', '.join(sorted(_READERS))}."
+        )
+    name, kwargs = _READERS[suffix]
+    source = getattr(naiad, name)(spec, **kwargs)
+    return source, f"{len(paths)} {suffix} file(s) read by naiad.{name}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,7 +205,13 @@ def _read_files(paths: list[str]) -> tuple[Any, str]:
 
 
 def _serial_loader(dataset: Any, args: argparse.Namespace) -> Iterable[Any]:
-    return torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=args.shuffle)
+    """The loop without overlap: torch's DataLoader where it can read the data, else (a file
+    source torch cannot read) naiad's loader with no workers and no device prefetch."""
+    if isinstance(dataset, Dataset):
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=args.batch_size, shuffle=args.shuffle
+        )
+    return naiad.DataLoader(dataset, batch_size=args.batch_size, shuffle=args.shuffle)
 
 
 def _naiad_loader(
@@ -242,6 +228,8 @@ def _naiad_loader(
     )
     params = inspect.signature(loader_cls).parameters
     if "device" in params and hasattr(loader_cls, "stats"):
+        if "device_prefetch" in params:
+            kwargs["device_prefetch"] = args.depth
         loader = loader_cls(dataset, device=str(device), **kwargs)
         return loader, loader.stats
     loader = loader_cls(dataset, **kwargs)
@@ -312,18 +300,36 @@ def _cuda_cycles_per_ms(device: torch.device) -> float:
     return statistics.median(samples)
 
 
-def training_step(device: torch.device, features: int) -> Step:
-    """A real step: a two-layer MLP on the batch's first tensor, SGD, loss read back."""
-    model = torch.nn.Sequential(
-        torch.nn.Linear(features, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
-    ).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+def _features(batch: Any) -> torch.Tensor | None:
+    """The model input of a batch: a dict's numeric columns side by side, else its first tensor."""
+    if isinstance(batch, dict):
+        cols = [
+            v.reshape(v.shape[0], -1).float()
+            for v in batch.values()
+            if isinstance(v, torch.Tensor) and v.ndim >= 1 and not v.is_complex()
+        ]
+        return torch.cat(cols, dim=1) if cols else None
+    x = _first_tensor(batch)
+    return None if x is None else x.reshape(x.shape[0] if x.ndim else 1, -1).float()
+
+
+def training_step(device: torch.device) -> Step:
+    """A real step: a two-layer MLP on the batch's features, SGD, the loss read back.
+
+    The model is built at the first batch, when the number of features is known.
+    """
+    parts: list[Any] = []
 
     def step(batch: Any) -> None:
-        x = _first_tensor(batch)
+        x = _features(batch)
         if x is None:
-            raise ConfigError("`--train` needs batches with a tensor; this source has none.")
-        x = x.reshape(x.shape[0], -1).float()
+            raise ConfigError("`--train` needs batches with numeric tensors; this source has none.")
+        if not parts:
+            model = torch.nn.Sequential(
+                torch.nn.Linear(x.shape[1], 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
+            ).to(x.device)
+            parts.extend([model, torch.optim.SGD(model.parameters(), lr=1e-3)])
+        model, opt = parts
         loss = model(x).pow(2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -588,9 +594,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"naiad bench: {exc}", file=sys.stderr)
         return 2
     if args.train:
-        probe = _first_tensor(dataset[0])
-        features = 1 if probe is None else max(1, probe.numel())
-        step = training_step(device, features)
+        step = training_step(device)
         step_words = "a real MLP training step"
     else:
         step = synthetic_step(args.step_ms, device)
