@@ -42,8 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2
+    from naiad.errors import NaiadError
+
     try:
         return int(args._run(args) or 0)
+    except NaiadError as exc:  # a clear message is the whole story; no traceback
+        print(f"naiad {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
