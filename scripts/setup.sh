@@ -13,7 +13,12 @@ extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 
 if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv --system-site-packages .venv
+    # NAIAD_ISOLATED=1 makes a venv that sees nothing installed: a fresh machine's view.
+    if [ "${NAIAD_ISOLATED:-0}" = "1" ]; then
+        "$PY" -m venv .venv
+    else
+        "$PY" -m venv --system-site-packages .venv
+    fi
 fi
 VPY=.venv/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK=1
