@@ -354,6 +354,7 @@ class RunResult:
         total_s: wall time of the measured steps.
         load_s: time spent loading, whether exposed or in the background (None: unknown).
         stats: the loader's own stats, when it keeps them.
+        how: the loop, in words.
     """
 
     name: str
@@ -362,6 +363,7 @@ class RunResult:
     total_s: float = 0.0
     load_s: float | None = None
     stats: dict[str, Any] | None = None
+    how: str = ""
 
     @property
     def steps(self) -> int:
@@ -387,6 +389,7 @@ class RunResult:
             "wait_p99_ms": float(np.percentile(waits, 99)) * 1e3,
             "waits_ms": [w * 1e3 for w in self.waits_s],
             "loader_stats": self.stats,
+            "how": self.how,
         }
 
 
@@ -453,9 +456,18 @@ def _run_both(
         "serial", _serial_loader(dataset, args), step, steps=steps, warmup=warmup, move=to_device
     )
     serial.load_s = sum(serial.waits_s)
+    serial.how = (
+        "torch DataLoader (no workers)"
+        if isinstance(dataset, Dataset)
+        else "naiad.DataLoader (no workers)"
+    ) + ", then .to(device), then the step, one after the other"
 
     loader, read_stats = _naiad_loader(dataset, args, device)
     overlapped = measure("naiad", loader, step, steps=steps, warmup=warmup)
+    overlapped.how = (
+        f"{type(loader).__name__}, {args.num_workers} workers; loading and the copy to the "
+        "device run in the background while the step runs"
+    )
     stats = read_stats()
     if stats is not None:
         overlapped.stats = stats.to_dict()
@@ -524,9 +536,10 @@ def format_table(results: list[RunResult], header: str) -> str:
     )
     lines += [
         "",
-        "serial: torch DataLoader (no workers), .to(device), step, one after the other.",
-        "naiad: loading and the copy to the device run in the background, overlapping the step;",
-        "data loading counts that background work, exposed wait is what the loop still waited.",
+        f"serial: {serial.how}.",
+        f"naiad: {ours.how}.",
+        "Data loading counts all loading work (naiad: in the background, summed over its stages);",
+        "exposed wait is the part the training loop waited for.",
     ]
     return "\n".join(lines)
 
