@@ -4,20 +4,29 @@
 ``iterable_handler_factory`` serves an IterableDataset (a task is the epoch number; each worker
 walks its own iterator, as in torch). Both make ``torch.utils.data.get_worker_info()`` answer
 inside process workers, so datasets that shard themselves by worker keep working.
+
+:class:`WorkerLocal` is how a user sends a *recipe* for a dataset instead of the dataset: only
+the factory crosses the process boundary, and each worker builds its own instance (open files,
+database connections, decoders, large lookup tables) once, when it starts.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from torch.utils.data import Dataset
 
+from naiad.errors import ConfigError
 from naiad.fetch import FetchStrategy, make_fetch
 from naiad.parallel import Exhausted, WorkerContext
 
 __all__ = [
+    "WorkerLocal",
     "describe_iterable_task",
     "describe_map_task",
     "iterable_handler_factory",
@@ -35,6 +44,97 @@ def _set_torch_worker_info(context: WorkerContext, dataset: Any) -> None:
     )
 
 
+class WorkerLocal(Dataset):
+    """A map-style dataset built by ``factory()`` inside each worker, not in the training process.
+
+    Use it when a dataset holds state that should not be pickled into every worker or shared
+    across a fork: open file handles, a database or HTTP session, a decoder, a big index built
+    at start-up. Only ``factory`` crosses the process boundary (under any start method), and
+    naiad's DataLoader calls it once per worker when the worker starts (once per thread in
+    thread mode, once in the training process with ``num_workers=0``), so an error in it is
+    reported as a start-up error of that worker. Inside ``factory``,
+    ``torch.utils.data.get_worker_info()`` names the worker. The batches are those of the built
+    dataset, fetched the fastest way it allows (a ``TensorDataset`` built this way is gathered
+    a batch at a time). It works with torch's DataLoader too: each process builds its instance
+    on first use.
+
+    Args:
+        factory: a picklable zero-argument callable (a top-level function or a
+            ``functools.partial`` of one) returning a map-style dataset.
+        length: the dataset's length, known without building it (the sampler needs it in the
+            training process).
+
+    Example:
+        >>> import functools, torch
+        >>> from torch.utils.data import TensorDataset
+        >>> def open_table(n):  # runs in each worker
+        ...     return TensorDataset(torch.arange(n))
+        >>> ds = WorkerLocal(functools.partial(open_table, 6), length=6)
+        >>> [b[0].tolist() for b in naiad.DataLoader(ds, batch_size=4)]  # doctest: +SKIP
+        [[0, 1, 2, 3], [4, 5]]
+    """
+
+    def __init__(self, factory: Callable[[], Any], length: int) -> None:
+        if not callable(factory):
+            raise ConfigError(f"WorkerLocal: `factory` must be callable, got {type(factory).__name__}.")
+        if int(length) < 0:
+            raise ConfigError(f"WorkerLocal: `length` must be >= 0, got {length}.")
+        self.factory = factory
+        self.length = int(length)
+        self._local: Any = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def build(self) -> Any:
+        """A new instance from ``factory()``, checked against ``length``."""
+        dataset = self.factory()
+        try:
+            n = len(dataset)
+        except TypeError:
+            raise ConfigError(
+                f"WorkerLocal: the factory must return a map-style dataset with __len__, "
+                f"got {type(dataset).__name__}."
+            ) from None
+        if n != self.length:
+            raise ConfigError(
+                f"WorkerLocal: the factory built a dataset of length {n}, but `length` is "
+                f"{self.length}; pass length={n}."
+            )
+        return dataset
+
+    def local(self) -> Any:
+        """This process's instance, built on first use (a forked child builds its own)."""
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._local = self.build()
+                    self._pid = os.getpid()
+        return self._local
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Any:
+        return self.local()[index]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        inner = self.local()
+        getitems = getattr(inner, "__getitems__", None)
+        if getitems is not None:
+            return list(getitems(indices))
+        return [inner[i] for i in indices]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only the recipe travels; each process builds its own instance.
+        return {"factory": self.factory, "length": self.length}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["factory"], state["length"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"WorkerLocal({self.factory!r}, length={self.length})"
+
+
 def map_handler_factory(
     dataset: Any,
     collate_fn: Callable[[Any], Any],
@@ -44,6 +144,12 @@ def map_handler_factory(
 ) -> Callable[[Any], Any]:
     if context.mode == "process":
         _set_torch_worker_info(context, dataset)
+    if isinstance(dataset, WorkerLocal):
+        # Threads share a process, so each builds its own; processes and inline use theirs.
+        dataset = dataset.build() if context.mode == "thread" else dataset.local()
+        if context.mode == "process":
+            _set_torch_worker_info(context, dataset)
+        strategy = None  # the fastest way for what was built, not for the wrapper
     fetch = make_fetch(dataset, collate_fn, auto_collation, strategy)
 
     def handle(task: tuple[int, Any]) -> Any:

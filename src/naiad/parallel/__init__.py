@@ -8,6 +8,7 @@ in the worker. ``num_workers=0`` runs the handler inline in the calling thread.
 
 from __future__ import annotations
 
+from naiad.parallel.autotune import AutoTuner, TunerDecision
 from naiad.parallel.pool import (
     Exhausted,
     HandlerFactory,
@@ -19,9 +20,11 @@ from naiad.parallel.pool import (
 )
 
 __all__ = [
+    "AutoTuner",
     "Exhausted",
     "HandlerFactory",
     "Pinned",
+    "TunerDecision",
     "WorkerContext",
     "WorkerPool",
     "get_worker_context",

@@ -198,6 +198,7 @@ class WorkerPool:
             if w in self._retiring:  # still running and owing: back into the rotation
                 self._retiring.discard(w)
             else:
+                self._ready.discard(w)
                 backend.start(w, target)
                 self._owed[w] = 0
             self._active.append(w)
@@ -245,6 +246,11 @@ class WorkerPool:
             if self._owed.get(w, 0) == 0 and self._backend is not None:
                 self._backend.stop(w)
                 self._retiring.discard(w)
+
+    @property
+    def workers_ready(self) -> bool:
+        """True once every active worker has built its handler (always True inline)."""
+        return all(w in self._ready for w in self._active)
 
     @property
     def worker_pids(self) -> list[int | None]:

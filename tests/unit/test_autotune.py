@@ -1,0 +1,203 @@
+"""AutoTuner's decisions, from synthetic timings (no processes, no clocks that matter)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from naiad.errors import ConfigError
+from naiad.parallel import AutoTuner, TunerDecision
+
+Timing = Callable[[int, int], tuple[float, float]]
+
+
+def pipeline(build_s: float, step_s: float, *, cores: int = 8, transfer_s: float = 100e-6) -> Timing:
+    """A loop whose batches cost ``build_s`` of one core each and whose step takes ``step_s``.
+
+    Inline the loop waits ``build_s`` per step. With ``w`` workers it runs at the slower of the
+    consumer (step + hand-over) and the producers (``min(w, cores)`` batches per ``build_s``).
+    """
+
+    def timing(workers: int, prefetch: int) -> tuple[float, float]:
+        if workers == 0:
+            return build_s, step_s
+        per_step = max(step_s + transfer_s, build_s / min(workers, cores))
+        return per_step - step_s, step_s
+
+    return timing
+
+
+def run(tuner: AutoTuner, timing: Timing, steps: int = 5000) -> list[TunerDecision]:
+    changes = []
+    for _ in range(steps):
+        d = tuner.decision
+        change = tuner.observe(*timing(d.num_workers, d.prefetch))
+        if change is not None:
+            changes.append(change)
+        if tuner.settled:
+            break
+    return changes
+
+
+def tuner(**kw: Any) -> AutoTuner:
+    kw.setdefault("min_window_s", 0.0)
+    return AutoTuner(**kw)
+
+
+def test_cheap_batches_stay_inline() -> None:
+    t = tuner(max_workers=8)
+    run(t, pipeline(build_s=5e-6, step_s=1e-3))
+    d = t.decision
+    assert d.settled and d.num_workers == 0
+    assert "nothing to gain" in d.reason
+    assert [x["num_workers"] for x in t.stats()["trials"]] == [0]
+
+
+def test_batches_cheaper_than_a_hand_over_stay_inline_even_when_the_step_is_tiny() -> None:
+    # The tutorial's case: an in-memory TensorDataset gathered in microseconds, a tiny model.
+    t = tuner(max_workers=8)
+    run(t, pipeline(build_s=40e-6, step_s=10e-6))
+    assert t.decision.settled and t.decision.num_workers == 0
+    assert "handing one over" in t.decision.reason
+
+
+def test_picks_fewest_workers_that_remove_the_wait() -> None:
+    # 4 ms to build, 2 ms of work: 2 workers keep up, 1 does not.
+    t = tuner(max_workers=8)
+    changes = run(t, pipeline(build_s=4e-3, step_s=2e-3))
+    d = t.decision
+    assert d.settled and d.num_workers == 2 and d.prefetch == 2
+    assert "fewest that remove the wait" in d.reason
+    tried = {x["num_workers"] for x in t.stats()["trials"]}
+    assert tried == {0, 1, 2}  # predicted 2 from the inline window, then checked that 1 is not enough
+    assert changes[0].num_workers == 2 and not changes[0].settled
+
+
+def test_steps_down_while_fewer_workers_still_remove_the_wait() -> None:
+    # Predicted 6 workers from a noisy inline window... the real need is 3.
+    t = tuner(max_workers=8)
+    timing = pipeline(build_s=6e-3, step_s=2e-3)
+
+    def noisy_inline(w: int, p: int) -> tuple[float, float]:
+        return (12e-3, 2e-3) if w == 0 else timing(w, p)
+
+    run(t, noisy_inline)
+    assert t.decision.num_workers == 3
+    assert {x["num_workers"] for x in t.stats()["trials"]} == {0, 2, 3, 4, 5, 6}
+
+
+def test_loading_bound_uses_every_core_and_says_so() -> None:
+    # A CPU-heavy dataset and a near-instant step on 2 cores: more workers always help, the wait stays.
+    t = tuner(max_workers=2)
+    run(t, pipeline(build_s=2e-3, step_s=1e-6, cores=2))
+    d = t.decision
+    assert d.settled and d.num_workers == 2
+    assert "bottleneck" in d.reason
+    # The still-waiting setting got one try at a deeper prefetch, which did not help.
+    assert (2, 4) in t.trials and d.prefetch == 2 and "did not help" in d.reason
+
+
+def test_more_workers_than_cores_are_not_chosen() -> None:
+    # 3 ms to build, 1 ms of work, but 2 cores: 3 workers cannot beat 2.
+    t = tuner(max_workers=4)
+    run(t, pipeline(build_s=3e-3, step_s=1e-3, cores=2))
+    assert t.decision.num_workers == 2
+
+
+def test_deeper_prefetch_is_kept_when_it_pays() -> None:
+    t = tuner(max_workers=2)
+
+    def jittery(w: int, p: int) -> tuple[float, float]:
+        if w < 2:
+            return (3e-3 if w == 0 else 2e-3), 1e-3
+        return (0.0, 1e-3) if p >= 4 else (0.4e-3, 1e-3)  # uneven batches: depth absorbs them
+
+    run(t, jittery)
+    assert t.decision.settled and (t.decision.num_workers, t.decision.prefetch) == (2, 4)
+
+
+def test_observe_returns_only_changes_and_the_final_decision() -> None:
+    t = tuner(max_workers=8, min_steps=4, warmup_steps=0)
+    changes = run(t, pipeline(build_s=4e-3, step_s=2e-3))
+    assert [c.num_workers for c in changes] == [2, 1, 2]
+    assert changes[-1].settled and not any(c.settled for c in changes[:-1])
+    assert t.observe(0.0, 1e-3) is None  # settled: nothing more
+    assert t.stats()["since_settled"]["steps"] == 1
+
+
+def test_warmup_steps_are_not_measured() -> None:
+    t = tuner(max_workers=8, min_steps=4, warmup_steps=5)
+    for _ in range(5):
+        t.observe(1.0, 1.0)  # start-up: huge and ignored
+    for _ in range(4):
+        t.observe(1e-6, 1e-3)
+    assert t.decision.settled and t.stats()["trials"][0]["wait_per_step_s"] == pytest.approx(1e-6)
+
+
+def test_slow_steps_close_a_window_after_max_window_s() -> None:
+    t = tuner(max_workers=8, min_steps=100, max_window_s=3.0, warmup_steps=0)
+    t.observe(1e-6, 2.0)
+    assert not t.settled
+    t.observe(1e-6, 2.0)
+    assert t.settled and t.decision.num_workers == 0
+
+
+def test_max_workers_zero_never_leaves_inline() -> None:
+    t = tuner(max_workers=0)
+    run(t, pipeline(build_s=5e-3, step_s=1e-3))
+    assert t.decision.settled and t.decision.num_workers == 0
+
+
+def test_stats_are_json_able() -> None:
+    import json
+
+    t = tuner(max_workers=8)
+    run(t, pipeline(build_s=4e-3, step_s=2e-3))
+    s = json.loads(json.dumps(t.stats()))
+    assert s["num_workers"] == 2 and s["settled"] and s["reason"] and len(s["trials"]) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(max_workers=-1), dict(prefetch=0), dict(target_wait_fraction=0.0), dict(target_wait_fraction=1.5)],
+)
+def test_bad_arguments_are_config_errors(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        AutoTuner(**kwargs)
+
+
+class FakePool:
+    """Stands for a WorkerPool: records resizes, always ready."""
+
+    def __init__(self) -> None:
+        self.sizes: list[tuple[int, int | None]] = []
+        self.workers_ready = True
+
+    def resize(self, num_workers: int, *, prefetch: int | None = None) -> None:
+        self.sizes.append((num_workers, prefetch))
+
+
+def test_drive_yields_every_batch_and_resizes_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    import naiad.parallel.autotune as autotune
+
+    # A clock that advances 4 ms while the loop waits and 2 ms while it works.
+    clock = [0.0]
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
+    pool = FakePool()
+    t = tuner(max_workers=8, min_steps=4, warmup_steps=0)
+
+    def batches() -> Iterator[int]:
+        for i in range(100):
+            w = t.decision.num_workers
+            clock[0] += 4e-3 / max(1, w) if w < 2 else 0.0
+            yield i
+
+    got = []
+    for b in t.drive(pool, batches()):
+        got.append(b)
+        clock[0] += 2e-3
+    assert got == list(range(100))
+    assert pool.sizes[0] == (0, 2)  # the pool is put in the starting setting
+    assert pool.sizes[-1] == (2, 2) and t.decision.settled
