@@ -143,7 +143,7 @@ def test_malformed_csv_row_raises_source_error_with_file_line_and_problem(tmp_pa
         for b in src.blocks():
             src.read_block(b)
     assert info.value.path == src.paths[0] and info.value.line == 31
-    assert f"line 31" in str(info.value) and "bad.csv" in str(info.value)
+    assert "line 31" in str(info.value) and "bad.csv" in str(info.value)
 
 
 def test_unparseable_number_names_its_column(tmp_path):

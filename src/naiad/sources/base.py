@@ -14,7 +14,7 @@ import glob
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple, Union
+from typing import Any, Literal, NamedTuple, TypeAlias, Union
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +35,7 @@ __all__ = [
 PathLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 """A path, a glob pattern, or a list of paths/patterns."""
 
-DTypes = Mapping[str, Any] | str | np.dtype | pa.DataType | None
+DTypes: TypeAlias = Union[Mapping[str, Any], str, np.dtype, pa.DataType, None]  # noqa: UP007
 """Column types: a mapping column -> dtype, or one dtype for every numeric column."""
 
 Columns = dict[str, np.ndarray | list]

@@ -26,6 +26,7 @@ from naiad.sources.base import (
 )
 from naiad.sources.lines import (
     BadRow,
+    default_block_bytes,
     detect_compression,
     parse_robust,
     read_block_bytes,
@@ -59,7 +60,7 @@ def read_csv(
     quote_char: str | None = '"',
     newlines_in_values: bool = False,
     on_bad_rows: OnBadRows = "raise",
-    block_bytes: int = 1 << 20,
+    block_bytes: int | None = None,
 ) -> CsvSource:
     """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow.
 
@@ -82,7 +83,8 @@ def read_csv(
             into byte ranges: each file is one block (memory grows with the file size).
         on_bad_rows: "raise" a :class:`~naiad.SourceError` naming file, line and problem, or
             "skip" the row and count it (see ``StreamCounters.bad_rows``).
-        block_bytes: the size of a block, the unit of reading and of block shuffling.
+        block_bytes: the size of a block, the unit of reading and of block shuffling
+            (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
 
     Example:
         >>> ds = naiad.read_csv("diabetes.csv", dtypes="float32")  # doctest: +SKIP
@@ -112,12 +114,12 @@ class CsvSource(Source):
         quote_char: str | None = '"',
         newlines_in_values: bool = False,
         on_bad_rows: OnBadRows = "raise",
-        block_bytes: int = 1 << 20,
+        block_bytes: int | None = None,
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows)
         if len(delimiter) != 1:
             raise ConfigError(f"`delimiter` must be one character, got {delimiter!r}.")
-        if block_bytes < 1:
+        if block_bytes is not None and block_bytes < 1:
             raise ConfigError(f"`block_bytes` must be >= 1, got {block_bytes}.")
         self.delimiter = delimiter
         self.header = header
@@ -240,7 +242,7 @@ class CsvSource(Source):
             if None not in (first, names) and names != first:
                 raise SourceError(f"the header {names} differs from the first file's {first}.", path=path, line=1)
         blocks = scan_file(
-            path, block_bytes=self.block_bytes, header_lines=1 if self.header else 0,
+            path, block_bytes=self.block_bytes or default_block_bytes(path), header_lines=1 if self.header else 0,
             compression=self.compression, keep_blank=False, whole=self.newlines_in_values,
         )
         if self.newlines_in_values and blocks:

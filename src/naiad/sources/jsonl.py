@@ -24,6 +24,7 @@ from naiad.sources.base import (
 )
 from naiad.sources.lines import (
     BadRow,
+    default_block_bytes,
     detect_compression,
     parse_robust,
     read_block_bytes,
@@ -43,7 +44,7 @@ def read_jsonl(
     dtypes: DTypes = None,
     compression: str | None = "infer",
     on_bad_rows: OnBadRows = "raise",
-    block_bytes: int = 1 << 20,
+    block_bytes: int | None = None,
 ) -> JsonlSource:
     """A lazy source over JSON Lines files (a path, a glob or a list), parsed by PyArrow.
 
@@ -57,7 +58,8 @@ def read_jsonl(
         dtypes: a mapping field -> dtype, or one dtype for every numeric field.
         compression: "infer" from the extension, a codec name or None (one block per file).
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
-        block_bytes: the size of a block, the unit of reading and of block shuffling.
+        block_bytes: the size of a block, the unit of reading and of block shuffling
+            (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
 
     Example:
         >>> ds = naiad.read_jsonl("events-*.jsonl.gz", columns=["x", "label"])  # doctest: +SKIP
@@ -77,7 +79,7 @@ class JsonlSource(Source):
         dtypes: DTypes = None,
         compression: str | None = "infer",
         on_bad_rows: OnBadRows = "raise",
-        block_bytes: int = 1 << 20,
+        block_bytes: int | None = None,
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows)
         self.compression = compression
@@ -129,7 +131,7 @@ class JsonlSource(Source):
         return select_columns(self.full_schema(), self._selected, self.paths[0])
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=self.block_bytes, header_lines=0,
+        return scan_file(path, block_bytes=self.block_bytes or default_block_bytes(path), header_lines=0,
                          compression=self.compression, keep_blank=False, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:

@@ -30,7 +30,7 @@ import pyarrow as pa
 from naiad.errors import SourceError
 from naiad.sources.base import Block, OnBadRows
 
-__all__ = ["BadRow", "detect_compression", "parse_robust", "read_block_bytes", "row_spans", "scan_file"]
+__all__ = ["BadRow", "default_block_bytes", "detect_compression", "parse_robust", "read_block_bytes", "row_spans", "scan_file"]
 
 _COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".lz4": "lz4"}
 
@@ -62,6 +62,19 @@ def _header_end(head: bytes, header_lines: int, path: str) -> int:
             raise SourceError("no end of line after the header; is the file truncated?", path=path, line=1)
         pos = nl + 1
     return pos
+
+
+def default_block_bytes(path: str) -> int:
+    """About 1/1024 of the file, between 64 KiB and 4 MiB.
+
+    Blocks are what the epoch permutation shuffles, so a file needs many of them (a 2 MB file
+    in 1 MiB blocks would hardly be shuffled), while each costs one parser call and one task.
+    """
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    return int(min(4 << 20, max(64 << 10, size // 1024)))
 
 
 def count_rows(buf: bytes | memoryview, keep_blank: bool) -> int:

@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 
 from naiad.errors import SourceError
 from naiad.sources.base import Block, BlockData, OnBadRows, PathLike, Source
-from naiad.sources.lines import read_block_bytes, scan_file, slice_rows
+from naiad.sources.lines import default_block_bytes, read_block_bytes, scan_file, slice_rows
 
 __all__ = ["TextSource", "read_text"]
 
@@ -20,7 +20,7 @@ def read_text(
     encoding: str = "utf-8",
     compression: str | None = "infer",
     on_bad_rows: OnBadRows = "raise",
-    block_bytes: int = 1 << 20,
+    block_bytes: int | None = None,
 ) -> TextSource:
     """A lazy source over text files: each line (without its newline) is one sample.
 
@@ -30,7 +30,8 @@ def read_text(
         encoding: "utf-8" (checked; a line that is not UTF-8 is a bad row) or "latin-1".
         compression: "infer" from the extension, a codec name or None (one block per file).
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
-        block_bytes: the size of a block, the unit of reading and of block shuffling.
+        block_bytes: the size of a block, the unit of reading and of block shuffling
+            (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
 
     Example:
         >>> ds = naiad.read_text("corpus/*.txt")  # doctest: +SKIP
@@ -52,7 +53,7 @@ class TextSource(Source):
         encoding: str = "utf-8",
         compression: str | None = "infer",
         on_bad_rows: OnBadRows = "raise",
-        block_bytes: int = 1 << 20,
+        block_bytes: int | None = None,
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
@@ -66,7 +67,7 @@ class TextSource(Source):
         return pa.schema([(self.column, pa.string())])
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=self.block_bytes, header_lines=0,
+        return scan_file(path, block_bytes=self.block_bytes or default_block_bytes(path), header_lines=0,
                          compression=self.compression, keep_blank=True, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
