@@ -1,0 +1,171 @@
+"""Faults in workers: crashes and errors are reported at once, named, and leave nothing behind.
+
+Complements tests/integration/test_loader_workers.py (SIGKILL, Ctrl-C, timeouts, break/del).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data import Dataset, TensorDataset
+
+import naiad
+from naiad.parallel import WorkerContext, WorkerPool
+from tests.helpers import assert_same_batches, child_pids, shm_entries
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Crashing(Dataset):
+    """Row ``at`` ends its process: ``exit`` (os._exit(3)), ``segv`` (SIGSEGV) or ``raise``."""
+
+    def __init__(self, n: int, at: int, how: str) -> None:
+        self.n, self.at, self.how = n, at, how
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == self.at:
+            if self.how == "exit":
+                os._exit(3)
+            if self.how == "segv":
+                faulthandler.disable()  # pytest's handler would print the worker's stack
+                os.kill(os.getpid(), signal.SIGSEGV)
+            raise ValueError(f"bad row {i}")
+        return np.full(4, i, np.float32)
+
+
+def _settle(before_pids: set[int], before_shm: set[str], timeout_s: float = 10.0) -> None:
+    gc.collect()
+    deadline = time.monotonic() + timeout_s
+    while child_pids() - before_pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (child_pids() - before_pids), f"workers left behind: {child_pids() - before_pids}"
+    assert shm_entries() <= before_shm, f"shared memory left behind: {shm_entries() - before_shm}"
+
+
+@pytest.mark.parametrize(
+    ("how", "exitcode", "words"),
+    [("exit", 3, "exited with code 3"), ("segv", -signal.SIGSEGV, "killed by signal SIGSEGV")],
+)
+def test_worker_crash_raises_worker_error_naming_worker_code_and_batch(how: str, exitcode: int, words: str) -> None:
+    before, shm = child_pids(), shm_entries()
+    loader = naiad.DataLoader(Crashing(64, at=21, how=how), batch_size=4, num_workers=2)
+    t0 = time.monotonic()
+    with pytest.raises(naiad.WorkerError) as info:
+        list(loader)
+    assert time.monotonic() - t0 < 5
+    err = info.value
+    # Row 21 is in batch 5, which went to worker 1 (batches alternate between the two).
+    assert err.worker_id == 1 and err.exitcode == exitcode
+    assert words in str(err) and "batch 5" in str(err) and "21" in str(err)
+    _settle(before, shm)
+
+
+def test_thread_worker_error_keeps_type_and_names_worker_and_index() -> None:
+    loader = naiad.DataLoader(Crashing(64, at=21, how="raise"), batch_size=4, num_workers=2, worker_mode="thread")
+    with pytest.raises(ValueError, match="bad row 21") as info:
+        list(loader)
+    notes = "\n".join(info.value.__notes__)
+    assert "dataset[21]" in notes and "worker 1" in notes and "batch 5" in notes
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_out_of_order_error_is_raised_and_names_the_index(mode: str) -> None:
+    before, shm = child_pids(), shm_entries()
+    loader = naiad.DataLoader(Crashing(64, at=21, how="raise"), batch_size=4, num_workers=2, worker_mode=mode, in_order=False)
+    seen = 0
+    with pytest.raises(ValueError, match="bad row 21") as info:
+        for _ in loader:
+            seen += 1
+    assert seen < 16 and "dataset[21]" in "\n".join(info.value.__notes__)
+    _settle(before, shm)
+
+
+def test_out_of_order_crash_is_a_worker_error() -> None:
+    before, shm = child_pids(), shm_entries()
+    loader = naiad.DataLoader(Crashing(64, at=21, how="exit"), batch_size=4, num_workers=2, in_order=False)
+    with pytest.raises(naiad.WorkerError, match="exited with code 3"):
+        list(loader)
+    _settle(before, shm)
+
+
+def test_persistent_workers_after_a_break_give_a_full_correct_next_epoch() -> None:
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(300, 4, generator=g), torch.arange(300))
+    loader = naiad.DataLoader(ds, batch_size=16, num_workers=2, persistent_workers=True)
+    for k, _ in enumerate(loader):
+        if k == 3:
+            break
+    pids = set(loader._pool.worker_pids)  # type: ignore[union-attr]
+    assert_same_batches(list(TorchDataLoader(ds, batch_size=16)), list(loader))
+    assert set(loader._pool.worker_pids) == pids  # type: ignore[union-attr]
+    loader._close_pool()
+
+
+def test_persistent_workers_after_an_error_give_a_full_next_epoch() -> None:
+    class FailsOnce(Dataset):
+        def __init__(self) -> None:
+            self.path = f"/tmp/naiad-fails-once-{os.getpid()}"
+
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int) -> int:
+            if i == 13 and not os.path.exists(self.path):
+                open(self.path, "w").close()
+                raise KeyError(i)
+            return i
+
+    ds = FailsOnce()
+    try:
+        loader = naiad.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+        with pytest.raises(KeyError):
+            list(loader)
+        assert torch.cat(list(loader)).tolist() == list(range(40))
+        loader._close_pool()
+    finally:
+        if os.path.exists(ds.path):
+            os.remove(ds.path)
+
+
+def big_factory(context: WorkerContext) -> Any:
+    def handle(k: int) -> dict[str, Any]:
+        if k == 3 and context.worker_id == 1:
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        # Large enough for shared memory, small enough to be quick.
+        return {"x": np.full((1 << 20,), k, np.float64), "t": torch.full((1 << 20,), float(k))}
+
+    return handle
+
+
+def test_killed_worker_with_shared_memory_batches_leaves_no_segment() -> None:
+    before, shm = child_pids(), shm_entries()
+    pool = WorkerPool(big_factory, num_workers=2)
+    with pytest.raises(naiad.WorkerError, match="SIGKILL"):
+        for k, batch in enumerate(pool.imap(range(12))):
+            assert float(batch["x"][0]) == k and float(batch["t"][-1]) == k
+    pool.close()
+    del pool, batch
+    _settle(before, shm)
+
+
+def test_worker_local_factory_error_is_a_start_up_error() -> None:
+    def broken() -> Any:
+        raise OSError("cannot open /data/shard-7")
+
+    ds = naiad.worker.WorkerLocal(broken, length=10)
+    with pytest.raises(OSError, match="shard-7") as info:
+        list(naiad.DataLoader(ds, batch_size=2, num_workers=2))
+    assert "while starting" in "\n".join(info.value.__notes__)
