@@ -1,0 +1,61 @@
+"""Batches cross from worker processes exactly: small ones inline, large ones via shared memory."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from naiad.parallel import WorkerContext, WorkerPool
+from naiad.parallel.transport import SHM_MIN_BYTES, _InlineTensor, _SharedArray, pack
+from tests.helpers import assert_same_batch, shm_entries
+
+pytestmark = pytest.mark.timeout(60)
+
+Pair = collections.namedtuple("Pair", "x y")
+BIG = SHM_MIN_BYTES // 8 + 1  # float64 elements: just over the threshold
+
+
+def batch(k: int) -> Any:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6) + k
+    return {
+        "f16": torch.full((3, 2), k, dtype=torch.float16),
+        "bf16": torch.full((5,), k, dtype=torch.bfloat16),
+        "bool": torch.arange(6) % 2 == k % 2,
+        "complex": torch.full((2,), complex(k, -k), dtype=torch.complex64),
+        "strided": base.t(),  # non-contiguous
+        "empty": torch.empty(0, 3),
+        "scalar": torch.tensor(k),
+        "np": np.arange(10, dtype=np.int16) * k,
+        "pair": Pair(torch.ones(2) * k, np.zeros(3)),
+        "tags": [f"row{i}" for i in range(300)],  # a long list: pickled as it is
+        "big_t": torch.full((BIG,), float(k), dtype=torch.float64),
+        "big_np": np.full(BIG, k, np.float64),
+        "nested": [(torch.ones(1) * k, {"z": np.ones(2, np.float32)})],
+    }
+
+
+def batch_factory(context: WorkerContext) -> Any:
+    return batch
+
+
+def test_pack_sends_small_inline_and_large_through_shared_memory() -> None:
+    packed = pack(batch(1))
+    assert isinstance(packed["f16"], _InlineTensor) and isinstance(packed["pair"].x, _InlineTensor)
+    assert isinstance(packed["big_np"], _SharedArray) and type(packed["big_t"]) is torch.Tensor
+    assert type(packed["np"]) is np.ndarray and type(packed["tags"]) is list
+    assert type(packed["scalar"]) is torch.Tensor  # 0-d: left to torch
+
+
+def test_every_kind_of_batch_arrives_exactly_and_leaves_no_segment() -> None:
+    shm = shm_entries()
+    with WorkerPool(batch_factory, num_workers=2) as pool:
+        for k, got in enumerate(pool.imap(range(6))):
+            assert_same_batch(batch(k), got)
+            assert got["f16"].dtype == torch.float16 and isinstance(got["pair"], Pair)
+            got["np"][0] = 1  # arrays that arrive are writable
+            got["f16"][0, 0] = 1
+    assert shm_entries() <= shm
