@@ -293,3 +293,24 @@ def test_other_start_methods(context: str) -> None:
     expected = list(TorchDataLoader(ds, batch_size=25))
     got = list(naiad.DataLoader(ds, batch_size=25, num_workers=2, multiprocessing_context=context))
     assert_same_batches(expected, got)
+
+
+def test_persistent_workers_two_epochs_match_torch_global_seed() -> None:
+    ds = tensor_dataset(120)
+    kwargs: dict[str, Any] = dict(batch_size=16, shuffle=True, num_workers=2, persistent_workers=True)
+    torch.manual_seed(21)
+    tl = TorchDataLoader(ds, **kwargs)
+    expected = [list(tl), list(tl)]
+    torch.manual_seed(21)
+    nl = naiad.DataLoader(ds, **kwargs)
+    got = [list(nl), list(nl)]
+    assert_same_batches(expected[0], got[0])
+    assert_same_batches(expected[1], got[1])
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_in_order_false_yields_every_batch_once(mode: str) -> None:
+    ds = SlowDataset(60, delay_s=0.001)
+    got = list(naiad.DataLoader(ds, batch_size=4, num_workers=2, in_order=False, worker_mode=mode))
+    ids = sorted(int(i) for b in got for i in b["i"])
+    assert ids == list(range(60))
