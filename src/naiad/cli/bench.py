@@ -4,7 +4,8 @@ Runs the same source and the same training step twice and prints, side by side:
 
 * **serial**: the plain loop users write first: ``torch.utils.data.DataLoader`` with no
   workers, then ``batch.to(device)``, then the step; loading and training take turns;
-* **naiad**: naiad's loader with prefetching to the device, so loading overlaps the step.
+* **naiad**: ``naiad.DataLoader(..., device=...)``, which prefetches to the device, so
+  loading overlaps the step; its ``stats()`` tell how long its stages took.
 
 For each: total time, time per step, the time spent loading data, and the *exposed* wait: the
 part of loading the training loop actually waited for. The step is a synthetic one of
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import glob
 import importlib
-import inspect
 import json
 import math
 import statistics
@@ -38,9 +38,8 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 import naiad
-from naiad.device import DevicePrefetcher, move_to_device
+from naiad.device import move_to_device
 from naiad.errors import ConfigError
-from naiad.telemetry import LoaderStats, Telemetry
 
 NAME = "bench"
 HELP = "Measure the time a training loop waits for data, serial against naiad."
@@ -214,30 +213,16 @@ def _serial_loader(dataset: Any, args: argparse.Namespace) -> Iterable[Any]:
     return naiad.DataLoader(dataset, batch_size=args.batch_size, shuffle=args.shuffle)
 
 
-def _naiad_loader(
-    dataset: Any, args: argparse.Namespace, device: torch.device
-) -> tuple[Iterable[Any], Callable[[], LoaderStats | None]]:
-    """naiad's loader over ``dataset``, prefetching to ``device``, and how to read its stats.
-
-    Uses ``naiad.DataLoader(..., device=...)`` and ``loader.stats()`` where this build's loader
-    has them; otherwise wraps the loader in a :class:`DevicePrefetcher` with its own telemetry.
-    """
-    loader_cls: Any = getattr(naiad, "DataLoader", None) or torch.utils.data.DataLoader
-    kwargs: dict[str, Any] = dict(
-        batch_size=args.batch_size, shuffle=args.shuffle, num_workers=args.num_workers
+def _naiad_loader(dataset: Any, args: argparse.Namespace, device: torch.device) -> naiad.DataLoader:
+    """naiad's loader over ``dataset``, prefetching to ``device``; it keeps its own stats."""
+    return naiad.DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=args.shuffle,
+        num_workers=args.num_workers,
+        device=device,
+        device_prefetch=args.depth,
     )
-    params = inspect.signature(loader_cls).parameters
-    if "device" in params and hasattr(loader_cls, "stats"):
-        if "device_prefetch" in params:
-            kwargs["device_prefetch"] = args.depth
-        loader = loader_cls(dataset, device=str(device), **kwargs)
-        return loader, loader.stats
-    loader = loader_cls(dataset, **kwargs)
-    telemetry = Telemetry()
-    prefetcher = DevicePrefetcher(
-        loader, device, depth=args.depth, telemetry=telemetry, source_stage="load"
-    )
-    return prefetcher, telemetry.stats
 
 
 # --------------------------------------------------------------------------------------------
@@ -462,20 +447,19 @@ def _run_both(
         else "naiad.DataLoader (no workers)"
     ) + ", then .to(device), then the step, one after the other"
 
-    loader, read_stats = _naiad_loader(dataset, args, device)
+    loader = _naiad_loader(dataset, args, device)
     overlapped = measure("naiad", loader, step, steps=steps, warmup=warmup)
     overlapped.how = (
-        f"{type(loader).__name__}, {args.num_workers} workers; loading and the copy to the "
+        f"naiad.DataLoader(device={str(device)!r}), {args.num_workers} workers; loading and the copy to the "
         "device run in the background while the step runs"
     )
-    stats = read_stats()
-    if stats is not None:
-        overlapped.stats = stats.to_dict()
-        # Time the pipeline worked for these batches, wherever it ran (threads, workers).
-        # Includes the warm-up steps' loading, so scale to the measured share.
-        work = sum(s.seconds for s in stats.stages.values())
-        if stats.batches:
-            overlapped.load_s = work * min(1.0, steps / stats.batches)
+    stats = loader.stats()
+    overlapped.stats = stats.to_dict()
+    # Time the pipeline worked for these batches, wherever it ran (threads, workers).
+    # Includes the warm-up steps' loading, so scale to the measured share.
+    work = sum(s.seconds for s in stats.stages.values())
+    if stats.batches:
+        overlapped.load_s = work * min(1.0, steps / stats.batches)
     return [serial, overlapped]
 
 
