@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +183,7 @@ class LoaderStats:
 
 
 _perf = time.perf_counter
+_log2 = math.log2
 
 
 class _Span:
@@ -290,10 +291,9 @@ class Telemetry:
         """
         return _Span(self, stage)
 
-    @staticmethod
-    def begin() -> float:
-        """The start time to pass to :meth:`end`: the cheapest way to time a stage."""
-        return _perf()
+    # ``time.perf_counter`` itself, not a wrapper: one Python call less on the hot path.
+    begin: Callable[[], float] = staticmethod(time.perf_counter)
+    """The start time to pass to :meth:`end` (``time.perf_counter()``): the cheapest way to time a stage."""
 
     def end(self, stage: str, start_s: float) -> None:
         """Record one run of ``stage`` that began at ``start_s`` (from :meth:`begin`) and ends now."""
@@ -354,7 +354,7 @@ class Telemetry:
         except AttributeError:
             acc = self._new_accumulator()
         if wait_s > 0.0:
-            x = (math.log2(wait_s) - _LOG2_LO) * _PER_OCTAVE
+            x = (_log2(wait_s) - _LOG2_LO) * _PER_OCTAVE
             # Waits below the first edge (x < 0) fall into bucket 0; int() floors for x >= 0.
             acc.hist[0 if x < 0.0 else (_BUCKETS if x >= _BUCKETS else int(x) + 1)] += 1
             if wait_s > acc.wait_max:
