@@ -13,7 +13,8 @@ the next setting to measure, and settles once it knows enough:
 2. Otherwise jump to the predicted count ``ceil(c / step)`` (enough workers that building
    ``w`` batches overlaps ``w`` steps), clamped to ``[1, max_workers]``.
 3. If the loop still waits and that count beat every smaller one by more than ``tolerance``,
-   try one more (while ``max_workers`` allows).
+   try one more (while ``max_workers`` allows); if the wait is gone, or the count did not beat
+   the smaller ones (workers taking cores from the training loop), try one fewer.
 4. Take the *fewest* workers whose throughput is within ``tolerance`` of the best measured
    (fewer workers cost less CPU and memory for the same speed), and measure one fewer than that
    until the count below is measured too. If the chosen setting still waits,
@@ -120,6 +121,10 @@ def _default_max_workers() -> int:
     return max(1, min(cpus, 16))
 
 
+def _n(count: int) -> str:
+    return f"{count} worker" if count == 1 else f"{count} workers"
+
+
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.0f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.1f} ms"
 
@@ -146,6 +151,8 @@ class AutoTuner:
         min_steps: steps per measured window, at least.
         min_window_s: seconds per window, at least (short steps need many to be measured).
         max_window_s: a window closes after this long once it has 2 steps (slow steps).
+        max_window_steps: a window of ``min_steps`` closes after this many steps even before
+            ``min_window_s`` (microsecond steps in small epochs would otherwise take many epochs).
         warmup_steps: steps ignored after each change (start-up and queue filling).
         transfer_cost_s: what handing one batch over from a worker costs the training
             process; batches cheaper than this to build are built inline.
@@ -168,6 +175,7 @@ class AutoTuner:
         min_steps: int = 16,
         min_window_s: float = 0.2,
         max_window_s: float = 3.0,
+        max_window_steps: int = 256,
         warmup_steps: int = 3,
         transfer_cost_s: float = 150e-6,
     ) -> None:
@@ -184,6 +192,7 @@ class AutoTuner:
         self.min_steps = max(2, min_steps)
         self.min_window_s = min_window_s
         self.max_window_s = max_window_s
+        self.max_window_steps = max(self.min_steps, max_window_steps)
         self.warmup_steps = warmup_steps
         self.transfer_cost_s = transfer_cost_s
         self.trials: dict[tuple[int, int], Trial] = {}
@@ -227,8 +236,9 @@ class AutoTuner:
         t.wait_s += wait_s
         t.step_s += step_s
         elapsed = time.monotonic() - window.started
-        full = t.steps >= self.min_steps and max(elapsed, t.seconds) >= self.min_window_s
-        if not full and not (t.steps >= 2 and max(elapsed, t.seconds) >= self.max_window_s):
+        seconds = max(elapsed, t.seconds)
+        full = t.steps >= self.min_steps and (seconds >= self.min_window_s or t.steps >= self.max_window_steps)
+        if not full and not (t.steps >= 2 and seconds >= self.max_window_s):
             return None
         self.trials[(t.num_workers, t.prefetch)] = t
         previous = self._decision
@@ -245,7 +255,7 @@ class AutoTuner:
         return self._decision if changed or self._decision.settled else None
 
     def _measuring(self, num_workers: int, prefetch: int, why: str) -> TunerDecision:
-        return TunerDecision(num_workers, prefetch, f"measuring {num_workers} workers: {why}", False)
+        return TunerDecision(num_workers, prefetch, f"measuring {_n(num_workers)}: {why}", False)
 
     def _next(self, t: Trial) -> TunerDecision:
         w, p = t.num_workers, t.prefetch
@@ -255,8 +265,13 @@ class AutoTuner:
             return self._after_inline(t)
         fewer = [x.steps_per_s for x in self.trials.values() if x.num_workers < w]
         paying = t.steps_per_s > (1 + self.tolerance) * max(fewer, default=0.0)
-        if t.wait_fraction > self.target and paying and w < self.max_workers and (w + 1, p) not in self.trials:
-            return self._measuring(w + 1, p, f"{w} still waits {t.wait_fraction:.0%} of the time")
+        if t.wait_fraction > self.target and paying:
+            if w < self.max_workers and (w + 1, p) not in self.trials:
+                return self._measuring(w + 1, p, f"{w} still waits {t.wait_fraction:.0%} of the time")
+        elif w > 1 and (w - 1, p) not in self.trials:
+            # The wait is gone, or these workers cost more than they bring (cores taken from
+            # the training loop): fewer may do as well.
+            return self._measuring(w - 1, p, f"checking whether {w - 1} do as well as {w}")
         return self._finish()
 
     def _after_inline(self, t: Trial) -> TunerDecision:
@@ -294,7 +309,7 @@ class AutoTuner:
 
     def _summary(self) -> str:
         return "; ".join(
-            f"{x.num_workers} workers/prefetch {x.prefetch}: {x.steps_per_s:,.0f} steps/s, "
+            f"{_n(x.num_workers)}/prefetch {x.prefetch}: {x.steps_per_s:,.0f} steps/s, "
             f"waiting {x.wait_fraction:.0%}"
             for x in sorted(self.trials.values(), key=lambda x: (x.num_workers, x.prefetch))
         )
@@ -320,10 +335,10 @@ class AutoTuner:
         if inline is not None and chosen.num_workers > 0 and inline.steps_per_s > 0:
             gain = f", {chosen.steps_per_s / inline.steps_per_s:.1f}x the throughput of 0 workers"
         if chosen.wait_fraction <= self.target:
-            head = f"{chosen.num_workers} workers (prefetch {chosen.prefetch}): the fewest that remove the wait{gain}."
+            head = f"{_n(chosen.num_workers)} (prefetch {chosen.prefetch}): the fewest that remove the wait{gain}."
         else:
             head = (
-                f"{chosen.num_workers} workers (prefetch {chosen.prefetch}): the fewest within "
+                f"{_n(chosen.num_workers)} (prefetch {chosen.prefetch}): the fewest within "
                 f"{self.tolerance:.0%} of the best throughput{gain}; the loop still waits "
                 f"{chosen.wait_fraction:.0%} of the time, so loading is the bottleneck here."
             )
