@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -264,7 +264,7 @@ def measure(dataset: Any, setting: Setting, *, batch_size: int, step_s: float, s
         t0 = time.perf_counter()
         loader = naiad.DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=0, num_workers=setting.num_workers, **kwargs)
 
-        def batches() -> Iterator[Any]:
+        def batches() -> Generator[Any, None, None]:
             while True:  # as many epochs as the time allows
                 yield from loader
 
