@@ -197,3 +197,19 @@ def test_rank_and_world_size_come_from_torch_distributed_when_initialised(tmp_pa
     assert StreamOptions(batch_size=2).topology() == (1, 3)
     assert StreamOptions(batch_size=2, rank=0, world_size=1).topology() == (0, 1)
     assert os.environ.get("RANK") is None or True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_dataloader_streams_a_source_exactly_once_per_rank(tmp_path, mode):
+    import naiad
+
+    src = open_numbered(write_numbered(str(tmp_path), "csv", [50, 0, 27]), "csv")
+    per_rank = []
+    for rank in range(3):
+        loader = naiad.DataLoader(src, batch_size=4, shuffle=True, seed=1, shuffle_buffer=8, num_workers=2,
+                                  worker_mode=mode, rank=rank, world_size=3)
+        per_rank.append([ids_of(b) for b in loader])
+        assert len(per_rank[-1]) == len(loader)
+    assert len({len(b) for b in per_rank}) == 1
+    assert sorted(np.concatenate([np.concatenate(b) for b in per_rank]).tolist()) == list(range(77))
