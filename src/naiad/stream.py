@@ -251,6 +251,18 @@ class BatchStream(Iterator[Batch]):
             **self._plan_key(),
         }
 
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`get_state` (before the first batch; same as ``iter_batches(state=)``).
+
+        Raises:
+            StateError: the state does not fit this stream (stored and current values shown),
+                or this stream has started.
+        """
+        if self._gen is not None:
+            raise StateError("set_state() after iteration started; make a new stream with `state=`.")
+        self._check_state(state)
+        self.batches_yielded = int(state["batches_yielded"])
+
     def _plan_key(self) -> dict[str, Any]:
         o = self.options
         return {

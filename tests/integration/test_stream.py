@@ -167,6 +167,20 @@ def test_resume_mid_epoch_gives_the_same_remaining_batches(tmp_path, fmt, shuffl
             assert np.array_equal(a, b)
 
 
+def test_set_state_resumes_and_is_refused_once_started(tmp_path):
+    src = open_numbered(write_numbered(str(tmp_path), "npy", [40]), "npy")
+    opts = StreamOptions(batch_size=4, shuffle=True, shuffle_buffer=5)
+    pool = WorkerPool(make_handler_factory(src), num_workers=0)
+    first = iter_batches(src, opts, epoch=0, imap=pool.imap)
+    head = [ids_of(next(first)) for _ in range(3)]
+    resumed = iter_batches(src, opts, epoch=0, imap=pool.imap)
+    resumed.set_state(first.get_state())
+    assert np.array_equal(ids_of(next(resumed)), ids_of(next(first)))
+    with pytest.raises(StateError, match="after iteration started"):
+        resumed.set_state(first.get_state())
+    assert len(head) == 3
+
+
 def test_resume_rejects_another_topology(tmp_path):
     src = open_numbered(write_numbered(str(tmp_path), "npy", [30]), "npy")
     opts = StreamOptions(batch_size=4, shuffle=True, rank=0, world_size=2)

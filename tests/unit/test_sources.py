@@ -267,3 +267,14 @@ def test_source_pickles_without_its_block_list(tmp_path):
     src.blocks()
     clone = pickle.loads(pickle.dumps(src))
     assert clone._blocks is None and clone.schema() == src.schema()
+
+
+def test_truncated_gzip_raises_source_error(tmp_path):
+    p = str(tmp_path / "d.csv.gz")
+    with gzip.open(p, "wt") as f:
+        f.write("a,b\n" + "".join(f"{i},{i}\n" for i in range(5000)))
+    with open(p, "r+b") as f:
+        f.truncate(os.path.getsize(p) // 2)
+    with pytest.raises(SourceError, match="truncated") as info:
+        sources.read_csv(p).blocks()
+    assert info.value.path == p
