@@ -7,7 +7,8 @@ inside process workers, so datasets that shard themselves by worker keep working
 
 :class:`WorkerLocal` is how a user sends a *recipe* for a dataset instead of the dataset: only
 the factory crosses the process boundary, and each worker builds its own instance (open files,
-database connections, decoders, large lookup tables) once, when it starts.
+database connections, decoders, large lookup tables) once, when it starts. :func:`columnar`
+lays a list of samples out as arrays, so forked workers share it instead of copying it.
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from naiad.errors import ConfigError
-from naiad.fetch import FetchStrategy, make_fetch
+from naiad.fetch import ArrayDataset, FetchStrategy, make_fetch
 from naiad.parallel import Exhausted, WorkerContext
 
 __all__ = [
     "WorkerLocal",
+    "columnar",
     "describe_iterable_task",
     "describe_map_task",
     "iterable_handler_factory",
@@ -133,6 +135,66 @@ class WorkerLocal(Dataset):
 
     def __repr__(self) -> str:
         return f"WorkerLocal({self.factory!r}, length={self.length})"
+
+
+def columnar(samples: Sequence[Any]) -> ArrayDataset | np.ndarray:
+    """Turn a list of samples into an :class:`~naiad.ArrayDataset`: one NumPy array per field.
+
+    A list of millions of small tuples or dicts is the classic way worker processes run out of
+    memory: every sample is a handful of Python objects, and merely *reading* one in a forked
+    worker writes its reference counts, so the worker gets its own copy of each memory page it
+    touches (copy-on-read). After one epoch each worker holds a copy of most of the list. An
+    ArrayDataset keeps the same data in a few large arrays with no per-row objects: a forked
+    worker reads them without writing to them, so the pages stay shared, and batches are
+    gathered with one vectorized index per column. Call it once, before making the loader; the
+    batches are the ones ``default_collate`` builds from the original samples.
+
+    Args:
+        samples: tuples (or lists) of the same length, or dicts with the same keys, whose fields
+            are numbers, booleans, or NumPy arrays / tensors of one shape per field; or single
+            numbers / arrays / tensors, which give one NumPy array (a dataset as it is).
+
+    Example:
+        >>> ds = columnar([(1, 0.5), (2, 1.5), (3, 2.5)])
+        >>> [c.dtype for c in ds.columns], ds[1]
+        ([dtype('int64'), dtype('float64')], (np.int64(2), np.float64(1.5)))
+    """
+    if len(samples) == 0:
+        raise ConfigError("columnar: `samples` is empty; there is nothing to lay out.")
+    first = samples[0]
+    if isinstance(first, Mapping):
+        keys = list(first.keys())
+        fields = {k: _column([s[k] for s in samples], repr(k)) for k in keys}
+        return ArrayDataset(fields)
+    if isinstance(first, (tuple, list)):
+        width = len(first)
+        if any(len(s) != width for s in samples):
+            raise ConfigError(f"columnar: every sample needs {width} fields, like the first one.")
+        # zip(*...) walks the list once in C; this runs once, before training.
+        return ArrayDataset(*(_column(list(col), f"field {i}") for i, col in enumerate(zip(*samples))))
+    # Single arrays or numbers: one array, which the loader gathers as a whole.
+    return _column(list(samples), "sample")
+
+
+def _column(values: list[Any], name: str) -> np.ndarray:
+    import torch
+
+    v0 = values[0]
+    if isinstance(v0, torch.Tensor):
+        out = torch.stack(values).numpy()
+    elif isinstance(v0, np.ndarray):
+        out = np.stack(values)
+    else:
+        out = np.asarray(values)
+        if isinstance(v0, bool):
+            out = out.astype(np.bool_)
+    if out.dtype.kind not in "biufc":
+        raise ConfigError(
+            f"columnar: {name} holds {type(v0).__name__} values (dtype {out.dtype}); only numbers, "
+            "booleans and numeric arrays can be laid out as columns. Keep text in a separate "
+            "pyarrow array and look it up by index."
+        )
+    return out
 
 
 def map_handler_factory(
