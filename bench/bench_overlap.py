@@ -281,7 +281,8 @@ def environment() -> str:
     return (
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()} {os.cpu_count()} cores "
         f"({platform.processor() or platform.platform()}), {gpu}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, numpy {np.__version__}, git {sha}"
+        f"torch {torch.__version__}, numpy {np.__version__}, git {sha}, "
+        f"load average {os.getloadavg()[0]:.1f} at start"
     )
 
 
