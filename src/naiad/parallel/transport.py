@@ -73,8 +73,20 @@ class _InlineTensor:
         import torch
 
         t = self.tensor.contiguous()
+        if t.dtype not in _NOT_IN_NUMPY:  # NumPy pickles dtype and shape; one call rebuilds it
+            return (torch.from_numpy, (t.numpy(),))
         raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
         return (_tensor_from_bytes, (raw, t.dtype, tuple(t.shape)))
+
+
+def _not_in_numpy() -> frozenset[Any]:
+    import torch
+
+    names = ("bfloat16", "complex32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    return frozenset(getattr(torch, n) for n in names if hasattr(torch, n))
+
+
+_NOT_IN_NUMPY = _not_in_numpy()
 
 
 def _plain_tensor(obj: Any) -> bool:

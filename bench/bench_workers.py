@@ -1,0 +1,262 @@
+"""Workers: how fast do they start, how well do they scale, what does a batch's trip cost?
+
+Three questions, naiad's DataLoader beside torch's in the same run (fork, the Linux default):
+
+1. Time to first batch with ``num_workers=2``: construct the loader, ``next(iter(loader))``.
+   Target: naiad <= 0.3 s. On an in-memory ``TensorDataset`` (the tutorial's data) and on a
+   per-sample Python dataset.
+2. A CPU-bound per-sample transform (about 200 µs of NumPy work per row, calibrated at start):
+   one epoch with 0 and with 2 workers; the speed-up of 2 over 0, naiad against torch (and
+   naiad's thread workers, which NumPy's GIL release lets run in parallel).
+3. Transport: steady-state batches per second the training process receives from 2 workers, by
+   batch size: naiad (small batches inline, large through shared memory, NOTE [ Batch
+   transport ]), naiad forced through shared memory for every batch, and torch (always shared
+   memory). The crossover sets ``SHM_MIN_BYTES``.
+
+Times are medians over ``--repeats`` runs; the machine is shared and noisy, so read the ratios.
+
+Run: ``python bench/bench_workers.py [--repeats 5] [--out bench/RESULTS_workers.md]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data import Dataset, TensorDataset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import environment, markdown_table  # noqa: E402
+
+import naiad  # noqa: E402
+from naiad.parallel import transport  # noqa: E402
+
+Loader = Callable[..., Any]
+LOADERS: dict[str, Loader] = {"torch": TorchDataLoader, "naiad": naiad.DataLoader}
+
+
+def median_of(fn: Callable[[], float], repeats: int) -> float:
+    return interleaved({"": fn}, repeats)[""]
+
+
+def interleaved(fns: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """Median of each function's result, running them in turn so noise hits all alike."""
+    values: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            values[k].append(fn())
+            gc.collect()
+    return {k: statistics.median(v) for k, v in values.items()}
+
+
+# -- 1. time to first batch ---------------------------------------------------------------------
+
+
+class Rows(Dataset):
+    """A per-sample dataset over a list of small arrays (torch's per-sample path in both loaders)."""
+
+    def __init__(self, n: int) -> None:
+        self.x = np.random.default_rng(0).random((n, 8), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        return self.x[i], i % 2
+
+
+def first_batch_s(make: Loader, dataset: Any, **kw: Any) -> float:
+    t0 = time.perf_counter()
+    loader = make(dataset, batch_size=128, shuffle=True, num_workers=2, **kw)
+    it = iter(loader)
+    next(it)
+    elapsed = time.perf_counter() - t0
+    del it, loader  # teardown is not part of the wait for the first batch
+    gc.collect()
+    return elapsed
+
+
+def bench_first_batch(repeats: int) -> tuple[str, list[list[Any]]]:
+    g = torch.Generator().manual_seed(0)
+    datasets = {
+        "TensorDataset 1M x 8 (in memory)": TensorDataset(torch.randn(1_000_000, 8, generator=g), torch.randint(0, 2, (1_000_000,), generator=g)),
+        "per-sample Dataset, 100k rows": Rows(100_000),
+    }
+    rows = []
+    for name, ds in datasets.items():
+        t = interleaved({k: functools.partial(first_batch_s, make, ds) for k, make in LOADERS.items()}, repeats)
+        rows.append([name, f"{t['torch']:.3f}", f"{t['naiad']:.3f}", f"{t['torch'] / t['naiad']:.2f}x", "yes" if t["naiad"] <= 0.3 else "NO"])
+    return "Time to first batch, num_workers=2, batch 128 (s; median)", rows
+
+
+# -- 2. CPU-bound per-sample transform ----------------------------------------------------------
+
+
+def _numpy_work(row: np.ndarray, reps: int) -> np.ndarray:
+    out = row
+    for _ in range(reps):
+        out = np.sqrt(np.abs(np.fft.rfft(out, 256)[:128].real) + 1.0)
+    return out
+
+
+def calibrate(target_s: float = 200e-6) -> int:
+    row = np.random.default_rng(0).random(128)
+    reps = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(50):
+            _numpy_work(row, reps)
+        per_row = (time.perf_counter() - t0) / 50
+        if per_row >= target_s or reps > 10_000:
+            return max(1, round(reps * target_s / per_row))
+        reps *= 2
+
+
+class Augmented(Dataset):
+    """Each row costs ``reps`` rounds of small NumPy work, like a per-sample augmentation."""
+
+    def __init__(self, n: int, reps: int) -> None:
+        self.x = np.random.default_rng(0).random((n, 128))
+        self.reps = reps
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(_numpy_work(self.x[i], self.reps))
+
+
+def epoch_s(make: Loader, dataset: Any, workers: int, **kw: Any) -> float:
+    t0 = time.perf_counter()
+    for _ in make(dataset, batch_size=32, shuffle=True, num_workers=workers, **kw):
+        pass
+    return time.perf_counter() - t0
+
+
+def bench_transform(repeats: int, rows: int) -> tuple[str, list[list[Any]], float]:
+    reps = calibrate()
+    ds = Augmented(rows, reps)
+    t0 = time.perf_counter()
+    for i in range(200):
+        ds[i]
+    per_row_us = (time.perf_counter() - t0) / 200 * 1e6
+    variants: dict[str, tuple[Loader, dict[str, Any]]] = {
+        "torch": (TorchDataLoader, {}),
+        "naiad (processes)": (naiad.DataLoader, {}),
+        "naiad (threads)": (naiad.DataLoader, {"worker_mode": "thread"}),
+    }
+    fns: dict[str, Callable[[], float]] = {
+        "torch/0": functools.partial(epoch_s, TorchDataLoader, ds, 0),
+        "naiad/0": functools.partial(epoch_s, naiad.DataLoader, ds, 0),
+    }
+    for name, (make, kw) in variants.items():
+        fns[f"{name}/2"] = functools.partial(epoch_s, make, ds, 2, **kw)
+    t = interleaved(fns, repeats)
+    out = []
+    for name in variants:
+        t_0 = t["torch/0" if name == "torch" else "naiad/0"]
+        t_2 = t[f"{name}/2"]
+        out.append([name, f"{t_0:.2f}", f"{t_2:.2f}", f"{t_0 / t_2:.2f}x"])
+    title = f"CPU-bound transform: {rows:,} rows, {per_row_us:.0f} µs of NumPy per row, batch 32 (epoch s; median)"
+    return title, out, per_row_us
+
+
+# -- 3. transport -------------------------------------------------------------------------------
+
+
+class Ready(Dataset):
+    """Each index is a whole batch: a float32 tensor of ``nbytes`` (the work is only a copy)."""
+
+    def __init__(self, nbytes: int, n: int) -> None:
+        self.template = torch.rand(nbytes // 4)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.template.clone()
+
+
+def batches_per_s(make: Loader, nbytes: int, batches: int) -> float:
+    loader = make(Ready(nbytes, batches + 1), batch_size=None, num_workers=2, prefetch_factor=4)
+    it = iter(loader)
+    next(it)  # start-up is not transport
+    t0 = time.perf_counter()
+    for _ in it:
+        pass
+    return batches / (time.perf_counter() - t0)
+
+
+def bench_transport(repeats: int) -> tuple[str, list[list[Any]]]:
+    default = transport.SHM_MIN_BYTES
+    out = []
+    for nbytes in (16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20):
+        batches = max(20, min(400, (400 << 20) // nbytes // 4))
+        def forced_shm(batches: int = batches, nbytes: int = nbytes) -> float:
+            transport.SHM_MIN_BYTES = 0  # forked workers inherit the setting
+            try:
+                return batches_per_s(naiad.DataLoader, nbytes, batches)
+            finally:
+                transport.SHM_MIN_BYTES = default
+
+        r = interleaved(
+            {
+                "torch": functools.partial(batches_per_s, TorchDataLoader, nbytes, batches),
+                "shm": forced_shm,
+                "naiad": functools.partial(batches_per_s, naiad.DataLoader, nbytes, batches),
+            },
+            repeats,
+        )
+        size = f"{nbytes >> 10} KiB" if nbytes < 1 << 20 else f"{nbytes >> 20} MiB"
+        out.append([
+            size, f"{r['torch']:,.0f}", f"{r['shm']:,.0f}", f"{r['naiad']:,.0f}",
+            "inline" if nbytes < default else "shared memory", f"{r['naiad'] / r['torch']:.2f}x",
+        ])
+    return "Transport: batches/s received from 2 workers (median)", out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=4096, help="rows of the transform benchmark")
+    parser.add_argument("--out", help="write the results as markdown here")
+    parser.add_argument("--only", choices=("first", "transform", "transport"))
+    args = parser.parse_args()
+    env = environment()
+    print(env, flush=True)
+    sections = []
+    if args.only in (None, "first"):
+        title, rows = bench_first_batch(args.repeats)
+        sections.append((title, ["dataset", "torch", "naiad", "torch / naiad", "naiad <= 0.3 s"], rows))
+        print(f"\n{title}\n{markdown_table(sections[-1][1], rows)}", flush=True)
+    if args.only in (None, "transform"):
+        title, rows, _ = bench_transform(args.repeats, args.rows)
+        sections.append((title, ["loader", "0 workers", "2 workers", "speed-up 2 / 0"], rows))
+        print(f"\n{title}\n{markdown_table(sections[-1][1], rows)}", flush=True)
+    if args.only in (None, "transport"):
+        title, rows = bench_transport(args.repeats)
+        header = ["batch", "torch", "naiad, all via shm", "naiad", "naiad sends", "naiad / torch"]
+        sections.append((title, header, rows))
+        print(f"\n{title}\n{markdown_table(header, rows)}", flush=True)
+    if args.out:
+        command = "python bench/bench_workers.py " + " ".join(sys.argv[1:])
+        text = [f"# Workers benchmark\n\n`{command}`\n\n{env}\n"]
+        text += [f"## {title}\n\n{markdown_table(header, rows)}\n" for title, header, rows in sections]
+        with open(args.out, "a" if os.path.exists(args.out) else "w") as f:
+            f.write("\n".join(text) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
