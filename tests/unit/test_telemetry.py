@@ -55,6 +55,54 @@ def test_percentiles_are_within_the_histogram_resolution(waits):
     assert s.wait.p50_s <= s.wait.p90_s <= s.wait.p99_s <= s.wait.max_s
 
 
+def test_many_steps_fold_into_the_same_stats_as_few():
+    # Past _FOLD_STEPS, waits are folded into the histogram in batches; the stats must not
+    # depend on where the fold boundaries fall, and a snapshot includes the pending waits.
+    rng = np.random.default_rng(1)
+    waits = list(rng.lognormal(mean=-7.0, sigma=1.5, size=5000))
+    waits[1234] = 0.0
+    tel = Telemetry(trace_events=0)
+    for i, w in enumerate(waits):
+        tel.record_step(w, rows=2)
+        if i in (999, 1023, 1024, 3000):
+            assert tel.stats().batches == i + 1
+    s = tel.stats()
+    assert s.batches == 5000 and s.rows == 10_000
+    assert s.wait.total_s == pytest.approx(sum(waits))
+    assert s.wait.max_s == max(waits)
+    for q, got in ((0.5, s.wait.p50_s), (0.9, s.wait.p90_s), (0.99, s.wait.p99_s)):
+        assert got == pytest.approx(nearest_rank(waits, q), rel=REL)
+
+
+@pytest.mark.timeout(60)
+def test_stats_read_while_another_thread_records_never_double_count():
+    tel = Telemetry(trace_events=0)
+    done = threading.Event()
+
+    def work() -> None:
+        for _ in range(20_000):
+            tel.record_step(1e-4)
+        done.set()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    seen = []
+    while not done.is_set():
+        seen.append(tel.stats().batches)
+    thread.join(30)
+    assert seen == sorted(seen) and all(b <= 20_000 for b in seen)
+    assert tel.stats().batches == 20_000
+
+
+def test_add_stages_adds_each_stage():
+    tel = Telemetry()
+    tel.add_stages({"read": 0.5, "parse": 0.25})
+    tel.add_stages({"read": 0.5}, count=3)
+    s = tel.stats()
+    assert (s.stages["read"].seconds, s.stages["read"].count) == (1.0, 4)
+    assert (s.stages["parse"].seconds, s.stages["parse"].count) == (0.25, 1)
+
+
 def test_zero_and_tiny_waits_count_as_no_wait():
     tel = Telemetry()
     for _ in range(10):
@@ -96,6 +144,7 @@ def test_stages_accumulate_and_list_pipeline_stages_first():
     assert set(STAGES) >= {"read", "parse", "shuffle", "collate", "transfer"}
 
 
+@pytest.mark.timeout(60)
 def test_adding_from_many_threads_loses_nothing():
     tel = Telemetry(trace_events=100)
 
