@@ -227,3 +227,26 @@ def test_dataloader_streams_a_source_exactly_once_per_rank(tmp_path, mode):
         assert len(per_rank[-1]) == len(loader)
     assert len({len(b) for b in per_rank}) == 1
     assert sorted(np.concatenate([np.concatenate(b) for b in per_rank]).tolist()) == list(range(77))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_same_dtype_columns_stay_aligned_through_the_buffer_and_resume(tmp_path, num_workers):
+    # id, twice and thrice share a dtype, so they travel as one (rows, 3) matrix.
+    p = tmp_path / "d.csv"
+    p.write_text("id,half,twice,name,thrice\n" + "".join(f"{i},{i / 2},{2 * i},n{i},{3 * i}\n" for i in range(500)))
+    src = sources.read_csv(str(p), block_bytes=256)
+    opts = StreamOptions(batch_size=16, shuffle=True, seed=4, shuffle_buffer=40)
+    with WorkerPool(make_handler_factory(src), num_workers=num_workers) as pool:
+        stream = iter_batches(src, opts, epoch=0, imap=pool.imap)
+        head = [next(stream) for _ in range(7)]
+        tail = list(iter_batches(src, opts, epoch=0, imap=pool.imap, state=stream.get_state()))
+    stream.close()
+    batches = head + tail
+    assert list(batches[0]) == ["id", "half", "twice", "name", "thrice"]
+    ids = torch.cat([b["id"] for b in batches])
+    assert sorted(ids.tolist()) == list(range(500))
+    for b in batches:
+        assert b["twice"].is_contiguous()
+        assert torch.equal(b["twice"], 2 * b["id"]) and torch.equal(b["thrice"], 3 * b["id"])
+        assert torch.equal(b["half"], b["id"] / 2) and b["name"] == [f"n{i}" for i in b["id"].tolist()]
