@@ -235,6 +235,7 @@ def main() -> int:
     args = parser.parse_args()
     env = environment()
     print(env, flush=True)
+    load_start = os.getloadavg()[0]
     sections = []
     if args.only in (None, "first"):
         title, rows = bench_first_batch(args.repeats)
@@ -249,9 +250,12 @@ def main() -> int:
         header = ["batch", "torch", "naiad, all via shm", "naiad", "naiad sends", "naiad / torch"]
         sections.append((title, header, rows))
         print(f"\n{title}\n{markdown_table(header, rows)}", flush=True)
+    # The machines are shared: a load above the core count means other jobs took the cores.
+    load = f"load average (1 min) at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}"
+    print(f"\n{load}")
     if args.out:
         command = "python bench/bench_workers.py " + " ".join(sys.argv[1:])
-        text = [f"# Workers benchmark\n\n`{command}`\n\n{env}\n"]
+        text = [f"# Workers benchmark\n\n`{command}`\n\n{env}; {load}\n"]
         text += [f"## {title}\n\n{markdown_table(header, rows)}\n" for title, header, rows in sections]
         with open(args.out, "a" if os.path.exists(args.out) else "w") as f:
             f.write("\n".join(text) + "\n")
