@@ -199,14 +199,14 @@ def main() -> None:
     p.add_argument("--mode", choices=["thread", "process"], default="thread")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--buffer-rows", type=int, default=None, help="naiad's and the baselines' shuffle buffer (default: naiad's)")
-    p.add_argument("--baseline-rows", type=int, default=2_000_000, help="rows given to the slow baselines (a), (b)")
+    p.add_argument("--baseline-rows", type=int, default=500_000, help="rows given to the slow baselines (a), (b)")
     p.add_argument("--wide-rows", type=int, default=20_000_000, help="rows of the ten-float-column files")
     p.add_argument("--cache-dir", default=None, help="where to write the data (deleted afterwards)")
     p.add_argument("--keep", action="store_true", help="keep the generated files")
     p.add_argument("--out", default=None, help="write the markdown report here")
     args = p.parse_args()
     if args.quick:
-        args.size_gb, args.baseline_rows, args.wide_rows = 0.05, 200_000, 2_000_000
+        args.size_gb, args.baseline_rows, args.wide_rows = 0.05, 100_000, 2_000_000
     args.buffer_rows = args.buffer_rows or DEFAULT_SHUFFLE_BUFFER_ROWS
     work = tempfile.mkdtemp(prefix="naiad-bench-stream-", dir=args.cache_dir)
     report = ["## Streaming: a shuffled epoch\n", f"`{' '.join(['python', *sys.argv])}`\n", environment() + "\n"]
@@ -308,7 +308,7 @@ def quality_section(work: str, args: argparse.Namespace) -> str:
         np.savetxt(f, np.stack([ids, ids % 7], 1), fmt="%d", delimiter=",")
     buffer_rows = n // 100
     rows = []
-    for name, shuffle_buffer, block_bytes in [("naiad (1 MiB blocks)", buffer_rows, 1 << 20), ("naiad (64 KiB blocks)", buffer_rows, 1 << 16)]:
+    for name, shuffle_buffer, block_bytes in [("naiad (default blocks)", buffer_rows, None), ("naiad (1 MiB blocks)", buffer_rows, 1 << 20)]:
         loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=block_bytes), batch_size=1024, shuffle=True,
                                   shuffle_buffer=shuffle_buffer, num_workers=0)
         order = np.concatenate([b["id"].numpy() for b in loader])

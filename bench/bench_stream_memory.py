@@ -60,7 +60,7 @@ class PeakRss:
         self._thread.join()
 
 
-def child(path: str, how: str, buffer_rows: int, workers: int, mode: str) -> None:
+def child(path: str, how: str, buffer_rows: int, workers: int, mode: str, block_bytes: int) -> None:
     """One measured run; prints a JSON line."""
     import naiad  # imported here so the baseline includes torch and pyarrow
 
@@ -73,7 +73,7 @@ def child(path: str, how: str, buffer_rows: int, workers: int, mode: str) -> Non
             arrays = [c.to_numpy() for c in table.columns]
             rows = len(arrays[0])
     else:
-        src = naiad.read_csv(path)
+        src = naiad.read_csv(path, block_bytes=block_bytes or None)
         loader = naiad.DataLoader(src, batch_size=1024, shuffle=True, shuffle_buffer=buffer_rows,
                                   num_workers=workers, worker_mode=mode, transform=naiad.pack_xy(label="Outcome"))
         base = psutil.Process().memory_info().rss
@@ -88,21 +88,24 @@ def child(path: str, how: str, buffer_rows: int, workers: int, mode: str) -> Non
 
 
 def run_child(path: str, how: str, buffer_rows: int, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", path, how, str(buffer_rows), str(args.workers), args.mode]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", path, how, str(buffer_rows), str(args.workers),
+           args.mode, str(args.block_bytes)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        path, how, buffer_rows, workers, mode = sys.argv[2:7]
-        child(path, how, int(buffer_rows), int(workers), mode)
+        path, how, buffer_rows, workers, mode, block_bytes = sys.argv[2:8]
+        child(path, how, int(buffer_rows), int(workers), mode, int(block_bytes))
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-gb", type=float, default=2.0)
     p.add_argument("--quick", action="store_true", help="200 MB")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--mode", choices=["thread", "process"], default="process")
+    p.add_argument("--block-bytes", type=int, default=1 << 20,
+                   help="CSV block size for every run (0: naiad's default, which grows with the file)")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--out", default=None, help="append the markdown report to this file")
     args = p.parse_args()
@@ -122,7 +125,8 @@ def main() -> None:
             (small, "arrow", 0),
         ]:
             r = run_child(path, how, buffer_rows, args)
-            name = f"naiad, {args.workers} {args.mode} workers" if how == "naiad" else "pyarrow read_csv, whole file"
+            name = (f"naiad, {args.workers} {args.mode} workers, {args.block_bytes >> 10} KiB blocks" if how == "naiad"
+                    else "pyarrow read_csv, whole file")
             buf = f"{buffer_rows:,} rows ({buffer_rows * ROW_BYTES / 2**20:.0f} MiB)" if buffer_rows else "-"
             rows.append([name, f"{os.path.getsize(path) / 1e9:.2f} GB", f"{r['rows']:,}", buf,
                          f"{r['base'] / 2**20:.0f}", f"{r['peak'] / 2**20:.0f}", f"{(r['peak'] - r['base']) / 2**20:.0f}"])
