@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from naiad.errors import SourceError
+from naiad.errors import ConfigError, SourceError
 from naiad.sources.base import Block, BlockData, OnBadRows, PathLike, Source
 from naiad.sources.lines import default_block_bytes, read_block_bytes, scan_file, slice_rows
 
@@ -57,7 +57,7 @@ class TextSource(Source):
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
-            raise SourceError(f"`encoding` must be 'utf-8' or 'latin-1', got {encoding!r}.")
+            raise ConfigError(f"`encoding` must be 'utf-8' or 'latin-1', got {encoding!r}.")
         self.column = column
         self.utf8 = encoding.lower().startswith("utf")
         self.compression = compression
