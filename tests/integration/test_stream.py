@@ -192,6 +192,7 @@ def test_resume_rejects_another_topology(tmp_path):
         iter_batches(src, StreamOptions(batch_size=4, shuffle=True, rank=0, world_size=3), epoch=0, imap=pool.imap, state=state)
 
 
+@pytest.mark.timeout(60)
 def test_breaking_out_of_an_epoch_leaves_the_pool_usable(tmp_path):
     src = open_numbered(write_numbered(str(tmp_path), "csv", [200]), "csv")
     opts = StreamOptions(batch_size=4, shuffle=True, shuffle_buffer=10)
