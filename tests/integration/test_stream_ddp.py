@@ -1,0 +1,63 @@
+"""Two real torch.distributed (gloo) ranks stream uneven files: equal steps, every row once."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+
+import pytest
+
+from tests.conftest_stream import write_numbered
+
+
+def _rank_main(rank: int, world_size: int, init_file: str, paths: list[str], out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from naiad.parallel import WorkerPool
+    from naiad.stream import StreamOptions, iter_batches, make_handler_factory
+    from tests.conftest_stream import ids_of, open_numbered
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        src = open_numbered(paths, "csv")
+        # rank and world_size are not given: they come from torch.distributed.
+        opts = StreamOptions(batch_size=4, shuffle=True, seed=2, shuffle_buffer=10)
+        ids: list[int] = []
+        steps = 0
+        with WorkerPool(make_handler_factory(src), num_workers=1, mode="thread") as pool:
+            for batch in iter_batches(src, opts, epoch=0, imap=pool.imap):
+                # A collective per step, as DDP's gradient all-reduce: a rank with one step
+                # fewer would leave the other waiting here forever.
+                n = torch.tensor([len(ids_of(batch))])
+                dist.all_reduce(n)
+                ids += ids_of(batch).tolist()
+                steps += 1
+        with open(out, "w") as f:
+            json.dump({"ids": ids, "steps": steps}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_ddp_ranks_take_equal_steps_and_every_row_once(tmp_path):
+    paths = write_numbered(str(tmp_path), "csv", [50, 0, 27])  # 77 rows: ranks get 38 and 39
+    ctx = mp.get_context("spawn")
+    outs = [str(tmp_path / f"rank{r}.json") for r in range(2)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, 2, str(tmp_path / "init"), paths, outs[r]))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=100)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    results = [json.load(open(o)) for o in outs]
+    assert results[0]["steps"] == results[1]["steps"] == 10
+    assert sorted(results[0]["ids"] + results[1]["ids"]) == list(range(77))
+    assert os.path.exists(outs[0])
