@@ -148,14 +148,15 @@ def test_skipped_rows_are_counted_and_batch_count_is_kept(tmp_path):
     assert sorted(torch.cat([b["a"] for b in batches]).tolist()) == [i for i in range(100) if i % 10]
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("shuffle,drop_last,world_size", [(False, False, 1), (True, False, 1), (True, True, 2), (False, True, 3)])
 @pytest.mark.parametrize("fmt", ["csv", "parquet", "npy"])
-def test_resume_mid_epoch_gives_the_same_remaining_batches(tmp_path, fmt, shuffle):
+def test_resume_mid_epoch_gives_the_same_remaining_batches(tmp_path, fmt, shuffle, drop_last, world_size):
     src = open_numbered(write_numbered(str(tmp_path), fmt, [61, 40]), fmt)
-    opts = StreamOptions(batch_size=7, shuffle=shuffle, seed=5, shuffle_buffer=9, rank=0, world_size=1)
+    opts = StreamOptions(batch_size=7, shuffle=shuffle, seed=5, shuffle_buffer=9, drop_last=drop_last,
+                         rank=world_size - 1, world_size=world_size)
     pool = WorkerPool(make_handler_factory(src), num_workers=0)
     full = [ids_of(b) for b in iter_batches(src, opts, epoch=2, imap=pool.imap)]
-    for k in [0, 1, 5, len(full) - 1, len(full)]:
+    for k in sorted({0, 1, min(5, len(full)), max(len(full) - 1, 0), len(full)}):
         stream = iter_batches(src, opts, epoch=2, imap=pool.imap)
         for _ in range(k):
             next(stream)
