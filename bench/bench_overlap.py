@@ -208,13 +208,13 @@ def overlap_table(steps: int, repeats: int) -> list[tuple[str, float]]:
         f"T1 = {med(t1s['numpy']):.2f} ms (NumPy, GIL-free), {med(t1s['python']):.2f} ms "
         f"(pure Python); T2 = {med(t2s):.2f} ms (sleep {T_MS:g} ms); medians over {repeats} rounds\n"
     )
-    print(f"{'variant':<46}{'ms/step':>9}{'T1+T2':>8}{'/max(T1,T2)':>13}  target <= 1.15")
+    print(f"{'variant':<56}{'ms/step':>9}{'T1+T2':>8}{'/max(T1,T2)':>13}  target <= 1.15")
     rows = []
     for name, _, kind in variants:
         ms, ratio = med(per_step[name]), med(ratios[name])
         verdict = "" if name.startswith("plain") else ("ok" if ratio <= 1.15 else "MISSED")
         both = med(t1s[kind]) + med(t2s)
-        print(f"{name:<46}{ms:>9.2f}{both:>8.2f}{ratio:>13.2f}  {verdict}")
+        print(f"{name:<56}{ms:>9.2f}{both:>8.2f}{ratio:>13.2f}  {verdict}")
         rows.append((name, ms))
     plain = rows[0][1]
     print(

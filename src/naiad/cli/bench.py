@@ -450,7 +450,7 @@ def _run_both(
     loader = _naiad_loader(dataset, args, device)
     overlapped = measure("naiad", loader, step, steps=steps, warmup=warmup)
     overlapped.how = (
-        f"naiad.DataLoader(device={str(device)!r}), {args.num_workers} workers; loading and the copy to the "
+        f"naiad.DataLoader(device={str(device)!r}), {_workers(args.num_workers)}; loading and the copy to the "
         "device run in the background while the step runs"
     )
     stats = loader.stats()
@@ -465,6 +465,10 @@ def _run_both(
 
 # --------------------------------------------------------------------------------------------
 # Output.
+
+
+def _workers(n: int) -> str:
+    return "no workers" if n == 0 else f"{n} worker{'s' if n > 1 else ''}"
 
 
 def _fmt(v: float | None, spec: str = ".2f") -> str:
@@ -600,7 +604,7 @@ def run(args: argparse.Namespace) -> int:
         )
     header = (
         f"naiad bench: {words}; batch {args.batch_size}, {args.batches} steps (+{args.warmup} warm-up), "
-        f"{step_words}, device {device}, {args.num_workers} workers"
+        f"{step_words}, device {device}, {_workers(args.num_workers)}"
     )
     results = _run_both(args, dataset, device, step)
     if args.json:
