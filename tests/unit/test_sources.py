@@ -278,3 +278,12 @@ def test_truncated_gzip_raises_source_error(tmp_path):
     with pytest.raises(SourceError, match="truncated") as info:
         sources.read_csv(p).blocks()
     assert info.value.path == p
+
+
+def test_empty_files_among_csv_files(tmp_path):
+    (tmp_path / "a.csv").write_bytes(b"")
+    (tmp_path / "b.csv").write_text("x,y\n1,2\n3,4\n")
+    (tmp_path / "c.csv").write_text("x,y\n")
+    src = sources.read_csv(str(tmp_path / "*.csv"))
+    assert src.column_names == ["x", "y"] and len(src) == 2
+    assert _read_all(src)["y"].tolist() == [2, 4]

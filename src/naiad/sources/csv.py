@@ -130,9 +130,11 @@ class CsvSource(Source):
         self._dtypes_arg = dtypes
         self._selected = list(columns) if columns is not None else None
         self._names = list(column_names) if column_names is not None else None
+        self._header_arg_names = self._names  # names given by the user replace every header
         self._full: pa.Schema | None = None  # every column, types fixed
         if self._names is None and header:
-            self._names = self._header_names(self.paths[0])
+            # The first file with a header names the columns (a file may be empty, 0 bytes).
+            self._names = next((n for n in map(self._header_names, self.paths) if n is not None), None)
         if self._selected is not None and self._names is not None:
             select_columns(pa.schema([(n, pa.string()) for n in self._names]), self._selected, self.paths[0])
 
@@ -234,10 +236,10 @@ class CsvSource(Source):
     # -- blocks ----------------------------------------------------------------------------
 
     def _file_blocks(self, path: str) -> list[Block]:
-        if self.header and path != self.paths[0]:
+        if self.header:
             # Every file is parsed with the first file's names: a different header would
             # silently put values in the wrong columns.
-            first = self._header_names(self.paths[0])
+            first = self._names if self._header_arg_names is None else None
             names = self._header_names(path)
             if None not in (first, names) and names != first:
                 raise SourceError(f"the header {names} differs from the first file's {first}.", path=path, line=1)
