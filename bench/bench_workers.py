@@ -6,8 +6,9 @@ Three questions, naiad's DataLoader beside torch's in the same run (fork, the Li
    Target: naiad <= 0.3 s. On an in-memory ``TensorDataset`` (the tutorial's data) and on a
    per-sample Python dataset.
 2. A CPU-bound per-sample transform (about 200 µs of NumPy work per row, calibrated at start):
-   one epoch with 0 and with 2 workers; the speed-up of 2 over 0, naiad against torch (and
-   naiad's thread workers, which NumPy's GIL release lets run in parallel).
+   one epoch with 0 and with 2 workers (a fresh loader: start-up included), and a second epoch
+   of persistent workers (steady state); the speed-up of 2 over 0, naiad against torch (and
+   naiad's thread workers), and the CPU the training process itself spent on loading.
 3. Transport: steady-state batches per second the training process receives from 2 workers, by
    batch size: naiad (small batches inline, large through shared memory, NOTE [ Batch
    transport ]), naiad forced through shared memory for every batch, and torch (always shared
@@ -143,6 +144,25 @@ def epoch_s(make: Loader, dataset: Any, workers: int, **kw: Any) -> float:
     return time.perf_counter() - t0
 
 
+def steady(make: Loader, dataset: Any, **kw: Any) -> tuple[float, float]:
+    """A second epoch with persistent workers (no start-up): its seconds, and the CPU seconds
+    the training process itself used (what the loader takes from the training loop)."""
+    import psutil
+
+    me = psutil.Process()
+    loader = make(dataset, batch_size=32, shuffle=True, num_workers=2, persistent_workers=True, **kw)
+    for _ in loader:
+        pass
+    c0 = me.cpu_times()
+    t0 = time.perf_counter()
+    for _ in loader:
+        pass
+    elapsed = time.perf_counter() - t0
+    c1 = me.cpu_times()
+    del loader
+    return elapsed, (c1.user + c1.system) - (c0.user + c0.system)
+
+
 def bench_transform(repeats: int, rows: int) -> tuple[str, list[list[Any]], float]:
     reps = calibrate()
     ds = Augmented(rows, reps)
@@ -159,14 +179,25 @@ def bench_transform(repeats: int, rows: int) -> tuple[str, list[list[Any]], floa
         "torch/0": functools.partial(epoch_s, TorchDataLoader, ds, 0),
         "naiad/0": functools.partial(epoch_s, naiad.DataLoader, ds, 0),
     }
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+
+    def steady_s(name: str, make: Loader, kw: dict[str, Any]) -> float:
+        seconds, main_cpu = steady(make, ds, **kw)
+        cpu[name].append(main_cpu)
+        return seconds
+
     for name, (make, kw) in variants.items():
         fns[f"{name}/2"] = functools.partial(epoch_s, make, ds, 2, **kw)
+        fns[f"{name}/steady"] = functools.partial(steady_s, name, make, kw)
     t = interleaved(fns, repeats)
     out = []
     for name in variants:
         t_0 = t["torch/0" if name == "torch" else "naiad/0"]
-        t_2 = t[f"{name}/2"]
-        out.append([name, f"{t_0:.2f}", f"{t_2:.2f}", f"{t_0 / t_2:.2f}x"])
+        t_2, t_s = t[f"{name}/2"], t[f"{name}/steady"]
+        out.append([
+            name, f"{t_0:.2f}", f"{t_2:.2f}", f"{t_0 / t_2:.2f}x", f"{t_s:.2f}", f"{t_0 / t_s:.2f}x",
+            f"{statistics.median(cpu[name]):.3f}",
+        ])
     title = f"CPU-bound transform: {rows:,} rows, {per_row_us:.0f} µs of NumPy per row, batch 32 (epoch s; median)"
     return title, out, per_row_us
 
@@ -243,7 +274,11 @@ def main() -> int:
         print(f"\n{title}\n{markdown_table(sections[-1][1], rows)}", flush=True)
     if args.only in (None, "transform"):
         title, rows, _ = bench_transform(args.repeats, args.rows)
-        sections.append((title, ["loader", "0 workers", "2 workers", "speed-up 2 / 0"], rows))
+        header = [
+            "loader", "0 workers", "2 workers (with start-up)", "speed-up", "2 workers, persistent (2nd epoch)",
+            "speed-up", "training-process CPU s (2nd epoch)",
+        ]
+        sections.append((title, header, rows))
         print(f"\n{title}\n{markdown_table(sections[-1][1], rows)}", flush=True)
     if args.only in (None, "transport"):
         title, rows = bench_transport(args.repeats)
