@@ -201,11 +201,18 @@ class BufferReplay:
     def put(self, arrays: dict[str, np.ndarray]) -> None:
         """Place the rows of the next re-read window task."""
         pos = self.window_pos[self.done]
+        task = self.window[self.done]
         self.done += 1
         if not self.shuffled:  # the rows continue the stream as they are
             self.pending = arrays
             return
         n = len(next(iter(arrays.values()))) if arrays else 0
+        if n != task.hi - task.lo:
+            # Positions shift when rows are skipped; placing rows by position would misplace them.
+            raise StateError(
+                f"cannot resume mid-epoch exactly: {task.hi - task.lo - n} bad row(s) of {task.block.path} "
+                "were skipped in the rows to restore; resume at the start of the epoch instead."
+            )
         rel = np.arange(pos, pos + n) - self.base
         if self.slots is None:
             self.slots = {k: np.empty((len(self.held), *v.shape[1:]), v.dtype) for k, v in arrays.items()}

@@ -259,3 +259,16 @@ def test_golden_order_of_a_small_shuffled_stream(tmp_path):
     src = open_numbered(write_numbered(str(tmp_path), "npy", [60]), "npy")
     batches = run_epoch(src, StreamOptions(batch_size=6, shuffle=True, seed=123, shuffle_buffer=10))
     assert [ids_of(b).tolist() for b in batches[:2]] == [[12, 11, 43, 13, 40, 2], [10, 0, 3, 42, 14, 52]]
+
+
+def test_resume_after_skipped_rows_in_the_window_is_refused_clearly(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("a,b\n" + "".join(f"{i},{i}\n" if i % 10 else f"{i},oops\n" for i in range(100)))
+    src = sources.read_csv(str(p), block_bytes=64, on_bad_rows="skip")
+    opts = StreamOptions(batch_size=8, shuffle=True, shuffle_buffer=9)
+    pool = WorkerPool(make_handler_factory(src), num_workers=0)
+    stream = iter_batches(src, opts, epoch=0, imap=pool.imap)
+    for _ in range(3):
+        next(stream)
+    with pytest.raises(StateError, match="bad row"):
+        list(iter_batches(src, opts, epoch=0, imap=pool.imap, state=stream.get_state()))
