@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner, TunerDecision
@@ -201,3 +203,26 @@ def test_drive_yields_every_batch_and_resizes_the_pool(monkeypatch: pytest.Monke
     assert got == list(range(100))
     assert pool.sizes[0] == (0, 2)  # the pool is put in the starting setting
     assert pool.sizes[-1] == (2, 2) and t.decision.settled
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    build_ms=st.floats(0.3, 20.0),
+    step_ms=st.floats(0.001, 20.0),
+    cores=st.integers(1, 8),
+    max_workers=st.integers(0, 8),
+)
+def test_settles_near_the_best_setting_of_any_pipeline(build_ms: float, step_ms: float, cores: int, max_workers: int) -> None:
+    timing = pipeline(build_s=build_ms / 1e3, step_s=step_ms / 1e3, cores=cores)
+    t = tuner(max_workers=max_workers)
+    run(t, timing)
+    d = t.decision
+    assert d.settled and 0 <= d.num_workers <= max_workers and d.reason
+
+    def throughput(w: int) -> float:
+        return 1.0 / sum(timing(w, 2))
+
+    best = max(throughput(w) for w in range(max_workers + 1))
+    assert throughput(d.num_workers) >= (1 - 2 * t.tolerance) * best
+    # No setting with fewer workers would have been as fast: the choice is the cheapest.
+    assert all(throughput(w) < (1 - t.tolerance) * throughput(d.num_workers) for w in range(d.num_workers) if (w, 2) in t.trials)
