@@ -12,8 +12,8 @@ yielded. To resume after ``k`` batches, the shuffle buffer is first run over row
 only (no I/O; its random draws depend only on chunk sizes), which tells which positions it
 holds and which are still owed from the chunk it was emitting. Only the blocks that hold those
 rows (the window since the oldest one) are read again, their rows put back in their slots, and
-the stream continues. Rows skipped by ``on_bad_rows="skip"`` shift positions, so a resume in an
-epoch that skipped rows is exact only up to those rows.
+the stream continues. Rows skipped by ``on_bad_rows="skip"`` shift positions, so a state taken
+after skipping rows is refused (StateError) instead of resumed inexactly.
 """
 
 from __future__ import annotations
@@ -223,6 +223,7 @@ class BatchStream(Iterator[Batch]):
         self.plan = plan_for(source, options, epoch)
         self.rank, self.world_size = options.topology()
         self.batches_yielded = 0
+        self.bad_rows = 0  # skipped in this stream (a mid-epoch resume cannot replay them)
         if state is not None:
             self._check_state(state)
             self.batches_yielded = int(state["batches_yielded"])
@@ -248,7 +249,7 @@ class BatchStream(Iterator[Batch]):
         """JSON-able position: the plan's inputs and the batches yielded so far."""
         return {
             "version": 1, "epoch": self.epoch, "batches_yielded": self.batches_yielded,
-            **self._plan_key(),
+            "bad_rows": self.bad_rows, **self._plan_key(),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -276,6 +277,12 @@ class BatchStream(Iterator[Batch]):
             raise StateError(f"stream state version: stored {state.get('version')!r}, current 1.")
         if state.get("epoch") != self.epoch:
             raise StateError(f"stream state epoch: stored {state.get('epoch')!r}, current {self.epoch}.")
+        if state.get("bad_rows", 0) and state.get("batches_yielded"):
+            # Skipped rows shift every later position, so the replay would misplace rows.
+            raise StateError(
+                f"stream state bad_rows: stored {state['bad_rows']}, resumable 0; this epoch skipped bad "
+                "rows before the checkpoint, so it can only restart at the epoch's start."
+            )
         for key, current in self._plan_key().items():
             if state.get(key) != current:
                 raise StateError(
@@ -332,6 +339,7 @@ class BatchStream(Iterator[Batch]):
         c.blocks_read += 1
         c.rows_read += len(next(iter(columns.values()))) if columns else 0
         if bad:
+            self.bad_rows += bad
             c.bad_rows += bad
             c.bad_rows_by_file[task.block.path] = c.bad_rows_by_file.get(task.block.path, 0) + bad
 
