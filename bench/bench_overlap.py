@@ -21,6 +21,9 @@ to ``sys.getswitchinterval()``, 5 ms) before it can take its batch. So the varia
 * ``naiad.DataLoader(1 worker, device='cpu')``: the same through naiad's own loader, which
   wraps its workers' batches in a DevicePrefetcher.
 
+Then the same loaders against a step that needs the interpreter (Python between its waits, as a
+training step launching kernels does): there a GIL-holding loader thread does slow the step.
+
 Then the telemetry overhead: the calls a loader makes per batch, timed in a tight loop, as a
 share of the 100 µs a batch lasts at 10,000 batches per second (target: under 2%), and the
 DevicePrefetcher's per-batch cost with and without telemetry.
@@ -224,6 +227,66 @@ def overlap_table(steps: int, repeats: int) -> list[tuple[str, float]]:
     return rows
 
 
+def gil_table(steps: int, repeats: int) -> None:
+    """The same loading against a step that needs the interpreter between its waits.
+
+    A real training step launches many kernels from Python: it needs the GIL often, briefly.
+    Here: 20 times, 50 µs of Python then a 0.2 ms wait (about 5 ms in all). A loader thread
+    that holds the GIL makes each of those 20 returns queue behind it.
+    """
+    py_reps = calibrate(python_work, T_MS)
+    np_reps = calibrate(numpy_work, T_MS)
+    launch_reps = calibrate(python_work, 0.05)
+    n = steps + 10
+
+    def gen(kind: str, reps: int) -> Iterator[int]:
+        work = numpy_work if kind == "numpy" else python_work
+        for i in range(n):
+            work(reps)
+            yield i
+
+    def loop(batches: Iterable[Any]) -> float:
+        it = iter(batches)
+        for _ in range(5):
+            next(it)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            next(it)
+            for _ in range(20):
+                python_work(launch_reps)  # launching a kernel: Python, needs the GIL
+                time.sleep(0.0002)  # the kernel runs; the CPU waits
+        ms = (time.perf_counter() - t0) / steps * 1e3
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+        return ms
+
+    variants: list[tuple[str, Callable[[], Iterable[Any]]]] = [
+        ("the step alone (no loading)", lambda: iter(range(n))),
+        ("prefetch thread, GIL-free load", lambda: DevicePrefetcher(gen("numpy", np_reps), "cpu")),
+        (
+            "prefetch thread, GIL-holding load",
+            lambda: DevicePrefetcher(gen("python", py_reps), "cpu"),
+        ),
+        (
+            "naiad.DataLoader(1 worker, device='cpu'), GIL-holding",
+            lambda: naiad.DataLoader(
+                WorkDataset(n, "python", py_reps), batch_size=None, num_workers=1, device="cpu"
+            ),
+        ),
+    ]
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for _ in range(repeats):
+        for name, make in variants:
+            times[name].append(loop(make()))
+    alone = statistics.median(times[variants[0][0]])
+    print(f"\na step that needs the GIL 20 times (about {T_MS:g} ms), loading T1 = {T_MS:g} ms:")
+    print(f"{'variant':<56}{'ms/step':>9}{'/step alone':>13}")
+    for name, _ in variants:
+        ms = statistics.median(times[name])
+        print(f"{name:<56}{ms:>9.2f}{ms / alone:>13.2f}")
+
+
 def telemetry_overhead(repeats: int) -> None:
     tel = Telemetry()
     n = 200_000
@@ -268,7 +331,7 @@ def telemetry_overhead(repeats: int) -> None:
     print(f"the same 2 stages as 2 add() calls instead of 1 add_stages(): {adds_us:.2f} us")
     print(f"one `with tel.span(...)`: {span_us:.2f} us (begin/end is the cheaper form)")
 
-    batches = [torch.zeros(1)] * 20_000
+    batches = [torch.zeros(1)] * 50_000
 
     def drain(telemetry: Telemetry | None) -> float:
         # CPU time of the process: the consumer and the prefetch thread together.
@@ -277,7 +340,7 @@ def telemetry_overhead(repeats: int) -> None:
             pass
         return (time.process_time() - t0) / len(batches) * 1e6
 
-    pairs = [(drain(None), drain(Telemetry())) for _ in range(repeats)]  # interleaved
+    pairs = [(drain(None), drain(Telemetry())) for _ in range(max(9, repeats))]  # interleaved
     without = statistics.median(p[0] for p in pairs)
     with_tel = statistics.median(p[1] for p in pairs)
     print(
@@ -315,6 +378,7 @@ def main() -> int:
     print(environment())
     print(f"command: python bench/bench_overlap.py {' '.join(sys.argv[1:])}\n")
     overlap_table(args.steps, args.repeats)
+    gil_table(args.steps, max(3, args.repeats // 3))
     if not args.skip_telemetry:
         telemetry_overhead(args.repeats)
     return 0
