@@ -31,6 +31,7 @@ def _ids(batches: list[dict]) -> np.ndarray:
     return np.concatenate([ids_of(b) for b in batches]) if batches else np.zeros(0, np.int64)
 
 
+@pytest.mark.timeout(120)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     fmt=st.sampled_from(FORMATS),
@@ -40,15 +41,17 @@ def _ids(batches: list[dict]) -> np.ndarray:
     shuffle=st.booleans(),
     buffer_rows=st.integers(1, 20),
     seed=st.integers(0, 1000),
+    num_workers=st.sampled_from([0, 1, 3]),
 )
-def test_every_row_exactly_once_over_ranks_with_equal_batch_counts(fmt, sizes, world_size, batch_size, shuffle, buffer_rows, seed):
+def test_every_row_exactly_once_over_ranks_with_equal_batch_counts(fmt, sizes, world_size, batch_size, shuffle, buffer_rows, seed, num_workers):
+    # Thread workers here (a process pool per example would be slow); processes are covered below.
     with tempfile.TemporaryDirectory() as d:
         src = open_numbered(write_numbered(d, fmt, sizes), fmt)
         per_rank = []
         for rank in range(world_size):
             opts = StreamOptions(batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_buffer=buffer_rows,
                                  rank=rank, world_size=world_size)
-            batches = run_epoch(src, opts)
+            batches = run_epoch(src, opts, num_workers=num_workers, mode="thread")
             assert len(batches) == num_batches(src, opts)
             per_rank.append(batches)
         assert len({len(b) for b in per_rank}) == 1
