@@ -9,10 +9,13 @@ import faulthandler
 import gc
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
@@ -169,3 +172,44 @@ def test_worker_local_factory_error_is_a_start_up_error() -> None:
     with pytest.raises(OSError, match="shard-7") as info:
         list(naiad.DataLoader(ds, batch_size=2, num_workers=2))
     assert "while starting" in "\n".join(info.value.__notes__)
+
+
+CTRL_C_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from naiad.parallel import WorkerPool
+from tests.integration.test_workers_faults import slow_factory
+pool = WorkerPool(slow_factory, num_workers={workers}, mode={mode!r})
+it = pool.imap(range(10**6))
+next(it)
+pool.resize({resize})  # a pool whose size changed mid-pass stops as cleanly
+next(it)
+print("running", flush=True)
+for _ in it:
+    pass
+"""
+
+
+def slow_factory(context: WorkerContext) -> Any:
+    def handle(x: int) -> int:
+        time.sleep(0.001)
+        return x
+
+    return handle
+
+
+@pytest.mark.parametrize(("mode", "workers", "resize"), [("thread", 2, 2), ("process", 0, 2), ("process", 2, 1)])
+def test_ctrl_c_stops_threads_and_resized_pools_cleanly(mode: str, workers: int, resize: int) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = CTRL_C_SCRIPT.format(root=root, mode=mode, workers=workers, resize=resize)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "running"
+    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err and err.count("Traceback") == 1, err
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in children):
+        assert time.monotonic() < deadline, "a worker outlived the interrupted process"
+        time.sleep(0.05)
