@@ -168,7 +168,8 @@ class _CudaMover(_Mover):
             moved = map_tensors(self._leaf, batch)
             event = torch.cuda.Event()
             event.record(self.stream)
-        return moved, event, self.copied, self.foreign
+        copied, self.copied = self.copied, []  # hold no batch between calls
+        return moved, event, copied, self.foreign
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,8 +224,10 @@ def _produce(
                 if source_stage is not None:
                     telemetry.add(source_stage, t1 - t0, start_s=t0)
                 telemetry.end("transfer", t1)
-            del batch
             chan.items.put((_BATCH, moved, event, (copied, foreign, rows)))
+            # Hold no batch while waiting for the next slot: the consumer owns it now, and
+            # device memory stays bounded by `depth` batches plus the one in use.
+            del batch, moved, event, copied
             index += 1
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the consumer
         _add_note(
