@@ -37,8 +37,8 @@ import pyarrow.parquet as pq
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_stream_data import csv_to_parquet, write_diabetes_csv, write_wide  # noqa: E402
 from harness import environment, markdown_table  # noqa: E402
-from stream_data import csv_to_parquet, write_diabetes_csv, write_wide  # noqa: E402
 
 import naiad  # noqa: E402
 from naiad.shuffle import shuffle_quality  # noqa: E402

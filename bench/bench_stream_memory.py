@@ -25,8 +25,8 @@ import time
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_stream_data import write_diabetes_csv  # noqa: E402
 from harness import environment, markdown_table  # noqa: E402
-from stream_data import write_diabetes_csv  # noqa: E402
 
 ROW_BYTES = 9 * 8  # nine float64/int64 columns in the shuffle buffer
 
