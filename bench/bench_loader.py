@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import environment, markdown_table, median_time  # noqa: E402
+from harness import environment, markdown_table  # noqa: E402
 
 import naiad  # noqa: E402
 from naiad.datasets import make_diabetes_table  # noqa: E402
@@ -27,8 +29,8 @@ from naiad.datasets import make_diabetes_table  # noqa: E402
 
 def make_dataset(rows: int) -> TensorDataset:
     table = make_diabetes_table(rows)
-    x = torch.stack([torch.from_numpy(table[c].to_numpy()) for c in table.column_names[:-1]], dim=1)
-    y = torch.from_numpy(table["Outcome"].to_numpy()).float().unsqueeze(1)
+    x = torch.stack([torch.tensor(table[c].to_numpy()) for c in table.column_names[:-1]], dim=1)
+    y = torch.tensor(table["Outcome"].to_numpy()).float().unsqueeze(1)
     return TensorDataset(x, y)
 
 
@@ -48,7 +50,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="100k rows, 1 repeat")
     parser.add_argument(
-        "--torch-max-batches", type=int, default=20_000,
+        "--torch-max-batches", type=int, default=5_000,
         help="cap torch's batches per run (its batch-32 epoch takes minutes); rows/s is measured on what ran",
     )
     args = parser.parse_args()
@@ -60,14 +62,15 @@ def main() -> int:
     rows = []
     for batch_size in (32, 1024):
         for num_workers in (0, 2):
-            result = {}
-            for name, cls, cap in (
-                ("torch", TorchDataLoader, args.torch_max_batches),
-                ("naiad", naiad.DataLoader, 0),
-            ):
-                n_rows = epoch(cls, dataset, batch_size, num_workers, cap)  # also warms up
-                seconds = median_time(lambda: epoch(cls, dataset, batch_size, num_workers, cap), args.repeats)
-                result[name] = n_rows / seconds
+            loaders = {"torch": (TorchDataLoader, args.torch_max_batches), "naiad": (naiad.DataLoader, 0)}
+            n_rows = {name: epoch(cls, dataset, batch_size, num_workers, cap) for name, (cls, cap) in loaders.items()}
+            times: dict[str, list[float]] = {name: [] for name in loaders}
+            for _ in range(args.repeats):  # alternate, so both see the same machine load
+                for name, (cls, cap) in loaders.items():
+                    t0 = time.perf_counter()
+                    epoch(cls, dataset, batch_size, num_workers, cap)
+                    times[name].append(time.perf_counter() - t0)
+            result = {name: n_rows[name] / statistics.median(times[name]) for name in loaders}
             ratio = result["naiad"] / result["torch"]
             rows.append([batch_size, num_workers, f"{result['torch']:,.0f}", f"{result['naiad']:,.0f}", f"{ratio:.1f}x"])
             print(f"batch {batch_size:5d} workers {num_workers}: torch {result['torch']:>14,.0f} rows/s  "
