@@ -32,7 +32,15 @@ __all__ = ["EpochIterator", "describe_read_task"]
 class EpochIterator:
     """One pass (epoch) over a naiad DataLoader: drives the pool, times the waits, closes cleanly."""
 
-    def __init__(self, loader: DataLoader, epoch: int, skip: int = 0, *, record_steps: bool = True) -> None:
+    def __init__(
+        self,
+        loader: DataLoader,
+        epoch: int,
+        skip: int = 0,
+        *,
+        record_steps: bool = True,
+        stream_state: dict[str, Any] | None = None,
+    ) -> None:
         self._loader = loader
         self.epoch = epoch
         self.delivered = 0
@@ -67,7 +75,7 @@ class EpochIterator:
                 epoch=epoch,
                 imap=functools.partial(pool.imap, prefetch=prefetch, in_order=True),
                 counters=loader._stream_counters,
-                state=stream_state(loader, epoch, skip) if skip else None,
+                state=_resume_stream_state(loader, epoch, skip, stream_state) if skip else None,
             )
         elif loader._iterable:
             self._batches = pool.imap_until_exhausted(
@@ -114,6 +122,13 @@ class EpochIterator:
             self._telemetry.record_step(time.perf_counter() - t0, count_rows(batch) or 0)
         return batch
 
+    def stream_state(self, delivered: int) -> dict[str, Any] | None:
+        """The stream's own state at ``delivered`` batches (None for datasets)."""
+        get_state = getattr(self._batches, "get_state", None)
+        if get_state is None:
+            return None
+        return {**get_state(), "batches_yielded": delivered}
+
     def flush_stage(self) -> None:
         """Hand the stage time gathered since the last flush to the loader's telemetry."""
         if self._stage_n == 0:
@@ -153,8 +168,13 @@ def describe_read_task(task: Any) -> str:
     return f"{block.path} (block from {block.start} to {block.stop}, its rows {task.lo}:{task.hi})"
 
 
-def stream_state(loader: DataLoader, epoch: int, skip: int) -> dict[str, Any]:
-    """A stream's resume state: the plan's inputs as the loader has them, and the position."""
+def _resume_stream_state(
+    loader: DataLoader, epoch: int, skip: int, saved: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The state a resumed stream starts from: the saved stream's own (it knows what it skipped),
+    else the plan's inputs as this loader has them."""
+    if saved is not None:
+        return {**saved, "batches_yielded": skip}
     assert loader._source is not None and loader._stream_options is not None
     probe = iter_batches(loader._source, loader._stream_options, epoch=epoch, imap=lambda tasks: iter(()))
     return {**probe.get_state(), "batches_yielded": skip}

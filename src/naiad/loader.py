@@ -34,6 +34,7 @@ from naiad.sources.base import Source
 from naiad.stream import (
     StreamCounters,
     StreamOptions,
+    iter_batches,
     make_handler_factory,
     num_batches,
 )
@@ -69,8 +70,10 @@ class DataLoader(TorchDataLoader):
         seed: with ``shuffle=True``, shuffle by ``(seed, epoch)`` instead of torch's global
             random generator: reproducible, and the same whatever ``num_workers`` is. The epoch
             advances with each pass, or is named by :meth:`set_epoch`. Also seeds the workers.
-        worker_mode: ``"process"`` (torch's behaviour) or ``"thread"`` for datasets whose work
-            releases the GIL (NumPy, PyArrow, torch ops).
+        worker_mode: ``"process"`` or ``"thread"`` for work that releases the GIL (NumPy,
+            PyArrow, torch ops). Default: processes (torch's behaviour) for datasets, threads for
+            streaming sources, whose parsing is PyArrow's and releases the GIL (and results then
+            need no copy through shared memory).
 
     Example:
         >>> import torch
@@ -101,7 +104,7 @@ class DataLoader(TorchDataLoader):
         pin_memory_device: str = "",
         in_order: bool = True,
         seed: int | None = None,
-        worker_mode: WorkerMode = "process",
+        worker_mode: WorkerMode | None = None,
         device: str | torch.device | None = None,
         device_prefetch: int = 2,
         shuffle_buffer: int | None = None,
@@ -109,6 +112,8 @@ class DataLoader(TorchDataLoader):
         world_size: int | None = None,
         transform: Callable[[Any], Any] | None = None,
     ) -> None:
+        if worker_mode is None:
+            worker_mode = "thread" if isinstance(dataset, Source) else "process"
         if worker_mode not in ("process", "thread"):
             raise ConfigError(f"`worker_mode` must be 'process' or 'thread', got {worker_mode!r}.")
         if seed is not None and not isinstance(seed, (int, np.integer)):
@@ -274,9 +279,11 @@ class DataLoader(TorchDataLoader):
         self._epoch += 1
         resume, self._resume = self._resume, None
         skip = 0
+        stream_state = None
         if resume is not None and resume["epoch"] == epoch:
             skip = int(resume["batches_yielded"])
-        inner = EpochIterator(self, epoch, skip, record_steps=self.device is None)
+            stream_state = resume.get("stream")
+        inner = EpochIterator(self, epoch, skip, record_steps=self.device is None, stream_state=stream_state)
         self._current_inner = weakref.ref(inner)
         outer: Any = inner
         if self.device is not None:
@@ -321,17 +328,22 @@ class DataLoader(TorchDataLoader):
             raise StateError(f"this loader cannot be resumed: {why}.")
         outer = self._current() if self._current is not None else None
         inner = self._current_inner() if self._current_inner is not None else None
+        stream: dict[str, Any] | None = None
         if outer is not None and inner is not None and not inner.finished:
             epoch, delivered = inner.epoch, int(getattr(outer, "delivered", inner.delivered)) + inner.skipped
+            stream = inner.stream_state(delivered)
         else:
             epoch, delivered = self._epoch, 0
-        return {
+        state: dict[str, Any] = {
             "version": 1,
             "epoch": epoch,
             "batches_yielded": delivered,
             "seed": self.seed if self._source is None else self._stream_options.seed,  # type: ignore[union-attr]
             "num_batches": len(self),
         }
+        if stream is not None:
+            state["stream"] = stream  # the plan's inputs, and what was skipped, checked on resume
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`: the next pass resumes mid-epoch where it stopped."""
@@ -349,6 +361,10 @@ class DataLoader(TorchDataLoader):
                 )
         if not 0 <= int(state["batches_yielded"]) <= current["num_batches"]:
             raise StateError(f"`batches_yielded` must be in [0, {current['num_batches']}], got {state['batches_yielded']!r}.")
+        if self._source is not None and state.get("stream") is not None:
+            assert self._stream_options is not None
+            # The stream checks its own part now (plan inputs, rows it skipped), not at iter().
+            iter_batches(self._source, self._stream_options, epoch=int(state["epoch"]), imap=lambda tasks: iter(()), state=state["stream"])
         self.set_epoch(int(state["epoch"]))
         self._resume = dict(state)
 
