@@ -144,6 +144,31 @@ def epoch_s(make: Loader, dataset: Any, workers: int, **kw: Any) -> float:
     return time.perf_counter() - t0
 
 
+def _rows_work(dataset: Augmented, lo: int, hi: int) -> None:
+    for i in range(lo, hi):
+        dataset[i]
+
+
+def ceiling_s(dataset: Augmented, workers: int) -> float:
+    """The same rows with no loader: inline, or split over ``workers`` forked processes. The
+    ratio is what the machine offers at that moment (other jobs share its cores)."""
+    import multiprocessing as mp
+
+    n = len(dataset)
+    t0 = time.perf_counter()
+    if workers == 0:
+        _rows_work(dataset, 0, n)
+    else:
+        ctx = mp.get_context("fork")
+        step = -(-n // workers)
+        procs = [ctx.Process(target=_rows_work, args=(dataset, lo, min(n, lo + step))) for lo in range(0, n, step)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    return time.perf_counter() - t0
+
+
 def steady(make: Loader, dataset: Any, **kw: Any) -> tuple[float, float]:
     """A second epoch with persistent workers (no start-up): its seconds, and the CPU seconds
     the training process itself used (what the loader takes from the training loop)."""
@@ -179,6 +204,8 @@ def bench_transform(repeats: int, rows: int) -> tuple[str, list[list[Any]], floa
         "torch/0": functools.partial(epoch_s, TorchDataLoader, ds, 0),
         "naiad/0": functools.partial(epoch_s, naiad.DataLoader, ds, 0),
     }
+    fns["ceiling/0"] = functools.partial(ceiling_s, ds, 0)
+    fns["ceiling/2"] = functools.partial(ceiling_s, ds, 2)
     cpu: dict[str, list[float]] = {name: [] for name in variants}
 
     def steady_s(name: str, make: Loader, kw: dict[str, Any]) -> float:
@@ -190,7 +217,8 @@ def bench_transform(repeats: int, rows: int) -> tuple[str, list[list[Any]], floa
         fns[f"{name}/2"] = functools.partial(epoch_s, make, ds, 2, **kw)
         fns[f"{name}/steady"] = functools.partial(steady_s, name, make, kw)
     t = interleaved(fns, repeats)
-    out = []
+    c_0, c_2 = t["ceiling/0"], t["ceiling/2"]
+    out = [["no loader: 2 processes split the rows (the machine's ceiling)", f"{c_0:.2f}", f"{c_2:.2f}", f"{c_0 / c_2:.2f}x", "-", "-", "-"]]
     for name in variants:
         t_0 = t["torch/0" if name == "torch" else "naiad/0"]
         t_2, t_s = t[f"{name}/2"], t[f"{name}/steady"]
