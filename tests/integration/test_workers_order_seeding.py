@@ -161,3 +161,11 @@ def test_loader_workers_draw_differently_each_epoch_without_persistent_workers()
     if torch.equal(e0, e1):
         pytest.xfail("the loader does not pass its epoch to WorkerPool.imap yet")
     assert not torch.equal(e0[:, 1:], e1[:, 1:])
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_the_same_epoch_twice_draws_the_same_numbers_twice(mode: str) -> None:
+    dataset = Draws() if mode == "process" else RngDraws()
+    with _pool(mode, dataset=dataset) as pool:
+        first, other, again = _epoch(pool, 4), _epoch(pool, 5), _epoch(pool, 4)
+    assert torch.equal(first, again) and not torch.equal(first, other)

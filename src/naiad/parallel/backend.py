@@ -148,7 +148,7 @@ def _process_worker_main(
         return
     if not send(("ready", -1, None, {})):
         return
-    epoch: int | None = None
+    current: tuple[int, int] | None = None
     while True:
         try:
             item = task_queue.get(timeout=POLL_S)
@@ -160,10 +160,11 @@ def _process_worker_main(
             return
         if item is None:
             return
-        seq, payload, task_epoch = item
-        if task_epoch != epoch:  # NOTE [ Worker randomness ]: fresh generators each epoch
-            epoch = task_epoch
-            enter(context, epoch)
+        seq, payload, key = item
+        if key != current:  # NOTE [ Worker randomness ]: fresh generators each pass
+            current = key
+            epoch = key[1]
+            enter(context, epoch, fresh=True)
             seed_globals(context.seed_sequence(epoch))
         if not send(run_task(handler, seq, payload)):
             return
@@ -235,8 +236,9 @@ class ProcessBackend:
         except Exception:
             pass
 
-    def submit(self, worker_id: int, seq: int, payload: Any, epoch: int) -> None:
-        self.task_queues[worker_id].put((seq, payload, epoch))
+    def submit(self, worker_id: int, seq: int, payload: Any, key: tuple[int, int]) -> None:
+        """Queue a task; ``key`` is (pass id, epoch)."""
+        self.task_queues[worker_id].put((seq, payload, key))
 
     def _drain(self, w: int, out: list[Message]) -> None:
         conn = self.conns[w]
@@ -367,19 +369,22 @@ class ThreadBackend:
             self.results.put((w, "error", -1, RemoteError(exc), {}))
             return
         self.results.put((w, "ready", -1, None, {}))
+        current: tuple[int, int] | None = None
         while True:
             item = tasks.get()
             if item is None:
                 return
-            seq, payload, epoch = item
-            # Only worker_rng() follows the epoch here: the global generators belong to every
+            seq, payload, key = item
+            # Only worker_rng() follows the pass here: the global generators belong to every
             # thread of the process, the training loop's included (NOTE [ Worker randomness ]).
-            enter(context, epoch)
+            enter(context, key[1], fresh=key != current)
+            current = key
             kind, seq, value, stages = run_task(handler, seq, payload)
             self.results.put((w, kind, seq, value, stages))
 
-    def submit(self, worker_id: int, seq: int, payload: Any, epoch: int) -> None:
-        self.task_queues[worker_id].put((seq, payload, epoch))
+    def submit(self, worker_id: int, seq: int, payload: Any, key: tuple[int, int]) -> None:
+        """Queue a task; ``key`` is (pass id, epoch)."""
+        self.task_queues[worker_id].put((seq, payload, key))
 
     def poll(self, timeout_s: float) -> list[Message]:
         try:

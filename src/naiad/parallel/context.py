@@ -5,10 +5,11 @@ Randomness in a worker is a pure function of ``(seed, epoch, rank, worker)``:
 ``numpy.random.SeedSequence([seed, epoch, rank, worker])``. ``seed`` is the pool's base seed
 (the loader's ``seed``, or the int64 torch draws per iterator); ``epoch`` travels with every
 task, so a persistent worker starts each epoch from fresh state even though the process lives
-on. Two ways to use it:
+on. (A pass, not only a change of epoch, starts fresh: going over epoch 3 twice draws the same
+numbers twice.) Two ways to use it:
 
 * Process workers reseed Python's ``random``, NumPy's global generator and torch's default
-  generator at the first task of each epoch, so unmodified augmentation code (``random.random()``,
+  generator at the first task of each pass, so unmodified augmentation code (``random.random()``,
   ``np.random.rand()``, ``torch.rand()``) differs between workers, differs between epochs and
   repeats between runs.
 * :func:`worker_rng` returns a ``numpy.random.Generator`` for the calling worker and epoch. It
@@ -100,11 +101,17 @@ def current_epoch() -> int | None:
 Frame = tuple["WorkerContext | None", "int | None", "np.random.Generator | None"]
 
 
-def enter(context: WorkerContext | None, epoch: int | None, rng: np.random.Generator | None = None) -> Frame:
+def enter(
+    context: WorkerContext | None,
+    epoch: int | None,
+    rng: np.random.Generator | None = None,
+    *,
+    fresh: bool = False,
+) -> Frame:
     """Make ``context`` and ``epoch`` the calling thread's; return the previous frame.
 
     The thread's generator for :func:`worker_rng` is kept while context and epoch stay the
-    same, replaced by ``rng`` when given, and dropped otherwise.
+    same (and ``fresh`` is False), replaced by ``rng`` when given, and dropped otherwise.
     """
     previous: Frame = (
         getattr(_local, "context", None),
@@ -113,7 +120,7 @@ def enter(context: WorkerContext | None, epoch: int | None, rng: np.random.Gener
     )
     if rng is not None:
         _local.rng = rng
-    elif epoch != previous[1] or context is not previous[0]:
+    elif fresh or epoch != previous[1] or context is not previous[0]:
         _local.rng = None
     _local.context = context
     _local.epoch = epoch

@@ -2,11 +2,11 @@
 
 NOTE [ Worker protocol ]
 Each worker owns a task channel (main -> worker) and the main process owns one result channel
-per worker (worker -> main). Tasks are ``(seq, payload, epoch)``; ``seq`` numbers are unique for
-the pool's lifetime, so a result that belongs to an abandoned epoch (a ``break``) is recognised
-and dropped; ``epoch`` reseeds the worker's generators when it changes (NOTE [ Worker
-randomness ] in :mod:`naiad.parallel.context`). A worker answers every task with exactly one
-message:
+per worker (worker -> main). Tasks are ``(seq, payload, (pass_id, epoch))``; ``seq`` numbers are
+unique for the pool's lifetime, so a result that belongs to an abandoned epoch (a ``break``) is
+recognised and dropped; at the first task of each pass a worker reseeds its generators from the
+epoch (NOTE [ Worker randomness ] in :mod:`naiad.parallel.context`). A worker answers every task
+with exactly one message:
 
     ("ok", seq, result, stage_seconds)    the handler returned
     ("exhausted", seq, None, {})          the handler raised Exhausted (an iterable ran out)
@@ -151,13 +151,14 @@ class WorkerPool:
         self._inline_handler: Callable[[Any], Any] | None = None
         self._inline_context = WorkerContext(0, 0, worker_seed(base_seed, 0), "inline", base_seed, rank)
         self._inline_rng: Any = None
-        self._inline_rng_epoch: int | None = None
+        self._inline_rng_key: tuple[int, int] | None = None
         self._active: list[int] = []  # workers that take new tasks, in round-robin order
         self._retiring: set[int] = set()  # out of the rotation, still owing results
         self._owed: dict[int, int] = {}  # tasks submitted to each worker and not yet answered
         self._stale: set[int] = set()  # seqs of abandoned iterations, still owed by workers
         self._ready: set[int] = set()
         self._passes = 0
+        self._pass_ids = itertools.count()
         self._prefetch: int | None = None  # set by resize(); overrides imap's argument
         self._walking_iterators = False
         self._closed = False
@@ -261,11 +262,12 @@ class WorkerPool:
 
     # -- passes --------------------------------------------------------------------------------
 
-    def _epoch(self, epoch: int | None) -> int:
+    def _pass_key(self, epoch: int | None) -> tuple[int, int]:
+        # (pass id, epoch): workers start fresh generators at each new key.
         if epoch is None:
             epoch = self._passes
         self._passes = epoch + 1
-        return epoch
+        return next(self._pass_ids), epoch
 
     def imap(
         self,
@@ -284,11 +286,11 @@ class WorkerPool:
         """
         if self._closed:
             raise ConfigError("this WorkerPool is closed.")
-        epoch = self._epoch(epoch)
+        key = self._pass_key(epoch)
         it = iter(tasks)
         if self._backend is None:
-            return self._imap_inline(it, prefetch, in_order, epoch)
-        return self._drive(self._assign(it), prefetch, in_order, epoch, stop_on_exhausted=False)
+            return self._imap_inline(it, prefetch, in_order, key)
+        return self._drive(self._assign(it), prefetch, in_order, key, stop_on_exhausted=False)
 
     def _assign(self, tasks: Iterator[Any]) -> Iterator[tuple[int, Any]]:
         k = 0
@@ -318,9 +320,9 @@ class WorkerPool:
         """
         if self._closed:
             raise ConfigError("this WorkerPool is closed.")
-        epoch = self._epoch(epoch)
+        key = self._pass_key(epoch)
         if not self._active:
-            return self._imap_inline_until_exhausted(payload_for, epoch)
+            return self._imap_inline_until_exhausted(payload_for, key)
         workers = list(self._active)
         active = {w: True for w in workers}
         cycle = itertools.cycle(workers)
@@ -333,23 +335,28 @@ class WorkerPool:
                         break
                 yield w, payload_for(w)
 
-        return self._walk(assign(), prefetch, in_order, epoch, active)
+        return self._walk(assign(), prefetch, in_order, key, active)
 
     def _walk(
-        self, assign: Iterator[tuple[int, Any]], prefetch: int, in_order: bool, epoch: int, active: dict[int, bool]
+        self,
+        assign: Iterator[tuple[int, Any]],
+        prefetch: int,
+        in_order: bool,
+        key: tuple[int, int],
+        active: dict[int, bool],
     ) -> Iterator[Any]:
         self._walking_iterators = True
         try:
-            yield from self._drive(assign, prefetch, in_order, epoch, stop_on_exhausted=True, active=active)
+            yield from self._drive(assign, prefetch, in_order, key, stop_on_exhausted=True, active=active)
         finally:
             self._walking_iterators = False
 
-    def _call_inline(self, payload: Any, epoch: int) -> Any:
+    def _call_inline(self, payload: Any, key: tuple[int, int]) -> Any:
         handler = self._build_inline_handler()
         # Inline, the calling thread is the worker only during the call; its worker_rng()
-        # stream is kept here between calls so draws go on instead of restarting per batch.
-        rng = self._inline_rng if self._inline_rng_epoch == epoch else None
-        previous = enter(self._inline_context, epoch, rng)
+        # stream is kept here between calls of a pass so draws go on instead of restarting.
+        rng = self._inline_rng if self._inline_rng_key == key else None
+        previous = enter(self._inline_context, key[1], rng, fresh=rng is None)
         try:
             return handler(payload)
         except Exhausted:
@@ -358,23 +365,25 @@ class WorkerPool:
             add_note(exc, f"naiad: raised in the main process while loading {self._describe(payload)}")
             raise
         finally:
-            self._inline_rng, self._inline_rng_epoch = leave(previous), epoch
+            self._inline_rng, self._inline_rng_key = leave(previous), key
 
-    def _imap_inline(self, tasks: Iterator[Any], prefetch: int, in_order: bool, epoch: int) -> Iterator[Any]:
+    def _imap_inline(
+        self, tasks: Iterator[Any], prefetch: int, in_order: bool, key: tuple[int, int]
+    ) -> Iterator[Any]:
         for task in tasks:
             payload = task.payload if isinstance(task, Pinned) else task
             try:
-                yield self._call_inline(payload, epoch)
+                yield self._call_inline(payload, key)
             except Exhausted:
                 return
             if self._active:  # resized: the workers take the rest of this pass
-                yield from self._drive(self._assign(tasks), prefetch, in_order, epoch, stop_on_exhausted=False)
+                yield from self._drive(self._assign(tasks), prefetch, in_order, key, stop_on_exhausted=False)
                 return
 
-    def _imap_inline_until_exhausted(self, payload_for: Callable[[int], Any], epoch: int) -> Iterator[Any]:
+    def _imap_inline_until_exhausted(self, payload_for: Callable[[int], Any], key: tuple[int, int]) -> Iterator[Any]:
         while True:
             try:
-                result = self._call_inline(payload_for(0), epoch)
+                result = self._call_inline(payload_for(0), key)
             except Exhausted:
                 return
             yield result
@@ -384,7 +393,7 @@ class WorkerPool:
         assignments: Iterator[tuple[int, Any]],
         prefetch: int,
         in_order: bool,
-        epoch: int,
+        key: tuple[int, int],
         *,
         stop_on_exhausted: bool,
         active: dict[int, bool] | None = None,
@@ -410,7 +419,7 @@ class WorkerPool:
                 seq = next(self._seq)
                 if w == INLINE:
                     try:
-                        done[seq] = ("ok", self._call_inline(payload, epoch))
+                        done[seq] = ("ok", self._call_inline(payload, key))
                     except Exhausted:
                         done[seq] = ("exhausted", None)
                     except Exception as exc:  # raised in turn, after the results before it
@@ -418,7 +427,7 @@ class WorkerPool:
                 else:
                     if w in backend.dead:
                         raise self._death_error(w, backend, None)
-                    backend.submit(w, seq, payload, epoch)
+                    backend.submit(w, seq, payload, key)
                     self._owed[w] = self._owed.get(w, 0) + 1
                 pending[seq] = (w, payload)
                 order.append(seq)
