@@ -45,9 +45,24 @@ def test_bench_demo_prints_the_serial_against_naiad_table():
 
 
 @pytest.mark.timeout(120)
-def test_bench_json_has_both_runs_with_every_step(capsys):
-    assert main(["bench", "demo", *SMALL, "--device", "cpu", "--json", "--load-ms", "1"]) == 0
+def test_bench_json_has_both_runs_with_every_step(capsys, tmp_path):
+    trace = tmp_path / "run.json"
+    argv = [
+        "bench",
+        "demo",
+        *SMALL,
+        "--device",
+        "cpu",
+        "--json",
+        "--load-ms",
+        "1",
+        "--trace",
+        str(trace),
+    ]
+    assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(e["name"] == "wait" for e in events) >= 12
     serial, ours = doc["runs"]
     assert (serial["name"], ours["name"]) == ("serial", "naiad")
     assert serial["steps"] == ours["steps"] == 12

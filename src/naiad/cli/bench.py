@@ -101,6 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot", metavar="PNG", help="draw the wait per step to this file (matplotlib)"
     )
+    parser.add_argument(
+        "--trace", metavar="JSON", help="write naiad's run as a Chrome trace (open it in Perfetto)"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -454,6 +457,8 @@ def _run_both(
         "device run in the background while the step runs"
     )
     stats = loader.stats()
+    if args.trace:
+        loader.export_trace(args.trace)
     overlapped.stats = stats.to_dict()
     # Time the pipeline worked for these batches, wherever it ran (threads, workers).
     # Includes the warm-up steps' loading, so scale to the measured share.
@@ -615,4 +620,6 @@ def run(args: argparse.Namespace) -> int:
         plot_waits(results, args.plot, header, plt)
         if not args.json:
             print(f"\nwait per step drawn to {args.plot}")
+    if args.trace and not args.json:
+        print(f"\nnaiad's run traced to {args.trace} (open it in https://ui.perfetto.dev)")
     return 0
