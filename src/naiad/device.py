@@ -304,8 +304,10 @@ class PrefetchIterator(Iterator[T]):
         source_stage: str | None,
         rows_of: Callable[[Any], int | None],
         timeout_s: float | None,
+        sized: Any = None,
     ) -> None:
         self.delivered = 0
+        self._sized = sized  # what len() asks, on demand: some sources count by scanning
         self._device = device
         self._telemetry = telemetry if record_steps else None
         self._timeout_s = timeout_s
@@ -350,6 +352,13 @@ class PrefetchIterator(Iterator[T]):
         if self._telemetry is not None:
             self._telemetry.record_step(time.perf_counter() - t0, rows)
         return value
+
+    def __len__(self) -> int:
+        # As torch's DataLoader iterators do: the length of the whole pass, not what is left.
+        try:
+            return len(self._sized)
+        except TypeError:
+            raise TypeError("this PrefetchIterator has no len(): its source has none.") from None
 
     def _get(self) -> tuple[int, Any, Any, Any]:
         chan = self._chan
@@ -505,6 +514,7 @@ class DevicePrefetcher(Generic[T]):
             source_stage=self._source_stage,
             rows_of=self._rows_of,
             timeout_s=self._timeout_s,
+            sized=self._source,
         )
 
     def __len__(self) -> int:

@@ -263,10 +263,18 @@ def test_timeout_raises_worker_error_without_waiting_for_the_stuck_source():
     assert wait_until(lambda: not it.alive)
 
 
+@pytest.mark.timeout(30)
 def test_len_follows_the_source():
     assert len(DevicePrefetcher(range(7), "cpu")) == 7
+    with iter(DevicePrefetcher(range(7), "cpu")) as it:
+        assert len(it) == 7  # as torch's DataLoader iterators: the whole pass
     with pytest.raises(TypeError, match="no len"):
         len(DevicePrefetcher(iter(range(7)), "cpu"))
+    with (
+        iter(DevicePrefetcher(iter(range(7)), "cpu")) as it,
+        pytest.raises(TypeError, match="no len"),
+    ):
+        len(it)
 
 
 @pytest.mark.parametrize(
