@@ -72,6 +72,7 @@ def test_bench_json_has_both_runs_with_every_step(capsys, tmp_path):
     assert serial["wait_ms_per_step"] >= 1.0
 
 
+@pytest.mark.timeout(60)
 def test_bench_plot_without_matplotlib_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without it looks like
     assert main(["bench", "demo", *SMALL, "--plot", str(tmp_path / "w.png")]) == 2
@@ -106,6 +107,7 @@ def test_bench_missing_source_is_a_clear_error(tmp_path, capsys):
     assert "`source` must be 'demo', a file or a glob" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(60)
 def test_bench_bad_batch_size_is_a_clear_error(capsys):
     assert main(["bench", "demo", "--batch-size", "0"]) == 2
     assert "`--batch-size` must be >= 1, got 0" in capsys.readouterr().err
@@ -166,6 +168,7 @@ def test_measure_restarts_the_source_when_it_runs_out():
     assert all(w >= 0 for w in r.waits_s)
 
 
+@pytest.mark.timeout(60)
 def test_bench_is_listed_by_the_naiad_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
