@@ -314,3 +314,24 @@ def test_in_order_false_yields_every_batch_once(mode: str) -> None:
     got = list(naiad.DataLoader(ds, batch_size=4, num_workers=2, in_order=False, worker_mode=mode))
     ids = sorted(int(i) for b in got for i in b["i"])
     assert ids == list(range(60))
+
+
+@pytest.mark.parametrize("how", ["break", "exception"])
+def test_device_prefetch_over_workers_leaves_nothing_behind(how: str) -> None:
+    import threading
+
+    before, threads_before = child_pids(), {t.ident for t in threading.enumerate()}
+    loader = naiad.DataLoader(SlowDataset(400, fail_at=100), batch_size=8, num_workers=2, device="cpu")
+    if how == "break":
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break
+    else:
+        with pytest.raises(KeyError, match="row 100"):
+            list(loader)
+    gc.collect()
+    _assert_workers_gone(before)
+    deadline = time.monotonic() + 10
+    while {t.ident for t in threading.enumerate() if t.name == "naiad-prefetch"} - threads_before:
+        assert time.monotonic() < deadline, "prefetch thread left running"
+        time.sleep(0.05)
