@@ -6,6 +6,7 @@ from naiad.device import DevicePrefetcher
 from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 from naiad.fetch import ArrayDataset
 from naiad.loader import DataLoader
+from naiad.parallel import AutoTuner, worker_rng
 from naiad.sources import (
     Source,
     read_arrow,
@@ -17,16 +18,20 @@ from naiad.sources import (
 )
 from naiad.stream import pack_xy
 from naiad.telemetry import LoaderStats, Telemetry
+from naiad.worker import WorkerLocal, columnar
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArrayDataset",
+    "AutoTuner",
     "DataLoader",
     "DevicePrefetcher",
     "LoaderStats",
     "Source",
     "Telemetry",
+    "WorkerLocal",
+    "columnar",
     "pack_xy",
     "read_arrow",
     "read_csv",
@@ -34,6 +39,7 @@ __all__ = [
     "read_npy",
     "read_parquet",
     "read_text",
+    "worker_rng",
     "ConfigError",
     "NaiadError",
     "SourceError",

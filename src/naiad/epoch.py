@@ -49,7 +49,8 @@ class EpochIterator:
         self._telemetry = loader._telemetry
         self._record_steps = record_steps
         self._pin = pin_memory_enabled(loader)
-        persistent = loader.persistent_workers and loader.num_workers > 0
+        # A tuned pool lives across passes too: the tuner keeps what it learnt.
+        persistent = (loader.persistent_workers and loader.num_workers > 0) or loader._tuner is not None
         # torch draws the base seed once per iterator, or once per persistent iterator.
         if not persistent or loader._pool is None:
             base_seed = loader._base_seed()
@@ -73,19 +74,21 @@ class EpochIterator:
                 loader._source,
                 loader._stream_options,
                 epoch=epoch,
-                imap=functools.partial(pool.imap, prefetch=prefetch, in_order=True),
+                imap=functools.partial(pool.imap, prefetch=prefetch, in_order=True, epoch=epoch),
                 counters=loader._stream_counters,
                 state=_resume_stream_state(loader, epoch, skip, stream_state) if skip else None,
             )
         elif loader._iterable:
             self._batches = pool.imap_until_exhausted(
-                lambda _w: epoch, prefetch=prefetch, in_order=loader.in_order
+                lambda _w: epoch, prefetch=prefetch, in_order=loader.in_order, epoch=epoch
             )
         else:
             plan = plan_batches(loader.batch_sampler, loader.sampler, loader._auto_collation)
             # Resuming skips the delivered batches' indices without fetching them.
             tasks = itertools.islice(enumerate(plan), skip, None)
-            self._batches = pool.imap(tasks, prefetch=prefetch, in_order=loader.in_order)
+            self._batches = pool.imap(tasks, prefetch=prefetch, in_order=loader.in_order, epoch=epoch)
+        if loader._tuner is not None:
+            self._batches = loader._tuner.drive(pool, self._batches)
         self._done = False
 
     def __iter__(self) -> EpochIterator:

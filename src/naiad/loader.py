@@ -13,6 +13,7 @@ tests ``isinstance(loader, torch.utils.data.DataLoader)`` keeps working.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import weakref
@@ -28,7 +29,7 @@ from naiad.device import DevicePrefetcher
 from naiad.epoch import EpochIterator, describe_read_task
 from naiad.errors import ConfigError, StateError
 from naiad.fetch import FetchStrategy, choose_fetch
-from naiad.parallel import WorkerContext, WorkerPool
+from naiad.parallel import AutoTuner, WorkerContext, WorkerPool
 from naiad.sampling import SeededRandomSampler, ShardedBatchSampler
 from naiad.sources.base import Source
 from naiad.stream import (
@@ -90,7 +91,7 @@ class DataLoader(TorchDataLoader):
         shuffle: bool | None = None,
         sampler: Sampler | Iterable | None = None,
         batch_sampler: Sampler[list] | Iterable[list] | None = None,
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         collate_fn: Callable[[Any], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -151,6 +152,19 @@ class DataLoader(TorchDataLoader):
         if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or device_prefetch < 1:
             raise ConfigError(f"`device_prefetch` must be an int >= 1, got {device_prefetch!r}.")
         iterable = isinstance(dataset, IterableDataset)
+        tuner: AutoTuner | None = None
+        if num_workers == "auto":
+            if iterable:
+                raise ConfigError(
+                    "`num_workers='auto'` needs a map-style dataset or a streaming source: the "
+                    "workers of an IterableDataset each walk their own iterator and cannot be "
+                    "added or removed mid-epoch. Pass an int."
+                )
+            tuner = AutoTuner(prefetch=prefetch_factor or 2)
+            # torch's constructor checks these against num_workers=0; the tuner owns them now.
+            num_workers, prefetch_factor, persistent_workers = 0, None, False
+        elif isinstance(num_workers, str):
+            raise ConfigError(f"`num_workers` must be an int >= 0 or 'auto', got {num_workers!r}.")
         if seed is not None and shuffle and not iterable and sampler is None and batch_sampler is None:
             if generator is not None:
                 raise ConfigError(
@@ -206,6 +220,8 @@ class DataLoader(TorchDataLoader):
             # of this size (the last few a row smaller), so keep it visible.
             object.__setattr__(self, "batch_size", sharded_batch_size)
             object.__setattr__(self, "drop_last", sharded_drop_last)
+        self._tuner = tuner
+        self._rank = 0 if rank is None else int(rank)
         self.seed = None if seed is None else int(seed)
         self.worker_mode: WorkerMode = worker_mode
         self.device = device
@@ -251,7 +267,18 @@ class DataLoader(TorchDataLoader):
         inner = self._current_inner() if self._current_inner is not None else None
         if inner is not None:
             inner.flush_stage()
-        return self._telemetry.stats()
+        return dataclasses.replace(self._telemetry.stats(), workers=self.workers_info(), bad_rows=self.bad_rows)
+
+    def workers_info(self) -> dict[str, Any]:
+        """How many workers run and why: the user's setting, or what ``"auto"`` chose and measured."""
+        if self._tuner is not None:
+            return {"setting": "auto", **self._tuner.stats()}
+        return {
+            "setting": self.num_workers,
+            "num_workers": self.num_workers,
+            "mode": self.worker_mode if self.num_workers else "inline",
+            "reason": "set by the user",
+        }
 
     @property
     def bad_rows(self) -> dict[str, int]:
@@ -401,15 +428,18 @@ class DataLoader(TorchDataLoader):
                 self._fetch_strategy,
             )
             describe = describe_map_task
+        tuner = self._tuner
         return WorkerPool(
             factory,
-            num_workers=self.num_workers,
+            num_workers=self.num_workers if tuner is None else tuner.decision.num_workers,
             mode=self.worker_mode,
             multiprocessing_context=self.multiprocessing_context,
             timeout_s=self.timeout or None,
-            worker_init_fn=self.worker_init_fn if self.num_workers > 0 else None,
+            worker_init_fn=self.worker_init_fn if self.num_workers > 0 or tuner is not None else None,
             base_seed=base_seed,
             describe=describe,
+            rank=self._rank,
+            init_inline=tuner is None,  # with "auto", only real workers run worker_init_fn
         )
 
     def _close_pool(self) -> None:

@@ -114,6 +114,10 @@ class LoaderStats:
         elapsed_s: wall time from the start of the first wait to the end of the last step.
         wait: the training loop's time blocked in ``next()``: the *exposed* loading time.
         stages: time per stage, pipeline stages first (:data:`STAGES`), then other names.
+        workers: set by a loader: how many workers run and why (what ``num_workers="auto"``
+            chose, with the settings it measured).
+        bad_rows: set by a loader: rows a streaming source skipped (``on_bad_rows="skip"``),
+            per file.
 
     Example:
         >>> tel = Telemetry()
@@ -122,7 +126,7 @@ class LoaderStats:
         >>> stats.wait.total_s
         0.004
         >>> sorted(stats.to_dict())
-        ['batches', 'batches_per_s', 'elapsed_s', 'rows', 'rows_per_s', 'stages', 'wait', 'wait_fraction']
+        ['bad_rows', 'batches', 'batches_per_s', 'elapsed_s', 'rows', 'rows_per_s', 'stages', 'wait', 'wait_fraction', 'workers']
     """
 
     batches: int = 0
@@ -130,6 +134,8 @@ class LoaderStats:
     elapsed_s: float = 0.0
     wait: WaitStats = field(default_factory=WaitStats)
     stages: dict[str, StageStats] = field(default_factory=dict)
+    workers: dict[str, Any] = field(default_factory=dict)
+    bad_rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def wait_fraction(self) -> float:
@@ -167,6 +173,8 @@ class LoaderStats:
                 name: {"seconds": s.seconds, "count": s.count, "mean_s": s.mean_s}
                 for name, s in self.stages.items()
             },
+            "workers": dict(self.workers),
+            "bad_rows": dict(self.bad_rows),
         }
 
     def __str__(self) -> str:
@@ -184,6 +192,11 @@ class LoaderStats:
             lines += ["", f"{'stage':<16}{'total s':>10}{'count':>10}{'mean ms':>10}"]
             for name, s in self.stages.items():
                 lines.append(f"{name:<16}{s.seconds:>10.3f}{s.count:>10,}{s.mean_s * 1e3:>10.3f}")
+        if self.workers:
+            lines += ["", f"workers: {self.workers.get('num_workers')} ({self.workers.get('reason', '')})"]
+        if self.bad_rows:
+            skipped = ", ".join(f"{path}: {n:,}" for path, n in self.bad_rows.items())
+            lines += ["", f"bad rows skipped: {sum(self.bad_rows.values()):,} ({skipped})"]
         return "\n".join(lines)
 
 

@@ -208,3 +208,27 @@ def test_resume_after_skipped_bad_rows_is_refused(tmp_path: Any) -> None:
 def test_streaming_sources_default_to_thread_workers(diabetes: str) -> None:
     assert naiad.DataLoader(read_csv(diabetes), batch_size=8, num_workers=2).worker_mode == "thread"
     assert naiad.DataLoader(TensorDataset(torch.zeros(4)), num_workers=2).worker_mode == "process"
+
+
+@pytest.mark.timeout(180)
+def test_auto_workers_settles_on_zero_for_in_memory_tensors_and_reports_why() -> None:
+    ds = TensorDataset(torch.randn(300_000, 8), torch.arange(300_000))
+    loader = naiad.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_workers="auto")
+    seen = torch.cat([b[1] for b in loader])
+    assert sorted(seen.tolist()) == list(range(300_000))  # tuning never loses or repeats a batch
+    info = loader.stats().workers
+    assert info["setting"] == "auto" and info["num_workers"] == 0 and info["reason"]
+    expected = torch.cat([b[1] for b in naiad.DataLoader(ds, batch_size=64, shuffle=True, seed=0)])
+    assert torch.equal(seen, expected)  # and keeps the plan's order
+    loader._close_pool()
+
+
+def test_auto_workers_refuses_iterable_datasets() -> None:
+    class Numbers(torch.utils.data.IterableDataset):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(range(3))
+
+    with pytest.raises(naiad.ConfigError, match="auto"):
+        naiad.DataLoader(Numbers(), num_workers="auto")
+    with pytest.raises(naiad.ConfigError, match="auto"):
+        naiad.DataLoader(TensorDataset(torch.zeros(3)), num_workers="many")  # type: ignore[arg-type]
