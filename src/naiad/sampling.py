@@ -147,7 +147,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
 def _random_sampler_indices(sampler: RandomSampler) -> np.ndarray:
     """The indices ``iter(sampler)`` would yield, drawing the same random numbers in the same order."""
     n = len(sampler.data_source)
-    if sampler.generator is None:
+    own_generator = sampler.generator is None
+    if own_generator:
         seed = int(torch.empty((), dtype=torch.int64).random_().item())
         generator = torch.Generator()
         generator.manual_seed(seed)
@@ -155,8 +156,12 @@ def _random_sampler_indices(sampler: RandomSampler) -> np.ndarray:
         generator = sampler.generator
     num_samples = sampler.num_samples
     parts = [torch.randperm(n, generator=generator) for _ in range(num_samples // n)]
-    parts.append(torch.randperm(n, generator=generator)[: num_samples % n])
-    return torch.cat(parts).numpy()
+    # torch always draws one more permutation for the remainder, even an empty one. Drawn from
+    # the user's generator it moves that generator's state, so it is drawn too; from the
+    # sampler's own throw-away generator nobody can see it, so a full randperm is saved.
+    if num_samples % n or not own_generator:
+        parts.append(torch.randperm(n, generator=generator)[: num_samples % n])
+    return torch.cat(parts).numpy() if len(parts) > 1 else parts[0].numpy()
 
 
 class IndexPlan:
