@@ -55,15 +55,14 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-import numpy as np
 import torch
 
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
-from naiad.tree import map_tensors
+from naiad.tree import count_rows, map_tensors
 
 __all__ = ["DevicePrefetcher", "PrefetchIterator", "move_to_device"]
 
@@ -79,23 +78,6 @@ _BATCH, _END, _ERROR = 0, 1, 2
 
 # --------------------------------------------------------------------------------------------
 # Walking nested batches.
-
-
-def _count_rows(obj: Any) -> int | None:
-    """Rows in a batch: the length of its first array leaf (a 0-d leaf counts as one row)."""
-    if isinstance(obj, (torch.Tensor, np.ndarray)):
-        return int(obj.shape[0]) if obj.ndim else 1
-    if isinstance(obj, Mapping):
-        values: Iterable[Any] = obj.values()
-    elif isinstance(obj, (list, tuple)):
-        values = obj
-    else:
-        return None
-    for v in values:
-        n = _count_rows(v)
-        if n is not None:
-            return n
-    return None
 
 
 def move_to_device(batch: T, device: str | torch.device, *, non_blocking: bool = False) -> T:
@@ -478,7 +460,7 @@ class DevicePrefetcher(Generic[T]):
         self._telemetry = telemetry
         self._record_steps = record_steps
         self._source_stage = source_stage
-        self._rows_of = rows_of or _count_rows
+        self._rows_of = rows_of or count_rows
         self._timeout_s = timeout_s
 
     @property

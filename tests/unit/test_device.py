@@ -15,9 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from naiad.device import DevicePrefetcher, _count_rows, _Mover, move_to_device
+from naiad.device import DevicePrefetcher, _Mover, move_to_device
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
+from naiad.tree import count_rows as _count_rows
 
 Pair = namedtuple("Pair", ["x", "y"])
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -15,20 +13,19 @@ from naiad.sources.base import (
     DTypes,
     OnBadRows,
     PathLike,
+    ReaderCache,
     Source,
     apply_dtypes,
+    cast_to_schema,
+    check_columns_present,
     check_no_nulls,
+    indexed_blocks,
     resolve_dtypes,
     select_columns,
     table_to_columns,
 )
 
 __all__ = ["ArrowSource", "read_arrow"]
-
-# Open readers per thread: one reader is not safe to share between threads.
-_LOCAL = threading.local()
-_MAX_OPEN = 16
-
 
 def read_arrow(
     paths: PathLike,
@@ -54,28 +51,16 @@ def read_arrow(
     return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows)
 
 
+_READERS = ReaderCache(
+    lambda path: pa.ipc.open_file(pa.memory_map(path, "r")),
+    "Arrow IPC file",
+    "is it truncated, or in the stream format?",
+)
+
+
 def open_ipc(path: str) -> pa.ipc.RecordBatchFileReader:
     """A cached, memory-mapped IPC file reader (per thread), or a SourceError."""
-    cache: OrderedDict[str, pa.ipc.RecordBatchFileReader] | None = getattr(_LOCAL, "open", None)
-    if cache is None:
-        cache = _LOCAL.open = OrderedDict()
-    reader = cache.get(path)
-    if reader is None:
-        try:
-            reader = pa.ipc.open_file(pa.memory_map(path, "r"))
-        except FileNotFoundError:
-            raise SourceError("file not found.", path=path) from None
-        except (OSError, pa.ArrowException) as exc:
-            raise SourceError(
-                f"not a readable Arrow IPC file ({exc}); is it truncated, or in the stream format?",
-                path=path,
-            ) from None
-        cache[path] = reader
-        if len(cache) > _MAX_OPEN:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(path)
-    return reader
+    return _READERS.get(path)
 
 
 class ArrowSource(Source):
@@ -100,17 +85,9 @@ class ArrowSource(Source):
 
     def _file_blocks(self, path: str) -> list[Block]:
         reader = open_ipc(path)
-        missing = [n for n in self.schema().names if n not in reader.schema.names]
-        if missing:
-            raise SourceError(f"column(s) {missing} missing (present in {self.paths[0]}).", path=path, column=missing[0])
-        blocks, row = [], 0
-        for i in range(reader.num_record_batches):
-            # Memory-mapped: reading a batch's header touches no column data.
-            n = reader.get_batch(i).num_rows
-            if n:
-                blocks.append(Block(path, i, i + 1, n, row))
-            row += n
-        return blocks
+        check_columns_present(self.schema().names, reader.schema.names, path, self.paths[0])
+        # Memory-mapped: reading a batch's header touches no column data.
+        return indexed_blocks(path, [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)])
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         schema = self.schema()
@@ -119,10 +96,6 @@ class ArrowSource(Source):
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"cannot read record batch {block.start} ({exc}); is the file truncated?", path=block.path) from None
         table = pa.Table.from_batches([batch.slice(lo, hi - lo)]).select(schema.names)
-        if table.schema != schema:
-            try:
-                table = table.cast(schema)
-            except (pa.ArrowException, ValueError) as exc:
-                raise SourceError(f"cannot convert record batch {block.start} to {schema}: {exc}", path=block.path) from None
+        table = cast_to_schema(table, schema, f"record batch {block.start}", block.path)
         table, skipped = check_no_nulls(table, block, lo, self.on_bad_rows)
         return BlockData(table_to_columns(table), skipped)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, TypeAlias, Union
 
 import numpy as np
@@ -322,3 +324,72 @@ def null_column(table: pa.Table) -> str:
         if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
             return str(name)
     return ""
+
+
+class ReaderCache:
+    """Open readers, per thread and least recently used first out.
+
+    A PyArrow file reader is not safe to share between threads (sharing one across thread
+    workers crashed), and opening one parses the file's footer or index, which is not free for
+    wide files; so each thread keeps its own few open readers.
+
+    Args:
+        opener: opens one file; raises ``OSError``/``pa.ArrowException`` on a bad file.
+        what: the format in words, for error messages ("Parquet file").
+        hint: what to suggest when a file cannot be opened.
+        max_open: readers kept open per thread.
+    """
+
+    def __init__(self, opener: Callable[[str], Any], what: str, hint: str, max_open: int = 16) -> None:
+        self._opener = opener
+        self._what = what
+        self._hint = hint
+        self._max_open = max_open
+        self._local = threading.local()
+
+    def get(self, path: str) -> Any:
+        """The open reader of ``path`` (opened now if needed), or a SourceError naming the file."""
+        cache: OrderedDict[str, Any] | None = getattr(self._local, "open", None)
+        if cache is None:
+            cache = self._local.open = OrderedDict()
+        reader = cache.get(path)
+        if reader is not None:
+            cache.move_to_end(path)
+            return reader
+        try:
+            reader = self._opener(path)
+        except FileNotFoundError:
+            raise SourceError("file not found.", path=path) from None
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceError(f"not a readable {self._what} ({exc}); {self._hint}", path=path) from None
+        cache[path] = reader
+        if len(cache) > self._max_open:
+            cache.popitem(last=False)
+        return reader
+
+
+def indexed_blocks(path: str, row_counts: Sequence[int]) -> list[Block]:
+    """One block per non-empty part (row group, record batch) of a file, with its row counts."""
+    blocks, row = [], 0
+    for i, n in enumerate(row_counts):
+        if n:
+            blocks.append(Block(path, i, i + 1, n, row))
+        row += n
+    return blocks
+
+
+def check_columns_present(names: Sequence[str], present: Sequence[str], path: str, first_path: str) -> None:
+    """A SourceError when ``path`` lacks a column the source's schema (from ``first_path``) has."""
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise SourceError(f"column(s) {missing} missing (present in {first_path}).", path=path, column=missing[0])
+
+
+def cast_to_schema(table: pa.Table, schema: pa.Schema, part: str, path: str) -> pa.Table:
+    """``table`` with ``schema``'s columns and types, or a SourceError naming the file and ``part``."""
+    if table.schema == schema:
+        return table
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowException, ValueError) as exc:
+        raise SourceError(f"cannot convert {part} to {schema}: {exc}", path=path) from None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -16,21 +14,19 @@ from naiad.sources.base import (
     DTypes,
     OnBadRows,
     PathLike,
+    ReaderCache,
     Source,
     apply_dtypes,
+    cast_to_schema,
+    check_columns_present,
     check_no_nulls,
+    indexed_blocks,
     resolve_dtypes,
     select_columns,
     table_to_columns,
 )
 
 __all__ = ["ParquetSource", "read_parquet"]
-
-# Open files per thread (a reader is not safe to share between threads): opening parses the
-# footer, which is not free for wide files.
-_LOCAL = threading.local()
-_MAX_OPEN = 16
-
 
 def read_parquet(
     paths: PathLike,
@@ -56,25 +52,13 @@ def read_parquet(
     return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows)
 
 
+# Opening a Parquet file parses its footer, which is not free for wide files: keep it open.
+_READERS = ReaderCache(lambda path: pq.ParquetFile(path, memory_map=True), "Parquet file", "is it truncated?")
+
+
 def open_parquet(path: str) -> pq.ParquetFile:
     """A cached :class:`pyarrow.parquet.ParquetFile` (per thread), or a SourceError."""
-    cache: OrderedDict[str, pq.ParquetFile] | None = getattr(_LOCAL, "open", None)
-    if cache is None:
-        cache = _LOCAL.open = OrderedDict()
-    pf = cache.get(path)
-    if pf is None:
-        try:
-            pf = pq.ParquetFile(path, memory_map=True)
-        except FileNotFoundError:
-            raise SourceError("file not found.", path=path) from None
-        except (OSError, pa.ArrowException) as exc:
-            raise SourceError(f"not a readable Parquet file ({exc}); is it truncated?", path=path) from None
-        cache[path] = pf
-        if len(cache) > _MAX_OPEN:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(path)
-    return pf
+    return _READERS.get(path)
 
 
 class ParquetSource(Source):
@@ -99,17 +83,10 @@ class ParquetSource(Source):
         return apply_dtypes(schema, resolve_dtypes(self._dtypes_arg, schema.names))
 
     def _file_blocks(self, path: str) -> list[Block]:
-        meta = open_parquet(path).metadata
-        missing = [n for n in self.schema().names if n not in open_parquet(path).schema_arrow.names]
-        if missing:
-            raise SourceError(f"column(s) {missing} missing (present in {self.paths[0]}).", path=path, column=missing[0])
-        blocks, row = [], 0
-        for i in range(meta.num_row_groups):
-            n = meta.row_group(i).num_rows
-            if n:
-                blocks.append(Block(path, i, i + 1, n, row))
-            row += n
-        return blocks
+        pf = open_parquet(path)
+        check_columns_present(self.schema().names, pf.schema_arrow.names, path, self.paths[0])
+        meta = pf.metadata
+        return indexed_blocks(path, [meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         schema = self.schema()
@@ -119,10 +96,6 @@ class ParquetSource(Source):
             raise SourceError(f"cannot read row group {block.start} ({exc}); is the file truncated?", path=block.path) from None
         if (lo, hi) != (0, block.rows):
             table = table.slice(lo, hi - lo)
-        if table.schema != schema:
-            try:
-                table = table.select(schema.names).cast(schema)
-            except (pa.ArrowException, ValueError) as exc:
-                raise SourceError(f"cannot convert row group {block.start} to {schema}: {exc}", path=block.path) from None
+        table = cast_to_schema(table, schema, f"row group {block.start}", block.path)
         table, skipped = check_no_nulls(table, block, lo, self.on_bad_rows)
         return BlockData(table_to_columns(table), skipped)
