@@ -13,7 +13,7 @@ shuffled epoch with ``num_workers=2``, batch 256. Memory is the sum of the propo
 and its workers, sampled every 50 ms; "growth" is its peak minus the value before the loader
 started, i.e. what the workers cost. USS is the memory private to each worker at the end.
 
-Run: ``python bench/bench_memory_workers.py [--rows 1000000] [--out bench/RESULTS_workers.md]``.
+Run: ``python bench/bench_memory_workers.py [--rows 1000000] [--out FILE.md]``.
 """
 
 from __future__ import annotations

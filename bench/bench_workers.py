@@ -16,7 +16,7 @@ Three questions, naiad's DataLoader beside torch's in the same run (fork, the Li
 
 Times are medians over ``--repeats`` runs; the machine is shared and noisy, so read the ratios.
 
-Run: ``python bench/bench_workers.py [--repeats 5] [--out bench/RESULTS_workers.md]``.
+Run: ``python bench/bench_workers.py [--repeats 5] [--out FILE.md]``.
 """
 
 from __future__ import annotations
