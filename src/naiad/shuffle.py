@@ -35,6 +35,12 @@ def as_array(values: Any) -> np.ndarray:
     return np.fromiter(values, dtype=object, count=len(values))
 
 
+def _as_rows(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous ``(n, ...)`` array viewed as ``n`` opaque values of one row each (no copy)."""
+    row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    return array.reshape(len(array), -1).view(np.dtype((np.void, row_bytes))).reshape(len(array))
+
+
 class ShuffleBuffer:
     """A fixed-capacity columnar shuffle buffer (see NOTE [ Shuffle buffer ]).
 
@@ -58,11 +64,17 @@ class ShuffleBuffer:
         self.rows_in = 0
         self.rows_out = 0
         self.slots: ArrayColumns | None = None
+        self._rows: ArrayColumns = {}
 
     def _allocate(self, columns: ArrayColumns) -> None:
         self.slots = {
             name: np.empty((self.capacity_rows, *col.shape[1:]), dtype=col.dtype)
             for name, col in columns.items()
+        }
+        # Multi-dimensional numeric columns also get a view of each row as one opaque value,
+        # for the scatter of the exchange.
+        self._rows = {
+            name: _as_rows(slot) for name, slot in self.slots.items() if slot.ndim > 1 and slot.dtype.kind in "biufc"
         }
 
     def push(self, columns: ArrayColumns) -> list[ArrayColumns]:
@@ -91,7 +103,11 @@ class ShuffleBuffer:
             # indexing there); for 1-D columns fancy indexing is the faster of the two.
             out.append({name: np.take(slot, idx, axis=0) if slot.ndim > 1 else slot[idx] for name, slot in slots.items()})
             for name, col in columns.items():
-                slots[name][idx] = col[pos : pos + m]
+                rows = self._rows.get(name)
+                if rows is None:
+                    slots[name][idx] = col[pos : pos + m]
+                else:  # whole rows as one opaque value each: 3x faster than a 2-D scatter
+                    rows[idx] = _as_rows(np.ascontiguousarray(col[pos : pos + m]))
             pos += m
             self.rows_out += m
         return out

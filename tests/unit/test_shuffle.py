@@ -79,3 +79,18 @@ def test_buffer_state_is_json_and_restores_the_generator():
 def test_buffer_rejects_a_capacity_below_one():
     with pytest.raises(ConfigError, match="`shuffle_buffer` must be >= 1, got 0"):
         ShuffleBuffer(0, np.random.default_rng(0))
+
+
+def test_multidimensional_columns_keep_rows_whole_and_aligned() -> None:
+    buf = ShuffleBuffer(64, np.random.default_rng(3))
+    out = []
+    for start in range(0, 1000, 37):
+        ids = np.arange(start, min(start + 37, 1000))
+        x = np.stack([ids * 10 + k for k in range(5)], axis=1).astype(np.float32).reshape(-1, 5, 1)
+        out += buf.push({"id": ids, "x": x})
+    out.append(buf.flush())
+    ids = np.concatenate([c["id"] for c in out])
+    x = np.concatenate([c["x"] for c in out])
+    assert sorted(ids.tolist()) == list(range(1000))
+    expected = (ids[:, None] * 10 + np.arange(5)).astype(np.float32)[:, :, None]
+    assert np.array_equal(x, expected)
