@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import naiad.device as device_mod
-from naiad.device import PrefetchIterator, _count_rows, _CudaMover
+from naiad.device import PrefetchIterator, _CudaMover
+from naiad.tree import count_rows as _count_rows
 
 
 class FakeStream:
