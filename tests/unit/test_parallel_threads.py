@@ -1,0 +1,60 @@
+"""split_across_threads, and the shuffle buffer's use of it: same results, errors surface."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import naiad.shuffle as shuffle_module
+from naiad.parallel.threads import split_across_threads
+from naiad.shuffle import ShuffleBuffer
+
+
+def test_halves_run_on_two_threads_and_come_back_in_order() -> None:
+    seen: list[str] = []
+
+    def work(part: list[int]) -> list[int]:
+        seen.append(threading.current_thread().name)
+        return [x * 2 for x in part]
+
+    assert split_across_threads(work, [1, 2, 3, 4, 5]) == [[2, 4], [6, 8, 10]]
+    assert len(set(seen)) == 2
+    assert split_across_threads(work, [7]) == [[14]]
+
+
+def test_an_error_in_either_half_is_raised_here() -> None:
+    def work(part: list[int]) -> int:
+        if 3 in part:
+            raise KeyError("three")
+        return len(part)
+
+    with pytest.raises(KeyError, match="three"):
+        split_across_threads(work, [1, 2, 3, 4])  # the helper's half fails
+    with pytest.raises(KeyError, match="three"):
+        split_across_threads(work, [3, 1, 2, 4])  # this thread's half fails
+
+
+def _shuffle(columns: int, rows: int) -> list[dict[str, np.ndarray]]:
+    buf = ShuffleBuffer(20_000, np.random.default_rng(7))
+    data = {f"c{i}": np.arange(rows, dtype=np.float32) * (i + 1) for i in range(columns)}
+    out = []
+    for start in range(0, rows, 30_000):
+        out += buf.push({k: v[start : start + 30_000] for k, v in data.items()})
+    out.append(buf.flush())
+    return out
+
+
+def test_threaded_exchange_gives_exactly_the_serial_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    threaded = _shuffle(10, 200_000)
+    monkeypatch.setattr(shuffle_module, "_SPLIT_MIN_VALUES", 1 << 62)
+    serial = _shuffle(10, 200_000)
+    assert len(threaded) == len(serial)
+    for a, b in zip(threaded, serial):
+        assert list(a) == list(b) == [f"c{i}" for i in range(10)]  # column order kept
+        for k in a:
+            assert np.array_equal(a[k], b[k])
+    ids = np.concatenate([c["c0"] for c in threaded])
+    assert sorted(ids.tolist()) == list(range(200_000))
+    assert all(np.array_equal(c[f"c{i}"], c["c0"] * (i + 1)) for c in threaded for i in range(10))
