@@ -9,6 +9,7 @@ from naiad.loader import DataLoader
 from naiad.parallel import AutoTuner, worker_rng
 from naiad.sources import (
     Source,
+    read,
     read_arrow,
     read_csv,
     read_jsonl,
@@ -33,6 +34,7 @@ __all__ = [
     "WorkerLocal",
     "columnar",
     "pack_xy",
+    "read",
     "read_arrow",
     "read_csv",
     "read_jsonl",

@@ -29,17 +29,6 @@ from typing import Any
 NAME = "tune"
 HELP = "Sweep num_workers, worker_mode and prefetch_factor on a source; recommend a setting."
 
-_READERS = {
-    ".csv": "read_csv",
-    ".tsv": "read_csv",
-    ".parquet": "read_parquet",
-    ".arrow": "read_arrow",
-    ".feather": "read_arrow",
-    ".ipc": "read_arrow",
-    ".jsonl": "read_jsonl",
-    ".ndjson": "read_jsonl",
-    ".npy": "read_npy",
-}
 # Settings within this fraction of the best throughput count as equally fast.
 _TOLERANCE = 0.05
 
@@ -154,14 +143,9 @@ def load_source(spec: str, *, rows: int, load: str) -> tuple[Any, str]:
             raise ConfigError(f"`source` must be 'demo', a file or a glob that matches files, got {spec!r}.")
         words = paths[0] if len(paths) == 1 else f"{spec} ({len(paths)} files)"
     suffix = Path(paths[0]).suffix.lower()
-    reader = _READERS.get(suffix)
-    if reader is None:
-        raise ConfigError(f"`source` {paths[0]!r}: naiad tune cannot read {suffix!r} files; use one of {', '.join(sorted(_READERS))}.")
     if load == "memory":
         return _in_memory(paths, suffix), words + ", in memory"
-    kwargs: dict[str, Any] = {"delimiter": "\t"} if suffix == ".tsv" else {}
-    source = getattr(naiad, reader)(paths if len(paths) > 1 else paths[0], **kwargs)
-    return source, words + ", streamed"
+    return naiad.read(paths if len(paths) > 1 else paths[0]), words + ", streamed"
 
 
 def _in_memory(paths: list[str], suffix: str) -> Any:

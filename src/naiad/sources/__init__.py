@@ -8,6 +8,7 @@ ranges of a memory-mapped array. Parsing is PyArrow's (or a NumPy memory map), a
 from __future__ import annotations
 
 from naiad.sources.arrow import ArrowSource, read_arrow
+from naiad.sources.auto import read
 from naiad.sources.base import Block, BlockData, Source
 from naiad.sources.csv import CsvSource, read_csv
 from naiad.sources.jsonl import JsonlSource, read_jsonl
@@ -25,6 +26,7 @@ __all__ = [
     "ParquetSource",
     "Source",
     "TextSource",
+    "read",
     "read_arrow",
     "read_csv",
     "read_jsonl",
