@@ -16,6 +16,7 @@ from naiad.sources.base import (
     DTypes,
     OnBadRows,
     PathLike,
+    ReaderCache,
     Source,
     expand_paths,
     to_arrow_type,
@@ -50,7 +51,7 @@ def read_npy(
     return NpySource(paths, column=column, dtypes=dtypes, block_rows=block_rows)
 
 
-def _open(path: str) -> np.ndarray:
+def _load(path: str) -> np.ndarray:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
@@ -59,6 +60,17 @@ def _open(path: str) -> np.ndarray:
         raise SourceError(f"not a readable .npy file ({exc}); is it truncated?", path=path) from None
     if not isinstance(arr, np.ndarray) or arr.ndim == 0:
         raise SourceError("expected an array with a first (row) axis, got a scalar or an archive.", path=path)
+    return arr
+
+
+# Opening parses the header (a Python literal) and maps the file: once per file and thread, not
+# once per block.
+_MAPS = ReaderCache(_load, ".npy file", "is it truncated?")
+
+
+def _open(path: str) -> np.ndarray:
+    """The memory-mapped array of ``path`` (cached per thread), or a SourceError."""
+    arr: np.ndarray = _MAPS.get(path)
     return arr
 
 
