@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from naiad.cli.steps import cuda_cycles_per_ms
 from naiad.device import DevicePrefetcher
 
 
@@ -61,19 +62,6 @@ def prefetch_throughput(batches: Iterable[torch.Tensor], nbytes: int, repeats: i
             n += 1
         torch.cuda.synchronize()
         samples.append(gbps(nbytes * n, time.perf_counter() - t0))
-    return statistics.median(samples)
-
-
-def cycles_per_ms() -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)
-    samples = []
-    for _ in range(5):
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        samples.append(10_000_000 / start.elapsed_time(end))
     return statistics.median(samples)
 
 
@@ -151,7 +139,7 @@ def main() -> int:
     )
     print(f"{'DevicePrefetcher, pinned source':<46}{pf_pinned:>8.2f}{pf_pinned / ceiling:>12.0%}")
 
-    step_cycles = int(args.step_ms * cycles_per_ms())
+    step_cycles = int(args.step_ms * cuda_cycles_per_ms(torch.device("cuda")))
     plain = exposed_copy(
         lambda: pageable_batches, lambda b: b.to("cuda"), step_cycles, args.repeats
     )

@@ -27,14 +27,15 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from naiad.errors import ConfigError
 from naiad.parallel.pool import add_note
 
-__all__ = ["ArrayDataset", "FetchStrategy", "choose_fetch", "make_fetch"]
+__all__ = ["ArrayDataset", "FetchStrategy", "choose_fetch", "describe_indices", "make_fetch"]
 
 FetchStrategy = Literal["gather", "getitems", "items"]
 
 _DEFAULT_COLLATES = (default_collate,)
 
 
-def _describe_indices(indices: Sequence[int] | np.ndarray, most: int = 8) -> str:
+def describe_indices(indices: Sequence[int] | np.ndarray, most: int = 8) -> str:
+    """``indices`` for a message: the first ``most`` of them, and how many there are in all."""
     shown = ", ".join(str(int(i)) for i in indices[:most])
     more = f", ... ({len(indices)} in all)" if len(indices) > most else ""
     return f"[{shown}{more}]"
@@ -199,7 +200,7 @@ def make_fetch(
         try:
             return collate(data)
         except Exception as exc:
-            add_note(exc, f"naiad: raised by collate_fn on the samples at indices {_describe_indices(indices)}")
+            add_note(exc, f"naiad: raised by collate_fn on the samples at indices {describe_indices(indices)}")
             raise
 
     if not auto_collation:
@@ -222,7 +223,7 @@ def make_fetch(
             try:
                 return gather(idx)
             except IndexError as exc:
-                add_note(exc, f"naiad: raised while gathering indices {_describe_indices(idx)} (dataset of length {len(dataset)})")
+                add_note(exc, f"naiad: raised while gathering indices {describe_indices(idx)} (dataset of length {len(dataset)})")
                 raise
 
         return fetch_gather
@@ -234,7 +235,7 @@ def make_fetch(
             try:
                 data = dataset.__getitems__(idx)
             except Exception as exc:
-                add_note(exc, f"naiad: raised by dataset.__getitems__ for indices {_describe_indices(idx)}")
+                add_note(exc, f"naiad: raised by dataset.__getitems__ for indices {describe_indices(idx)}")
                 raise
             return collate_noted(data, idx)
 

@@ -23,7 +23,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from naiad.errors import ConfigError
-from naiad.fetch import ArrayDataset, FetchStrategy, make_fetch
+from naiad.fetch import ArrayDataset, FetchStrategy, describe_indices, make_fetch
 from naiad.parallel import Exhausted, WorkerContext
 
 __all__ = [
@@ -259,9 +259,7 @@ def iterable_handler_factory(
 def describe_map_task(task: Any) -> str:
     number, indices = task
     if isinstance(indices, (list, np.ndarray)):
-        shown = ", ".join(str(int(i)) for i in indices[:8])
-        more = f", ... ({len(indices)} in all)" if len(indices) > 8 else ""
-        return f"batch {number} (indices [{shown}{more}])"
+        return f"batch {number} (indices {describe_indices(indices)})"
     return f"batch {number} (index {indices!r})"
 
 

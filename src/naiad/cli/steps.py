@@ -17,7 +17,7 @@ import torch
 
 from naiad.errors import ConfigError
 
-__all__ = ["Step", "synthetic_step", "training_step"]
+__all__ = ["Step", "cuda_cycles_per_ms", "synthetic_step", "training_step"]
 
 Step = Callable[[Any], None]
 """One training step on one batch."""
@@ -53,7 +53,7 @@ def synthetic_step(step_ms: float, device: torch.device) -> Step:
             time.sleep(seconds)
 
         return sleep_step
-    cycles = int(step_ms * _cuda_cycles_per_ms(device))
+    cycles = int(step_ms * cuda_cycles_per_ms(device))
 
     def gpu_step(batch: Any) -> None:
         t = _first_tensor(batch)
@@ -65,7 +65,8 @@ def synthetic_step(step_ms: float, device: torch.device) -> Step:
     return gpu_step
 
 
-def _cuda_cycles_per_ms(device: torch.device) -> float:
+def cuda_cycles_per_ms(device: torch.device) -> float:
+    """GPU clock cycles per millisecond of ``torch.cuda._sleep`` on ``device`` (median of 3)."""
     with torch.cuda.device(device):
         torch.cuda._sleep(1_000_000)  # warm up the clock
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
