@@ -12,8 +12,9 @@ NOTE [ Stream synchronization of prefetched batches ]
 A copy issued on a side stream runs concurrently with the training stream; nothing orders the
 two unless we say so. The protocol, per batch:
 
-1. Producer thread, with the copy stream current: pin each CPU tensor (``pin_memory()``; a
-   ``non_blocking`` copy from pageable memory would be synchronous), then
+1. Producer thread (:class:`naiad.transfer.CudaMover`), with the copy stream current: pin
+   each CPU tensor (``pin_memory()``; a ``non_blocking`` copy from pageable memory would be
+   synchronous), then
    ``tensor.to(device, non_blocking=True)``. The device memory is allocated by the caching
    allocator *on the copy stream*. The pinned source may be dropped right away: torch records an
    event for a non-blocking copy from pinned memory, and the pinned-memory cache reuses the
@@ -62,9 +63,10 @@ import torch
 
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
+from naiad.transfer import CudaMover, GenericMover, Mover
 from naiad.tree import count_rows, map_tensors
 
-__all__ = ["DevicePrefetcher", "PrefetchIterator", "move_to_device"]
+__all__ = ["DevicePrefetcher", "PrefetchIterator"]
 
 T = TypeVar("T")
 
@@ -74,84 +76,6 @@ _JOIN_TIMEOUT_S = 10.0
 
 # Kinds of items on the channel.
 _BATCH, _END, _ERROR = 0, 1, 2
-
-
-# --------------------------------------------------------------------------------------------
-# Walking nested batches.
-
-
-def move_to_device(batch: T, device: str | torch.device, *, non_blocking: bool = False) -> T:
-    """``batch`` with every tensor moved to ``device``; containers walked as the prefetcher does.
-
-    The synchronous counterpart of :class:`DevicePrefetcher`, for a plain training loop.
-
-    Example:
-        >>> move_to_device({"x": torch.ones(2), "name": "a"}, "cpu")
-        {'x': tensor([1., 1.]), 'name': 'a'}
-    """
-    target = torch.device(device)
-    return map_tensors(lambda t: t.to(target, non_blocking=non_blocking), batch)
-
-
-# --------------------------------------------------------------------------------------------
-# Movers: run in the producer thread, return (moved batch, event or None, copied tensors).
-
-
-class _Mover:
-    """Moves a batch for one target device; the base class keeps CPU tensors where they are."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.foreign = False  # set when a leaf must be moved by the consumer (another device)
-
-    def _leaf(self, t: torch.Tensor) -> torch.Tensor:
-        if t.device != self.device:
-            self.foreign = True
-        return t
-
-    def __call__(self, batch: Any) -> tuple[Any, Any, list[torch.Tensor], bool]:
-        self.foreign = False
-        moved = map_tensors(self._leaf, batch)
-        return moved, None, [], self.foreign
-
-
-class _GenericMover(_Mover):
-    """A device without streams we manage (``mps``, ``xpu``, ...): a plain copy in the thread."""
-
-    def _leaf(self, t: torch.Tensor) -> torch.Tensor:
-        return t if t.device == self.device else t.to(self.device)
-
-
-class _CudaMover(_Mover):
-    """Pin, then copy on a dedicated stream; see NOTE [ Stream synchronization of prefetched batches ]."""
-
-    def __init__(self, device: torch.device, pin_memory: bool) -> None:
-        super().__init__(device)
-        self.pin_memory = pin_memory
-        self.stream = torch.cuda.Stream(device=device)
-        self.copied: list[torch.Tensor] = []
-
-    def _leaf(self, t: torch.Tensor) -> torch.Tensor:
-        if t.device.type == "cpu":
-            if self.pin_memory and not t.is_pinned():
-                t = t.pin_memory()  # CPU work, in this thread, off the training loop
-            out = t.to(self.device, non_blocking=True)
-            self.copied.append(out)
-            return out
-        if t.device != self.device:
-            self.foreign = True
-        return t
-
-    def __call__(self, batch: Any) -> tuple[Any, Any, list[torch.Tensor], bool]:
-        self.foreign = False
-        self.copied = []
-        # The current device and stream are per thread: set both for this producer thread.
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            moved = map_tensors(self._leaf, batch)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        copied, self.copied = self.copied, []  # hold no batch between calls
-        return moved, event, copied, self.foreign
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,7 +98,7 @@ class _Channel:
 def _produce(
     source: Iterator[Any],
     chan: _Channel,
-    mover: _Mover,
+    mover: Mover,
     telemetry: Telemetry | None,
     source_stage: str | None,
     rows_of: Callable[[Any], int | None],
@@ -280,7 +204,7 @@ class PrefetchIterator(Iterator[T]):
         *,
         device: torch.device,
         depth: int,
-        mover: _Mover,
+        mover: Mover,
         telemetry: Telemetry | None,
         record_steps: bool,
         source_stage: str | None,
@@ -480,11 +404,11 @@ class DevicePrefetcher(Generic[T]):
 
     def __iter__(self) -> PrefetchIterator[T]:
         if self._device.type == "cuda":
-            mover: _Mover = _CudaMover(self._device, self._pin_memory)
+            mover: Mover = CudaMover(self._device, self._pin_memory)
         elif self._device.type == "cpu":
-            mover = _Mover(self._device)
+            mover = Mover(self._device)
         else:
-            mover = _GenericMover(self._device)
+            mover = GenericMover(self._device)
         # iter() here, in the caller's thread: a DataLoader starts its worker processes in it.
         return PrefetchIterator(
             iter(self._source),

@@ -15,9 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from naiad.device import DevicePrefetcher, _Mover, move_to_device
+from naiad.device import DevicePrefetcher
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
+from naiad.transfer import Mover, move_to_device
 from naiad.tree import count_rows as _count_rows
 
 Pair = namedtuple("Pair", ["x", "y"])
@@ -123,7 +124,7 @@ def test_nested_containers_keep_their_types_and_leaves_pass_through():
     )
 )
 def test_cpu_mover_rebuilds_an_equal_structure_around_the_same_tensors(batch):
-    out, event, copied, foreign = _Mover(torch.device("cpu"))(batch)
+    out, event, copied, foreign = Mover(torch.device("cpu"))(batch)
     assert _structure(out) == _structure(batch)
     assert event is None and copied == [] and not foreign
 

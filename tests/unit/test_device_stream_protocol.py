@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import naiad.device as device_mod
-from naiad.device import PrefetchIterator, _CudaMover
+from naiad.device import PrefetchIterator
+from naiad.transfer import CudaMover
 from naiad.tree import count_rows as _count_rows
 
 
@@ -76,7 +77,7 @@ def make_iterator(batches) -> PrefetchIterator:
         iter(batches),
         device=cpu,
         depth=2,
-        mover=_CudaMover(cpu, pin_memory=False),
+        mover=CudaMover(cpu, pin_memory=False),
         telemetry=None,
         record_steps=False,
         source_stage=None,

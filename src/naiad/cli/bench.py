@@ -38,8 +38,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 import naiad
 from naiad.cli.steps import Step, synthetic_step, training_step
-from naiad.device import move_to_device
 from naiad.errors import ConfigError
+from naiad.transfer import move_to_device
 
 NAME = "bench"
 HELP = "Measure the time a training loop waits for data, serial against naiad."
