@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib
 import json
-import math
 import sys
-import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +33,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 import naiad
+from naiad.cli.bench_report import RunResult, format_table, load_pyplot, plot_waits
 from naiad.cli.steps import Step, synthetic_step, training_step
 from naiad.errors import ConfigError
 from naiad.transfer import move_to_device
@@ -47,7 +44,6 @@ HELP = "Measure the time a training loop waits for data, serial against naiad."
 __all__ = [
     "HELP",
     "NAME",
-    "RunResult",
     "add_arguments",
     "measure",
     "resolve_source",
@@ -212,56 +208,6 @@ def _naiad_loader(dataset: Any, args: argparse.Namespace, device: torch.device) 
 # Measuring.
 
 
-@dataclass
-class RunResult:
-    """One measured run of a loop.
-
-    Attributes:
-        name: "serial" or "naiad".
-        waits_s: per step, the time the loop waited for its batch (exposed loading).
-        steps_s: per step, the time of the training step.
-        total_s: wall time of the measured steps.
-        load_s: time spent loading, whether exposed or in the background (None: unknown).
-        stats: the loader's own stats, when it keeps them.
-        how: the loop, in words.
-    """
-
-    name: str
-    waits_s: list[float] = field(default_factory=list)
-    steps_s: list[float] = field(default_factory=list)
-    total_s: float = 0.0
-    load_s: float | None = None
-    stats: dict[str, Any] | None = None
-    how: str = ""
-
-    @property
-    def steps(self) -> int:
-        """Measured steps."""
-        return len(self.waits_s)
-
-    def per_step_ms(self, total: float | None) -> float | None:
-        """``total`` seconds as milliseconds per measured step."""
-        return None if total is None or not self.steps else total / self.steps * 1e3
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary, per-step series included."""
-        waits = np.asarray(self.waits_s) if self.waits_s else np.zeros(1)
-        return {
-            "name": self.name,
-            "steps": self.steps,
-            "total_s": self.total_s,
-            "per_step_ms": self.per_step_ms(self.total_s),
-            "load_ms_per_step": self.per_step_ms(self.load_s),
-            "wait_ms_per_step": self.per_step_ms(sum(self.waits_s)),
-            "step_ms_per_step": self.per_step_ms(sum(self.steps_s)),
-            "wait_p50_ms": float(np.percentile(waits, 50)) * 1e3,
-            "wait_p99_ms": float(np.percentile(waits, 99)) * 1e3,
-            "waits_ms": [w * 1e3 for w in self.waits_s],
-            "loader_stats": self.stats,
-            "how": self.how,
-        }
-
-
 def measure(
     name: str,
     batches: Iterable[Any],
@@ -357,92 +303,6 @@ def _workers(n: int) -> str:
     return "no workers" if n == 0 else f"{n} worker{'s' if n > 1 else ''}"
 
 
-def _fmt(v: float | None, spec: str = ".2f") -> str:
-    return "n/a" if v is None or not math.isfinite(v) else format(v, spec)
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    if a is None or b is None or b <= 0:
-        return ""
-    return f"{a / b:.2f}x"
-
-
-def format_table(results: list[RunResult], header: str) -> str:
-    """The side-by-side table ``naiad bench`` prints."""
-    serial, ours = results
-    rows: list[tuple[str, float | None, float | None, bool]] = [
-        ("total s", serial.total_s, ours.total_s, True),
-        ("per step ms", serial.per_step_ms(serial.total_s), ours.per_step_ms(ours.total_s), True),
-        (
-            "data loading ms/step",
-            serial.per_step_ms(serial.load_s),
-            ours.per_step_ms(ours.load_s),
-            False,
-        ),
-        (
-            "exposed wait ms/step",
-            serial.per_step_ms(sum(serial.waits_s)),
-            ours.per_step_ms(sum(ours.waits_s)),
-            True,
-        ),
-        (
-            "training step ms/step",
-            serial.per_step_ms(sum(serial.steps_s)),
-            ours.per_step_ms(sum(ours.steps_s)),
-            False,
-        ),
-    ]
-    width = 24
-    lines = [header, "", f"{'':<{width}}{'serial':>12}{'naiad':>12}{'serial/naiad':>14}"]
-    for label, a, b, ratio in rows:
-        lines.append(
-            f"{label:<{width}}{_fmt(a, '.3f' if label == 'total s' else '.2f'):>12}"
-            f"{_fmt(b, '.3f' if label == 'total s' else '.2f'):>12}{_ratio(a, b) if ratio else '':>14}"
-        )
-    for q in (50, 99):
-        a = float(np.percentile(serial.waits_s, q)) * 1e3 if serial.waits_s else None
-        b = float(np.percentile(ours.waits_s, q)) * 1e3 if ours.waits_s else None
-        lines.append(f"{f'wait p{q} ms':<{width}}{_fmt(a):>12}{_fmt(b):>12}")
-    share = [sum(r.waits_s) / r.total_s if r.total_s > 0 else None for r in results]
-    lines.append(
-        f"{'time spent waiting':<{width}}{_fmt(None if share[0] is None else share[0] * 100, '.1f') + '%':>12}"
-        f"{_fmt(None if share[1] is None else share[1] * 100, '.1f') + '%':>12}"
-    )
-    lines += [
-        "",
-        f"serial: {serial.how}.",
-        f"naiad: {ours.how}.",
-        "Data loading counts all loading work (naiad: in the background, summed over its stages);",
-        "exposed wait is the part the training loop waited for.",
-    ]
-    return "\n".join(lines)
-
-
-def _load_pyplot() -> Any:
-    try:
-        matplotlib = importlib.import_module("matplotlib")
-    except ImportError:
-        return None
-    matplotlib.use("Agg")  # files only: no display needed
-    return importlib.import_module("matplotlib.pyplot")
-
-
-def plot_waits(results: list[RunResult], path: str, title: str, plt: Any) -> None:
-    """Draw each run's wait per step, in ms, against the step number."""
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for r in results:
-        ax.plot(range(r.steps), [w * 1e3 for w in r.waits_s], label=r.name, linewidth=1.2)
-    ax.set_xlabel("step")
-    ax.set_ylabel("wait for data (ms)")
-    ax.set_title(textwrap.fill(title, 110), fontsize=8)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``naiad bench``; returns the exit status."""
     for name in ("batch_size", "batches", "rows", "depth"):
@@ -460,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     plt = None
     if args.plot:
-        plt = _load_pyplot()
+        plt = load_pyplot()
         if plt is None:
             print(
                 "naiad bench: --plot needs matplotlib, which is not installed; "
