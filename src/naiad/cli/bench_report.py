@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RunResult", "fmt", "format_table", "load_pyplot", "plot_waits", "ratio"]
+__all__ = ["RunResult", "format_table", "load_pyplot", "plot_waits"]
 
 
 @dataclass
@@ -63,14 +63,11 @@ class RunResult:
         }
 
 
-
-def fmt(v: float | None, spec: str = ".2f") -> str:
-    """``v`` formatted, or "n/a" when it is unknown or not finite."""
+def _fmt(v: float | None, spec: str = ".2f") -> str:
     return "n/a" if v is None or not math.isfinite(v) else format(v, spec)
 
 
-def ratio(a: float | None, b: float | None) -> str:
-    """``a / b`` as "1.23x", or "" when either is unknown."""
+def _ratio(a: float | None, b: float | None) -> str:
     if a is None or b is None or b <= 0:
         return ""
     return f"{a / b:.2f}x"
@@ -103,19 +100,19 @@ def format_table(results: list[RunResult], header: str) -> str:
     ]
     width = 24
     lines = [header, "", f"{'':<{width}}{'serial':>12}{'naiad':>12}{'serial/naiad':>14}"]
-    for label, a, b, with_ratio in rows:
+    for label, a, b, ratio in rows:
         lines.append(
-            f"{label:<{width}}{fmt(a, '.3f' if label == 'total s' else '.2f'):>12}"
-            f"{fmt(b, '.3f' if label == 'total s' else '.2f'):>12}{ratio(a, b) if with_ratio else '':>14}"
+            f"{label:<{width}}{_fmt(a, '.3f' if label == 'total s' else '.2f'):>12}"
+            f"{_fmt(b, '.3f' if label == 'total s' else '.2f'):>12}{_ratio(a, b) if ratio else '':>14}"
         )
     for q in (50, 99):
         a = float(np.percentile(serial.waits_s, q)) * 1e3 if serial.waits_s else None
         b = float(np.percentile(ours.waits_s, q)) * 1e3 if ours.waits_s else None
-        lines.append(f"{f'wait p{q} ms':<{width}}{fmt(a):>12}{fmt(b):>12}")
+        lines.append(f"{f'wait p{q} ms':<{width}}{_fmt(a):>12}{_fmt(b):>12}")
     share = [sum(r.waits_s) / r.total_s if r.total_s > 0 else None for r in results]
     lines.append(
-        f"{'time spent waiting':<{width}}{fmt(None if share[0] is None else share[0] * 100, '.1f') + '%':>12}"
-        f"{fmt(None if share[1] is None else share[1] * 100, '.1f') + '%':>12}"
+        f"{'time spent waiting':<{width}}{_fmt(None if share[0] is None else share[0] * 100, '.1f') + '%':>12}"
+        f"{_fmt(None if share[1] is None else share[1] * 100, '.1f') + '%':>12}"
     )
     lines += [
         "",
