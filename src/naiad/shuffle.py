@@ -9,6 +9,12 @@ streaming shuffle (TensorFlow's ``shuffle(buffer_size)``) done ``m`` rows at a t
 gather and one scatter per column, never a Python loop per row. At the end of the stream the
 remaining rows leave in a random permutation.
 
+Each column's exchange starts with one sequential pass over its slots (a ``max`` over its
+bytes, result unused) when the column fits in half a core's L2 cache: the pass pulls the column
+in at full memory bandwidth, so the random gather and scatter that follow hit the cache instead
+of waiting on one line at a time (a shuffled epoch of ten float columns: 15-20% more rows/s and
+less CPU per row, bench/RESULTS.md). It changes no value and no order.
+
 The draws depend only on the chunk sizes and the generator, not on the data, so running the
 buffer over row *positions* alone replays exactly which rows it holds at any point: that is how
 a stream resumes mid-epoch (see ``naiad.stream``) without saving the buffer's contents.
@@ -17,6 +23,7 @@ a stream resumes mid-epoch (see ``naiad.stream``) without saving the buffer's co
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +47,27 @@ def as_array(values: Any) -> np.ndarray:
 
 # Below this many values per exchange the helper thread's hand-off costs more than it saves.
 _SPLIT_MIN_VALUES = 1 << 16
+
+
+def _l2_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache", default: int = 1 << 20) -> int:
+    """The size of one core's L2 cache (Linux sysfs), or ``default`` where it cannot be read."""
+    try:
+        for entry in sorted(e for e in os.listdir(root) if e.startswith("index")):
+            with open(os.path.join(root, entry, "level")) as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(os.path.join(root, entry, "size")) as f:
+                size = f.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+            return int(size.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return default
+
+
+# Columns up to this size are warmed before an exchange (see NOTE [ Shuffle buffer ]): half the
+# L2 cache leaves room for the incoming rows and the outgoing ones.
+_WARM_MAX_BYTES = _l2_cache_bytes() // 2
 
 
 def _as_rows(array: np.ndarray) -> np.ndarray:
@@ -126,8 +154,12 @@ class ShuffleBuffer:
         slots = self.slots
         assert slots is not None
         out = {}
+        # Warming costs a pass over all the slots: worth it only when the draws touch most lines.
+        warm = len(idx) * 8 >= self.capacity_rows
         for name in names:
             slot = slots[name]
+            if warm and slot.dtype.kind in "biufcmM" and 0 < slot.nbytes <= _WARM_MAX_BYTES:
+                slot.reshape(-1).view(np.uint8).max()
             # take(axis=0) copies whole rows of a 2-D column at once (3x faster than fancy
             # indexing there); for 1-D columns fancy indexing is the faster of the two.
             out[name] = np.take(slot, idx, axis=0) if slot.ndim > 1 else slot[idx]

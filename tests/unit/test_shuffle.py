@@ -94,3 +94,52 @@ def test_multidimensional_columns_keep_rows_whole_and_aligned() -> None:
     assert sorted(ids.tolist()) == list(range(1000))
     expected = (ids[:, None] * 10 + np.arange(5)).astype(np.float32)[:, :, None]
     assert np.array_equal(x, expected)
+
+
+def _mixed_columns(ids: np.ndarray) -> dict[str, np.ndarray]:
+    return {
+        "id": ids,
+        "f32": ids.astype(np.float32) / 3,
+        "flag": ids % 3 == 0,
+        "when": ids.astype("datetime64[s]"),
+        "x": np.stack([ids, -ids], axis=1).astype(np.float64),
+        "s": ids.astype(str).astype(object),
+    }
+
+
+@pytest.mark.parametrize("chunk", [4096, 500])  # exchanges that warm the slots, and that do not
+def test_warming_the_slots_changes_no_value_and_no_order(monkeypatch, chunk):
+    import naiad.shuffle as shuffle
+
+    def run() -> list[dict[str, np.ndarray]]:
+        buf = ShuffleBuffer(8192, np.random.default_rng(11))
+        out = []
+        for start in range(0, 40_000, chunk):
+            out += buf.push(_mixed_columns(np.arange(start, min(start + chunk, 40_000))))
+        return out + [buf.flush()]
+
+    monkeypatch.setattr(shuffle, "_WARM_MAX_BYTES", 1 << 30)  # every numeric column warmed
+    warmed = run()
+    monkeypatch.setattr(shuffle, "_WARM_MAX_BYTES", 0)  # none
+    cold = run()
+    assert len(warmed) == len(cold)
+    for a, b in zip(warmed, cold):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert np.array_equal(a[name], b[name]), name
+    ids = np.concatenate([c["id"] for c in warmed])
+    assert sorted(ids.tolist()) == list(range(40_000))
+
+
+def test_l2_cache_size_is_read_from_sysfs_or_defaulted(tmp_path):
+    from naiad.shuffle import _l2_cache_bytes
+
+    for name, level, size in [("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "260M")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    (tmp_path / "uevent").write_text("")
+    assert _l2_cache_bytes(str(tmp_path)) == 2 << 20
+    assert _l2_cache_bytes(str(tmp_path / "missing"), default=12345) == 12345
+    (tmp_path / "index2" / "size").write_text("lots\n")
+    assert _l2_cache_bytes(str(tmp_path), default=7) == 7
