@@ -15,6 +15,7 @@ shuffle quality of a naiad epoch with a buffer of 1% of the rows.
 
     python bench/bench_stream.py                # 1 GB CSV (written to a cache dir, deleted after)
     python bench/bench_stream.py --quick        # 50 MB, a minute
+    python bench/bench_stream.py --sections wide --repeats 5   # only the ten-float-column table
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import functools
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -201,6 +203,9 @@ def main() -> None:
     p.add_argument("--buffer-rows", type=int, default=None, help="naiad's and the baselines' shuffle buffer (default: naiad's)")
     p.add_argument("--baseline-rows", type=int, default=500_000, help="rows given to the slow baselines (a), (b)")
     p.add_argument("--wide-rows", type=int, default=20_000_000, help="rows of the ten-float-column files")
+    p.add_argument("--repeats", type=int, default=3, help="epochs timed per ten-float-column loader (median)")
+    p.add_argument("--sections", default="csv,parquet,wide,quality",
+                   help="which sections to run, comma-separated (csv, parquet, wide, quality)")
     p.add_argument("--cache-dir", default=None, help="where to write the data (deleted afterwards)")
     p.add_argument("--keep", action="store_true", help="keep the generated files")
     p.add_argument("--out", default=None, help="write the markdown report here")
@@ -211,20 +216,40 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="naiad-bench-stream-", dir=args.cache_dir)
     report = ["## Streaming: a shuffled epoch\n", f"`{' '.join(['python', *sys.argv])}`\n", environment() + "\n"]
     print(report[-1])
+    sections = set(args.sections.split(","))
     try:
-        csv_path = os.path.join(work, "diabetes.csv")
-        t0 = time.perf_counter()
-        n = write_diabetes_csv(csv_path, int(args.size_gb * 1e9))
-        size = os.path.getsize(csv_path)
-        print(f"wrote {size / 1e9:.2f} GB, {n:,} rows in {time.perf_counter() - t0:.0f} s")
-        settings = (f"{size / 1e9:.2f} GB diabetes-shaped CSV ({n:,} rows, 8 features + 0/1 label), batch {args.batch_size}, "
-                    f"shuffle buffer {args.buffer_rows:,} rows, naiad with {args.workers} {args.mode} workers; "
-                    f"(a) and (b) on the first {args.baseline_rows:,} rows.\n")
-        report.append(settings)
-        limit = min(args.baseline_rows, n)
+        if sections & {"csv", "parquet"}:
+            report += csv_and_parquet_sections(work, args, sections)
+        if "wide" in sections:
+            report.append(wide_section(work, args))
+            print(report[-1], flush=True)
+        if "quality" in sections:
+            report.append(quality_section(work, args))
+            print(report[-1], flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n\n".join(report) + "\n")
+        print(f"wrote {args.out}")
 
-        src = naiad.read_csv(csv_path)
-        (e0, e1) = naiad_epochs(src, args)
+
+def csv_and_parquet_sections(work: str, args: argparse.Namespace, sections: set[str]) -> list[str]:
+    """The diabetes-shaped CSV (and, converted from it, Parquet): naiad against (a), (b), (c)."""
+    csv_path = os.path.join(work, "diabetes.csv")
+    t0 = time.perf_counter()
+    n = write_diabetes_csv(csv_path, int(args.size_gb * 1e9))
+    size = os.path.getsize(csv_path)
+    print(f"wrote {size / 1e9:.2f} GB, {n:,} rows in {time.perf_counter() - t0:.0f} s")
+    settings = (f"{size / 1e9:.2f} GB diabetes-shaped CSV ({n:,} rows, 8 features + 0/1 label), batch {args.batch_size}, "
+                f"shuffle buffer {args.buffer_rows:,} rows, naiad with {args.workers} {args.mode} workers; "
+                f"(a) and (b) on the first {args.baseline_rows:,} rows.\n")
+    report = [settings]
+    limit = min(args.baseline_rows, n)
+
+    if "csv" in sections:
+        (e0, e1) = naiad_epochs(naiad.read_csv(csv_path), args)
         results = [
             ("naiad, epoch 1 (with the row count)", *e0),
             ("naiad, epoch 2", *e1),
@@ -235,11 +260,11 @@ def main() -> None:
         report.append(compare("CSV", results, "(c) pyarrow.csv.read_csv to NumPy (ceiling)"))
         print(report[-1], flush=True)
 
+    if "parquet" in sections:
         pq_path = os.path.join(work, "diabetes.parquet")
         csv_to_parquet(csv_path, pq_path)
         os.remove(csv_path)
-        src = naiad.read_parquet(pq_path)
-        (e0, e1) = naiad_epochs(src, args)
+        (e0, e1) = naiad_epochs(naiad.read_parquet(pq_path), args)
         results = [
             ("naiad, epoch 1", *e0),
             ("naiad, epoch 2", *e1),
@@ -250,18 +275,7 @@ def main() -> None:
         report.append(compare("Parquet (row groups of 65,536 rows)", results, "(c) pyarrow.parquet.read_table to NumPy (ceiling)"))
         print(report[-1], flush=True)
         os.remove(pq_path)
-
-        report.append(wide_section(work, args))
-        print(report[-1], flush=True)
-        report.append(quality_section(work, args))
-        print(report[-1], flush=True)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n\n".join(report) + "\n")
-        print(f"wrote {args.out}")
+    return report
 
 
 def wide_section(work: str, args: argparse.Namespace) -> str:
@@ -277,20 +291,23 @@ def wide_section(work: str, args: argparse.Namespace) -> str:
         "arrow": lambda: naiad.read_arrow(paths["arrow"]),
         "npy": lambda: naiad.read_npy(paths["npy"]),
     }
-    rows = []
+    runs: dict[tuple[str, str], Callable[[], int]] = {}
     for fmt, make in readers.items():
-        cells = [fmt]
         for shuffle in (True, False):
             loader = naiad.DataLoader(make(), batch_size=8192, shuffle=shuffle, num_workers=args.workers,
                                       worker_mode=args.mode, persistent_workers=True)
             for _ in loader:  # the first epoch warms the page cache and counts rows
                 pass
-            s, n = timed(functools.partial(_count_rows, loader))
-            cells.append(f"{rate(s, n) / 1e6:.1f}")
-        s, n = timed(ceilings[fmt])
-        cells.append(f"{rate(s, n) / 1e6:.1f}")
-        rows.append(cells)
-    return (f"### Ten float32 columns, {args.wide_rows:,} rows, batch 8192 (M rows/s, second epoch)\n\n"
+            runs[(fmt, "shuffled" if shuffle else "in order")] = functools.partial(_count_rows, loader)
+        runs[(fmt, "ceiling")] = ceilings[fmt]
+    rates: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
+    for _ in range(args.repeats):  # round after round, so a busy spell slows every entry alike
+        for key, fn in runs.items():
+            rates[key].append(rate(*timed(fn)))
+    rows = [[fmt] + [f"{statistics.median(rates[(fmt, kind)]) / 1e6:.1f}" for kind in ("shuffled", "in order", "ceiling")]
+            for fmt in readers]
+    return (f"### Ten float32 columns, {args.wide_rows:,} rows, batch 8192 "
+            f"(M rows/s, median of {args.repeats} epochs after the first)\n\n"
             + markdown_table(["format", "naiad shuffled", "naiad in order", "read all to NumPy"], rows))
 
 
