@@ -151,11 +151,14 @@ def test_skipped_rows_are_counted_and_batch_count_is_kept(tmp_path):
     assert sorted(torch.cat([b["a"] for b in batches]).tolist()) == [i for i in range(100) if i % 10]
 
 
-@pytest.mark.parametrize("shuffle,drop_last,world_size", [(False, False, 1), (True, False, 1), (True, True, 2), (False, True, 3)])
+@pytest.mark.parametrize("shuffle,drop_last,world_size,buffer", [
+    (False, False, 1, 9), (True, False, 1, 9), (True, True, 2, 9), (False, True, 3, 9),
+    (True, False, 1, 3), (True, True, 2, 3),  # blocks of 7 rows: exchanges of the whole buffer
+])
 @pytest.mark.parametrize("fmt", ["csv", "parquet", "npy"])
-def test_resume_mid_epoch_gives_the_same_remaining_batches(tmp_path, fmt, shuffle, drop_last, world_size):
+def test_resume_mid_epoch_gives_the_same_remaining_batches(tmp_path, fmt, shuffle, drop_last, world_size, buffer):
     src = open_numbered(write_numbered(str(tmp_path), fmt, [61, 40]), fmt)
-    opts = StreamOptions(batch_size=7, shuffle=shuffle, seed=5, shuffle_buffer=9, drop_last=drop_last,
+    opts = StreamOptions(batch_size=7, shuffle=shuffle, seed=5, shuffle_buffer=buffer, drop_last=drop_last,
                          rank=world_size - 1, world_size=world_size)
     pool = WorkerPool(make_handler_factory(src), num_workers=0)
     full = [ids_of(b) for b in iter_batches(src, opts, epoch=2, imap=pool.imap)]

@@ -143,3 +143,46 @@ def test_l2_cache_size_is_read_from_sysfs_or_defaulted(tmp_path):
     assert _l2_cache_bytes(str(tmp_path / "missing"), default=12345) == 12345
     (tmp_path / "index2" / "size").write_text("lots\n")
     assert _l2_cache_bytes(str(tmp_path), default=7) == 7
+
+
+def _reference_exchange(capacity: int, chunks: list[int], seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """The classic streaming shuffle written plainly: draw slots, emit their rows, put new rows there."""
+    rng = np.random.default_rng(seed)
+    slots, size, out, start = np.zeros(capacity, np.int64), 0, [], 0
+    for n in chunks:
+        ids = np.arange(start, start + n)
+        start += n
+        take = min(capacity - size, n)
+        slots[size : size + take] = ids[:take]
+        size += take
+        for pos in range(take, n, capacity):
+            m = min(capacity, n - pos)
+            idx = rng.choice(capacity, m, replace=False)
+            out.append(slots[idx].copy())
+            slots[idx] = ids[pos : pos + m]
+    held = slots[:size].copy()
+    out.append(slots[:size][rng.permutation(size)])
+    return out, held
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(1, 40), chunks=st.lists(st.integers(0, 130), max_size=8), seed=st.integers(0, 99))
+def test_whole_buffer_exchanges_emit_what_the_plain_exchange_emits(capacity, chunks, seed):
+    # Chunks of `capacity` rows or more skip the scatter and remap the slots instead: the rows,
+    # their order and the slots' contents must match the plain exchange's exactly.
+    expected, expected_held = _reference_exchange(capacity, chunks, seed)
+    buf = ShuffleBuffer(capacity, np.random.default_rng(seed))
+    got, start = [], 0
+    for n in chunks:
+        ids = np.arange(start, start + n)
+        start += n
+        got += buf.push({"id": ids, "x": np.stack([ids, -ids], 1).astype(np.float32), "s": ids.astype(str).astype(object)})
+    held = buf.held()
+    assert np.array_equal(held.get("id", np.zeros(0, np.int64)), expected_held)
+    got.append(buf.flush())
+    got_ids = [c["id"] for c in got if c]
+    assert np.array_equal(np.concatenate(got_ids) if got_ids else np.zeros(0, np.int64), np.concatenate(expected))
+    for c in got:
+        if c:
+            assert np.array_equal(c["x"][:, 1], -c["id"].astype(np.float32))
+            assert c["s"].tolist() == c["id"].astype(str).tolist()
