@@ -10,8 +10,9 @@ Side by side in one run (machines here are noisy; compare ratios, not absolute t
   (no shuffling, no batches, and memory for the whole file).
 
 (a) and (b) run on the first ``--baseline-rows`` rows (they are slow; rows/s is a rate).
-Then the same for Parquet, then ten float32 columns from Parquet / Arrow IPC / NumPy, and the
-shuffle quality of a naiad epoch with a buffer of 1% of the rows.
+Then the same for Parquet, then ten float32 columns from Parquet (two layouts: small
+uncompressed row groups, and PyArrow's defaults) / Arrow IPC / NumPy, and the shuffle quality of
+a naiad epoch with a buffer of 1% of the rows.
 
     python bench/bench_stream.py                # 1 GB CSV (written to a cache dir, deleted after)
     python bench/bench_stream.py --quick        # 50 MB, a minute
@@ -278,16 +279,22 @@ def csv_and_parquet_sections(work: str, args: argparse.Namespace, sections: set[
     return report
 
 
+PARQUET_64K = "parquet (64 Ki-row groups, uncompressed)"
+PARQUET_DEFAULTS = "parquet (PyArrow's defaults: 1 Mi-row groups, snappy)"
+
+
 def wide_section(work: str, args: argparse.Namespace) -> str:
     """Ten float32 columns from Parquet, Arrow IPC and .npy: naiad shuffled and in order."""
     paths = write_wide(work, args.wide_rows)
     ceilings: dict[str, Callable[[], int]] = {
-        "parquet": lambda: len(pq.read_table(paths["parquet"]).column(0).to_numpy()),
+        PARQUET_64K: lambda: len(pq.read_table(paths["parquet"]).column(0).to_numpy()),
+        PARQUET_DEFAULTS: lambda: len(pq.read_table(paths["parquet_defaults"]).column(0).to_numpy()),
         "arrow": lambda: len(ipc.open_file(paths["arrow"]).read_all().column(0).to_numpy()),
         "npy": lambda: len(np.array(np.load(paths["npy"], mmap_mode="r"))),
     }
     readers = {
-        "parquet": lambda: naiad.read_parquet(paths["parquet"]),
+        PARQUET_64K: lambda: naiad.read_parquet(paths["parquet"]),
+        PARQUET_DEFAULTS: lambda: naiad.read_parquet(paths["parquet_defaults"]),
         "arrow": lambda: naiad.read_arrow(paths["arrow"]),
         "npy": lambda: naiad.read_npy(paths["npy"]),
     }

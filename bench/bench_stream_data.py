@@ -57,19 +57,29 @@ def csv_to_parquet(csv_path: str, path: str, row_group_rows: int = 1 << 16) -> N
 
 
 def write_wide(directory: str, rows: int, columns: int = 10, seed: int = 0, chunk_rows: int = 1 << 16) -> dict[str, str]:
-    """``rows`` x ``columns`` float32 values as Parquet, Arrow IPC and one (rows, columns) .npy."""
+    """``rows`` x ``columns`` float32 values as Parquet, Arrow IPC and one (rows, columns) .npy.
+
+    Parquet twice: ``parquet`` in row groups of ``chunk_rows``, uncompressed (dictionary pages:
+    a row group's 64 Ki random floats fit one dictionary), and ``parquet_defaults`` as
+    ``pq.write_table`` / ``DataFrame.to_parquet`` write it (1 Mi-row groups, snappy, dictionary
+    pages that fall back to PLAIN once the dictionary passes 1 MiB).
+    """
     rng = np.random.default_rng(seed)
     names = [f"f{i}" for i in range(columns)]
     paths = {fmt: os.path.join(directory, f"wide.{fmt}") for fmt in ("parquet", "arrow", "npy")}
+    paths["parquet_defaults"] = os.path.join(directory, "wide-defaults.parquet")
     schema = pa.schema([(n, pa.float32()) for n in names])
     arr = np.lib.format.open_memmap(paths["npy"], mode="w+", dtype=np.float32, shape=(rows, columns))
-    with pq.ParquetWriter(paths["parquet"], schema, compression="none") as pw, pa.ipc.new_file(paths["arrow"], schema) as aw:
-        for lo in range(0, rows, _CHUNK_ROWS):
+    with (pq.ParquetWriter(paths["parquet"], schema, compression="none") as pw,
+          pq.ParquetWriter(paths["parquet_defaults"], schema) as dw,
+          pa.ipc.new_file(paths["arrow"], schema) as aw):
+        for lo in range(0, rows, _CHUNK_ROWS):  # _CHUNK_ROWS is PyArrow's default row group size
             n = min(_CHUNK_ROWS, rows - lo)
             block = rng.random((n, columns), dtype=np.float32)
             arr[lo : lo + n] = block
             table = pa.table({name: block[:, i] for i, name in enumerate(names)})
             pw.write_table(table, row_group_size=chunk_rows)
+            dw.write_table(table)
             for batch in table.to_batches(max_chunksize=chunk_rows):
                 aw.write_batch(batch)
     arr.flush()

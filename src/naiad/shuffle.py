@@ -18,6 +18,11 @@ gather and one sequential copy instead of a random gather and a random scatter, 
 rows in the same order; the bookkeeping is two index passes per exchange, not per column (a
 shuffled epoch from 1 Mi-row Parquet row groups: about 10% less CPU per row).
 
+The columns of a big exchange are split between this thread and a helper (NumPy releases the
+GIL while it gathers and scatters). When a chunk holds several exchanges, this thread draws the
+next one while the helper exchanges most of the columns: the draws depend on nothing but the
+generator and still happen here, one after another, so nothing reorders.
+
 Each column's exchange starts with one sequential pass over its slots (a ``max`` over its
 bytes, result unused) when the column fits in half a core's L2 cache: the pass pulls the column
 in at full memory bandwidth, so the random gather and scatter that follow hit the cache instead
@@ -33,18 +38,19 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from naiad.errors import ConfigError, StateError
-from naiad.parallel.threads import split_across_threads
+from naiad.parallel.threads import run_beside, split_across_threads
 from naiad.plan import RankPlan, ReadTask
 
 __all__ = ["BufferReplay", "ShuffleBuffer", "as_array", "shuffle_quality"]
 
 ArrayColumns = dict[str, np.ndarray]
+Draw = tuple[np.ndarray, np.ndarray]  # an exchange's slots: as drawn, and as physical rows
 
 
 def as_array(values: Any) -> np.ndarray:
@@ -56,6 +62,9 @@ def as_array(values: Any) -> np.ndarray:
 
 # Below this many values per exchange the helper thread's hand-off costs more than it saves.
 _SPLIT_MIN_VALUES = 1 << 16
+# While this thread also draws the next exchange, it takes this share (%) of the columns and the
+# helper the rest: a draw costs about as much as exchanging two float columns.
+_DRAW_AHEAD_SHARE = 20
 
 
 def _l2_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache", default: int = 1 << 20) -> int:
@@ -111,6 +120,7 @@ class ShuffleBuffer:
         self._rows: ArrayColumns = {}
         # Slot i holds physical row view[i] of `slots` (None: row i); set by whole-buffer exchanges.
         self._view: np.ndarray | None = None
+        self._arange: np.ndarray | None = None  # kept: a fresh one per exchange costs page faults
 
     def _allocate(self, columns: ArrayColumns) -> None:
         self._view = None
@@ -142,30 +152,59 @@ class ShuffleBuffer:
             self.size += take
             pos = take
         out: list[ArrayColumns] = []
-        while pos < n:
-            m = min(self.capacity_rows, n - pos)
-            # Floyd's algorithm inside Generator.choice: O(m) for m much smaller than capacity.
-            idx = self.rng.choice(self.capacity_rows, m, replace=False)
+        names = list(slots)
+        sizes = [min(self.capacity_rows, n - p) for p in range(pos, n, self.capacity_rows)]
+        draw = self._draw(sizes[0]) if sizes else None
+        for i, m in enumerate(sizes):
+            assert draw is not None
+            idx, sel = draw
             whole = m == self.capacity_rows
-            sel = idx if self._view is None else self._view[idx]
             chunk = {name: col[pos : pos + m] for name, col in columns.items()}
-            names = list(slots)
             exchange = functools.partial(self._exchange, sel=sel, chunk=chunk, whole=whole)
-            if m * len(names) >= _SPLIT_MIN_VALUES:
+            following = sizes[i + 1] if i + 1 < len(sizes) else 0
+            if m * len(names) < _SPLIT_MIN_VALUES:
+                out.append(exchange(names))
+                draw = self._advance(idx, whole, following)
+            elif following:
+                # The next draw needs nothing but the generator: make it here while the helper
+                # thread exchanges most of the columns (NumPy releases the GIL).
+                k = len(names) * _DRAW_AHEAD_SHARE // 100
+                here = functools.partial(self._advance_and_exchange, idx, whole, following, exchange, names[:k])
+                (draw, mine), theirs = run_beside(here, functools.partial(exchange, names[k:]))
+                out.append({name: mine[name] if name in mine else theirs[name] for name in names})
+            else:
                 # Columns are independent: half of them on a helper thread (NumPy's fancy
-                # indexing releases the GIL); the draws above stay here, so nothing reorders.
+                # indexing releases the GIL); the draws stay here, so nothing reorders.
                 halves = split_across_threads(exchange, names)
                 gathered = {k: v for half in halves for k, v in half.items()}
                 out.append({name: gathered[name] for name in names})
-            else:
-                out.append(exchange(names))
-            if whole:  # the new rows sit in arrival order: slot idx[j] holds physical row j
-                view = np.empty(m, np.intp)
-                view[idx] = np.arange(m)
-                self._view = view
+                draw = self._advance(idx, whole, following)
             pos += m
             self.rows_out += m
         return out
+
+    def _draw(self, m: int) -> Draw:
+        """The slots the next exchange of ``m`` rows empties: as drawn, and as physical rows."""
+        # Floyd's algorithm inside Generator.choice: O(m) for m much smaller than capacity.
+        idx = self.rng.choice(self.capacity_rows, m, replace=False)
+        return idx, (idx if self._view is None else self._view[idx])
+
+    def _advance(self, idx: np.ndarray, whole: bool, following: int) -> Draw | None:
+        """After the exchange that emptied ``idx``: remap the slots if it took the whole buffer,
+        then draw the ``following`` exchange (none when 0)."""
+        if whole:  # the new rows sit in arrival order: slot idx[j] holds physical row j
+            if self._arange is None:
+                self._arange = np.arange(self.capacity_rows)
+            view = np.empty(len(idx), np.intp)
+            view[idx] = self._arange
+            self._view = view
+        return self._draw(following) if following else None
+
+    def _advance_and_exchange(self, idx: np.ndarray, whole: bool, following: int,
+                              exchange: Callable[[Sequence[str]], ArrayColumns],
+                              names: Sequence[str]) -> tuple[Draw | None, ArrayColumns]:
+        """:meth:`_advance`, then ``exchange(names)``: this thread's share while the helper works."""
+        return self._advance(idx, whole, following), exchange(names)
 
     def _exchange(self, names: Sequence[str], sel: np.ndarray, chunk: ArrayColumns, whole: bool) -> ArrayColumns:
         """For each column in ``names``: take the physical rows ``sel`` out and put ``chunk``'s rows

@@ -1,4 +1,4 @@
-"""split_across_threads, and the shuffle buffer's use of it: same results, errors surface."""
+"""split_across_threads and run_beside, and the shuffle buffer's use of it: same results, errors surface."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import naiad.shuffle as shuffle_module
-from naiad.parallel.threads import split_across_threads
+from naiad.parallel.threads import run_beside, split_across_threads
 from naiad.shuffle import ShuffleBuffer
 
 
@@ -34,6 +34,44 @@ def test_an_error_in_either_half_is_raised_here() -> None:
         split_across_threads(work, [1, 2, 3, 4])  # the helper's half fails
     with pytest.raises(KeyError, match="three"):
         split_across_threads(work, [3, 1, 2, 4])  # this thread's half fails
+
+
+def test_run_beside_runs_both_and_waits_for_the_helper_even_on_an_error() -> None:
+    here_thread = threading.current_thread().name
+    names: dict[str, str] = {}
+    done = threading.Event()
+
+    def there() -> int:
+        names["there"] = threading.current_thread().name
+        done.wait(5)
+        return 2
+
+    def here() -> int:
+        names["here"] = threading.current_thread().name
+        done.set()
+        return 1
+
+    assert run_beside(here, there) == (1, 2)
+    assert names["here"] == here_thread and names["there"] != here_thread
+
+    finished = threading.Event()
+
+    def slow_there() -> None:
+        finished.wait(0.2)
+        finished.set()
+
+    def failing_here() -> None:
+        raise ValueError("here")
+
+    with pytest.raises(ValueError, match="here"):
+        run_beside(failing_here, slow_there)
+    assert finished.is_set()  # the helper finished before the error came back
+
+    def failing_there() -> None:
+        raise KeyError("there")
+
+    with pytest.raises(KeyError, match="there"):
+        run_beside(lambda: 1, failing_there)
 
 
 def _shuffle(columns: int, rows: int) -> list[dict[str, np.ndarray]]:

@@ -186,3 +186,24 @@ def test_whole_buffer_exchanges_emit_what_the_plain_exchange_emits(capacity, chu
         if c:
             assert np.array_equal(c["x"][:, 1], -c["id"].astype(np.float32))
             assert c["s"].tolist() == c["id"].astype(str).tolist()
+
+
+def test_big_exchanges_split_across_threads_and_drawn_ahead_match_the_plain_exchange():
+    # Chunks big enough to split the columns across two threads, several whole-buffer exchanges
+    # per push (the next one drawn while the helper works), and partial ones between them.
+    capacity, chunks = 20_000, [50_000, 70_000, 20_000, 45_000, 7]
+    expected, expected_held = _reference_exchange(capacity, chunks, 3)
+    buf = ShuffleBuffer(capacity, np.random.default_rng(3))
+    got, start = [], 0
+    for n in chunks:
+        got += buf.push(_mixed_columns(np.arange(start, start + n)))
+        start += n
+    assert np.array_equal(buf.held()["id"], expected_held)
+    got.append(buf.flush())
+    ids = np.concatenate([c["id"] for c in got])
+    assert np.array_equal(ids, np.concatenate(expected))
+    for c in got:
+        assert np.array_equal(c["f32"], c["id"].astype(np.float32) / 3)
+        assert np.array_equal(c["x"], np.stack([c["id"], -c["id"]], axis=1).astype(np.float64))
+        assert np.array_equal(c["when"], c["id"].astype("datetime64[s]"))
+        assert c["s"].tolist() == c["id"].astype(str).tolist()

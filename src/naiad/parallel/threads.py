@@ -2,8 +2,10 @@
 
 NumPy releases the GIL inside fancy indexing, so gathering and scattering half of a batch's
 columns on a second thread while the calling thread does the other half takes about half the
-time on two cores. The work is the same whoever does it and the random draws stay in the
-calling thread, so results and their order do not change.
+time on two cores (``split_across_threads``); ``run_beside`` runs two different steps at once
+(the shuffle buffer draws its next exchange while the helper exchanges columns). The work is
+the same whoever does it and the random draws stay in the calling thread, so results and their
+order do not change.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["split_across_threads"]
+__all__ = ["run_beside", "split_across_threads"]
 
 T = TypeVar("T")
 
@@ -31,6 +33,23 @@ def _helper() -> ThreadPoolExecutor:
             _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="naiad-columns")
             _executor_pid = os.getpid()
         return _executor
+
+
+def run_beside(here: Callable[[], T], there: Callable[[], Any]) -> tuple[T, Any]:
+    """``(here(), there())`` with ``there`` on the helper thread while ``here`` runs in this one.
+
+    On a single core both run here, ``there`` first. An exception from either is raised here,
+    after both have finished.
+    """
+    if (os.cpu_count() or 1) < 2:
+        second = there()
+        return here(), second
+    future = _helper().submit(there)
+    try:
+        first = here()
+    finally:
+        second = future.result()  # wait even on an error: the helper writes the same arrays
+    return first, second
 
 
 def split_across_threads(fn: Callable[[Sequence[Any]], T], items: Sequence[Any]) -> list[T]:
