@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -36,6 +37,7 @@ def test_an_error_in_either_half_is_raised_here() -> None:
         split_across_threads(work, [3, 1, 2, 4])  # this thread's half fails
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: both steps run in this thread")
 def test_run_beside_runs_both_and_waits_for_the_helper_even_on_an_error() -> None:
     here_thread = threading.current_thread().name
     names: dict[str, str] = {}
