@@ -174,6 +174,28 @@ def test_resume_mid_epoch_gives_the_same_remaining_batches(tmp_path, fmt, shuffl
             assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "npy"])
+def test_resume_through_threaded_and_drawn_ahead_exchanges(tmp_path, monkeypatch, fmt):
+    # Every exchange split across two threads, the next whole-buffer one drawn while the helper
+    # works: resuming must still continue exactly.
+    import naiad.shuffle as shuffle_module
+
+    monkeypatch.setattr(shuffle_module, "_SPLIT_MIN_VALUES", 1)
+    src = open_numbered(write_numbered(str(tmp_path), fmt, [61, 40], chunk_rows=20), fmt)
+    opts = StreamOptions(batch_size=7, shuffle=True, seed=9, shuffle_buffer=6)
+    pool = WorkerPool(make_handler_factory(src), num_workers=0)
+    full = [ids_of(b) for b in iter_batches(src, opts, epoch=1, imap=pool.imap)]
+    assert sorted(np.concatenate(full).tolist()) == list(range(101))
+    for k in (1, 4, len(full) - 1):
+        stream = iter_batches(src, opts, epoch=1, imap=pool.imap)
+        for _ in range(k):
+            next(stream)
+        state = json.loads(json.dumps(stream.get_state()))
+        stream.close()
+        rest = [ids_of(b) for b in iter_batches(src, opts, epoch=1, imap=pool.imap, state=state)]
+        assert [a.tolist() for a in rest] == [b.tolist() for b in full[k:]]
+
+
 def test_set_state_resumes_and_is_refused_once_started(tmp_path):
     src = open_numbered(write_numbered(str(tmp_path), "npy", [40]), "npy")
     opts = StreamOptions(batch_size=4, shuffle=True, shuffle_buffer=5)
