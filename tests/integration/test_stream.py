@@ -151,6 +151,16 @@ def test_skipped_rows_are_counted_and_batch_count_is_kept(tmp_path):
     assert sorted(torch.cat([b["a"] for b in batches]).tolist()) == [i for i in range(100) if i % 10]
 
 
+def _resumed_after(k: int, src, opts: StreamOptions, epoch: int, pool: WorkerPool) -> list[np.ndarray]:
+    """The ids of the batches a stream yields when resumed from its JSON state after ``k`` batches."""
+    stream = iter_batches(src, opts, epoch=epoch, imap=pool.imap)
+    for _ in range(k):
+        next(stream)
+    state = json.loads(json.dumps(stream.get_state()))
+    stream.close()
+    return [ids_of(b) for b in iter_batches(src, opts, epoch=epoch, imap=pool.imap, state=state)]
+
+
 @pytest.mark.parametrize("shuffle,drop_last,world_size,buffer", [
     (False, False, 1, 9), (True, False, 1, 9), (True, True, 2, 9), (False, True, 3, 9),
     (True, False, 1, 3), (True, True, 2, 3),  # blocks of 7 rows: exchanges of the whole buffer
@@ -163,12 +173,7 @@ def test_resume_mid_epoch_gives_the_same_remaining_batches(tmp_path, fmt, shuffl
     pool = WorkerPool(make_handler_factory(src), num_workers=0)
     full = [ids_of(b) for b in iter_batches(src, opts, epoch=2, imap=pool.imap)]
     for k in sorted({0, 1, min(5, len(full)), max(len(full) - 1, 0), len(full)}):
-        stream = iter_batches(src, opts, epoch=2, imap=pool.imap)
-        for _ in range(k):
-            next(stream)
-        state = json.loads(json.dumps(stream.get_state()))
-        stream.close()
-        rest = [ids_of(b) for b in iter_batches(src, opts, epoch=2, imap=pool.imap, state=state)]
+        rest = _resumed_after(k, src, opts, 2, pool)
         assert len(rest) == len(full) - k
         for a, b in zip(rest, full[k:]):
             assert np.array_equal(a, b)
@@ -187,12 +192,7 @@ def test_resume_through_threaded_and_drawn_ahead_exchanges(tmp_path, monkeypatch
     full = [ids_of(b) for b in iter_batches(src, opts, epoch=1, imap=pool.imap)]
     assert sorted(np.concatenate(full).tolist()) == list(range(101))
     for k in (1, 4, len(full) - 1):
-        stream = iter_batches(src, opts, epoch=1, imap=pool.imap)
-        for _ in range(k):
-            next(stream)
-        state = json.loads(json.dumps(stream.get_state()))
-        stream.close()
-        rest = [ids_of(b) for b in iter_batches(src, opts, epoch=1, imap=pool.imap, state=state)]
+        rest = _resumed_after(k, src, opts, 1, pool)
         assert [a.tolist() for a in rest] == [b.tolist() for b in full[k:]]
 
 

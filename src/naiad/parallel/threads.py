@@ -10,6 +10,7 @@ order do not change.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -61,9 +62,5 @@ def split_across_threads(fn: Callable[[Sequence[Any]], T], items: Sequence[Any])
     if len(items) < 2 or (os.cpu_count() or 1) < 2:
         return [fn(items)]
     half = len(items) // 2
-    future = _helper().submit(fn, items[half:])
-    try:
-        first = fn(items[:half])
-    finally:
-        second = future.result()  # wait even on an error: the helper writes the same arrays
+    first, second = run_beside(functools.partial(fn, items[:half]), functools.partial(fn, items[half:]))
     return [first, second]
