@@ -11,9 +11,8 @@ remaining rows leave in a random permutation.
 
 When a chunk is as large as the buffer (``m == capacity``: big row groups and record batches),
 every slot leaves (the exchange then emits the previous chunk's rows in a random order), so the
-scatter is skipped: the new rows are copied in arrival order and the
-buffer remembers, as one index array ``view``, which physical row each slot now holds (the
-inverse of the draw). The next exchange gathers through ``view``. Per column that is one random
+scatter is skipped: the new rows are copied in arrival order and the buffer remembers, as one
+index array ``view``, which physical row each slot now holds (the inverse of the draw). The next exchange gathers through ``view``. Per column that is one random
 gather and one sequential copy instead of a random gather and a random scatter, for the same
 rows in the same order; the bookkeeping is two index passes per exchange, not per column (a
 shuffled epoch from 1 Mi-row Parquet row groups: about 10% less CPU per row).
@@ -21,7 +20,8 @@ shuffled epoch from 1 Mi-row Parquet row groups: about 10% less CPU per row).
 The columns of a big exchange are split between this thread and a helper (NumPy releases the
 GIL while it gathers and scatters). When a chunk holds several exchanges, this thread draws the
 next one while the helper exchanges most of the columns: the draws depend on nothing but the
-generator and still happen here, one after another, so nothing reorders.
+generator and still happen here, one after another, so nothing reorders (1 Mi-row Parquet row
+groups: 10-25% more rows/s in three side-by-side runs).
 
 Each column's exchange starts with one sequential pass over its slots (a ``max`` over its
 bytes, result unused) when the column fits in half a core's L2 cache: the pass pulls the column
