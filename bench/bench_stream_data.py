@@ -26,7 +26,7 @@ def diabetes_chunk(rng: np.random.Generator, n: int) -> pa.Table:
         rng.integers(0, 60, n), rng.integers(0, 600, n), np.round(rng.uniform(18, 60, n), 1),
         np.round(rng.uniform(0.07, 2.4, n), 3), rng.integers(21, 81, n),
     ]
-    cols = {name: np.asarray(v, np.float64) for name, v in zip(DIABETES_COLUMNS[:-1], feats)}
+    cols: dict[str, np.ndarray] = {name: np.asarray(v, np.float64) for name, v in zip(DIABETES_COLUMNS[:-1], feats)}
     cols["Outcome"] = rng.integers(0, 2, n)
     return pa.table(cols)
 
