@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from naiad.errors import ConfigError, StateError
-from naiad.parallel.threads import run_beside, split_across_threads
+from naiad.parallel.threads import run_beside
 from naiad.plan import RankPlan, ReadTask
 
 __all__ = ["BufferReplay", "ShuffleBuffer", "as_array", "shuffle_quality"]
@@ -165,20 +165,16 @@ class ShuffleBuffer:
             if m * len(names) < _SPLIT_MIN_VALUES:
                 out.append(exchange(names))
                 draw = self._advance(idx, whole, following)
-            elif following:
-                # The next draw needs nothing but the generator: make it here while the helper
-                # thread exchanges most of the columns (NumPy releases the GIL).
-                k = len(names) * _DRAW_AHEAD_SHARE // 100
+            else:
+                # Columns are independent: most of them go to a helper thread (NumPy releases the
+                # GIL) while this one draws the next exchange, which needs nothing but the
+                # generator; half of them when there is nothing to draw. The draws stay here, one
+                # after another, so nothing reorders.
+                k = len(names) * _DRAW_AHEAD_SHARE // 100 if following else len(names) // 2
                 here = functools.partial(self._advance_and_exchange, idx, whole, following, exchange, names[:k])
                 (draw, mine), theirs = run_beside(here, functools.partial(exchange, names[k:]))
-                out.append({name: mine[name] if name in mine else theirs[name] for name in names})
-            else:
-                # Columns are independent: half of them on a helper thread (NumPy's fancy
-                # indexing releases the GIL); the draws stay here, so nothing reorders.
-                halves = split_across_threads(exchange, names)
-                gathered = {k: v for half in halves for k, v in half.items()}
-                out.append({name: gathered[name] for name in names})
-                draw = self._advance(idx, whole, following)
+                both = {**mine, **theirs}
+                out.append({name: both[name] for name in names})
             pos += m
             self.rows_out += m
         return out

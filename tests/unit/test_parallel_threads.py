@@ -1,4 +1,4 @@
-"""split_across_threads and run_beside, and the shuffle buffer's use of it: same results, errors surface."""
+"""run_beside, and the shuffle buffer's use of it: same results, errors surface."""
 
 from __future__ import annotations
 
@@ -9,32 +9,8 @@ import numpy as np
 import pytest
 
 import naiad.shuffle as shuffle_module
-from naiad.parallel.threads import run_beside, split_across_threads
+from naiad.parallel.threads import run_beside
 from naiad.shuffle import ShuffleBuffer
-
-
-def test_halves_run_on_two_threads_and_come_back_in_order() -> None:
-    seen: list[str] = []
-
-    def work(part: list[int]) -> list[int]:
-        seen.append(threading.current_thread().name)
-        return [x * 2 for x in part]
-
-    assert split_across_threads(work, [1, 2, 3, 4, 5]) == [[2, 4], [6, 8, 10]]
-    assert len(set(seen)) == 2
-    assert split_across_threads(work, [7]) == [[14]]
-
-
-def test_an_error_in_either_half_is_raised_here() -> None:
-    def work(part: list[int]) -> int:
-        if 3 in part:
-            raise KeyError("three")
-        return len(part)
-
-    with pytest.raises(KeyError, match="three"):
-        split_across_threads(work, [1, 2, 3, 4])  # the helper's half fails
-    with pytest.raises(KeyError, match="three"):
-        split_across_threads(work, [3, 1, 2, 4])  # this thread's half fails
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: both steps run in this thread")

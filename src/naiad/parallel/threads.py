@@ -1,23 +1,20 @@
 """A helper thread for splitting one vectorized step across cores: column work in the shuffle buffer.
 
-NumPy releases the GIL inside fancy indexing, so gathering and scattering half of a batch's
-columns on a second thread while the calling thread does the other half takes about half the
-time on two cores (``split_across_threads``); ``run_beside`` runs two different steps at once
-(the shuffle buffer draws its next exchange while the helper exchanges columns). The work is
-the same whoever does it and the random draws stay in the calling thread, so results and their
-order do not change.
+NumPy releases the GIL inside fancy indexing, so gathering and scattering some of a batch's
+columns on a second thread while the calling thread does the rest (and draws the next exchange)
+takes about half the time on two cores (``run_beside``). The work is the same whoever does it
+and the random draws stay in the calling thread, so results and their order do not change.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["run_beside", "split_across_threads"]
+__all__ = ["run_beside"]
 
 T = TypeVar("T")
 
@@ -51,16 +48,3 @@ def run_beside(here: Callable[[], T], there: Callable[[], Any]) -> tuple[T, Any]
     finally:
         second = future.result()  # wait even on an error: the helper writes the same arrays
     return first, second
-
-
-def split_across_threads(fn: Callable[[Sequence[Any]], T], items: Sequence[Any]) -> list[T]:
-    """``[fn(first_half), fn(second_half)]``: the second half on a helper thread, the first here.
-
-    With fewer than two items, or on a single core, it is just ``[fn(items)]`` in this thread.
-    An exception from either half is raised here.
-    """
-    if len(items) < 2 or (os.cpu_count() or 1) < 2:
-        return [fn(items)]
-    half = len(items) // 2
-    first, second = run_beside(functools.partial(fn, items[:half]), functools.partial(fn, items[half:]))
-    return [first, second]
