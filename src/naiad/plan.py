@@ -19,14 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from naiad.errors import ConfigError
 from naiad.sources.base import Block
 
-__all__ = ["RankPlan", "ReadTask", "batch_sizes", "block_permutation", "make_plan", "rank_bounds", "rng_for"]
+__all__ = [
+    "RankPlan", "ReadTask", "batch_sizes", "block_permutation", "make_plan", "rank_bounds", "rng_for",
+    "tasks_for",
+]
 
 # Stream tags, so the block permutation and the shuffle buffer draw independent numbers.
 TAG_BLOCKS = 0
@@ -34,11 +37,27 @@ TAG_BUFFER = 1
 
 
 class ReadTask(NamedTuple):
-    """Read rows ``lo:hi`` of ``block`` (plain data: this is what crosses to a worker)."""
+    """Read rows ``lo:hi`` of ``block`` (plain data: this is what crosses to a worker).
+
+    ``take``, when given, keeps only those rows of ``lo:hi`` (offsets from ``lo``, ascending):
+    the scattered rows an elastic resume owes (NOTE [ Elastic resume ] in elastic.py).
+    """
 
     block: Block
     lo: int
     hi: int
+    take: np.ndarray | None = None
+
+    @property
+    def rows(self) -> int:
+        """Rows this task yields (before any bad row is skipped)."""
+        return self.hi - self.lo if self.take is None else len(self.take)
+
+    def without_first(self, k: int) -> ReadTask:
+        """The same read less its first ``k`` rows (a resume starts inside it)."""
+        if self.take is None:
+            return ReadTask(self.block, self.lo + k, self.hi)
+        return _take_task(self.block, self.lo + self.take[k:])
 
 
 @dataclass(frozen=True)
@@ -133,25 +152,44 @@ def make_plan(
         raise ConfigError(f"`rank` must be in [0, world_size), got rank={rank}, world_size={world_size}.")
     if batch_size < 1:
         raise ConfigError(f"`batch_size` must be >= 1, got {batch_size}.")
+    from naiad.elastic import Leg, Segments, rank_share
+
     order = block_permutation(len(blocks), seed=seed, epoch=epoch, shuffle=shuffle)
-    rows = np.fromiter((blocks[i].rows for i in order), np.int64, count=len(order))
+    ordered = [blocks[int(i)] for i in order]
+    total = sum(b.rows for b in ordered)
+    share, sizes = rank_share(Segments([(0, total)]), Leg(world_size, batch_size, drop_last, 0), rank)
+    return RankPlan(tasks_for(ordered, share), len(share), sizes, total)
+
+
+def tasks_for(ordered: Sequence[Block], share: Any) -> list[ReadTask]:
+    """The reads that yield the positions of ``share`` (a :class:`~naiad.elastic.Segments` over
+    the blocks laid end to end in ``ordered``), in order: ranges cut at block boundaries, and
+    scattered positions grouped by block."""
+    rows = np.fromiter((b.rows for b in ordered), np.int64, count=len(ordered))
     starts = np.concatenate(([0], np.cumsum(rows)))
-    total = int(starts[-1])
-    bounds = rank_bounds(total, world_size)
-    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-    first = int(np.searchsorted(starts, lo, side="right")) - 1
-    last = int(np.searchsorted(starts, hi, side="left"))
-    tasks = []
-    for k in range(max(first, 0), min(last, len(order))):
-        a = max(lo - int(starts[k]), 0)
-        b = min(hi - int(starts[k]), int(rows[k]))
-        if b > a:
-            tasks.append(ReadTask(blocks[int(order[k])], a, b))
-    sizes_all = np.diff(bounds)
-    if drop_last:
-        n = int(sizes_all.min()) // batch_size
-        sizes = np.full(n, batch_size, np.int64)
-    else:
-        n = -(-int(sizes_all.max()) // batch_size)
-        sizes = batch_sizes(hi - lo, n, batch_size)
-    return RankPlan(tasks, hi - lo, sizes, total)
+    tasks: list[ReadTask] = []
+    for piece in share.pieces:
+        if isinstance(piece, tuple):
+            lo, hi = piece
+            first = int(np.searchsorted(starts, lo, side="right")) - 1
+            last = int(np.searchsorted(starts, hi, side="left"))
+            for k in range(max(first, 0), min(last, len(ordered))):
+                a = max(lo - int(starts[k]), 0)
+                b = min(hi - int(starts[k]), int(rows[k]))
+                if b > a:
+                    tasks.append(ReadTask(ordered[k], a, b))
+            continue
+        which = np.searchsorted(starts, piece, side="right") - 1
+        cuts = np.flatnonzero(np.diff(which)) + 1
+        for run_pos, run_k in zip(np.split(piece, cuts), np.split(which, cuts)):
+            k = int(run_k[0])
+            tasks.append(_take_task(ordered[k], run_pos - int(starts[k])))
+    return tasks
+
+
+def _take_task(block: Block, rel: np.ndarray) -> ReadTask:
+    """Read the rows ``rel`` (ascending offsets into ``block``): a range when they are one."""
+    lo, hi = int(rel[0]), int(rel[-1]) + 1
+    if hi - lo == len(rel):
+        return ReadTask(block, lo, hi)
+    return ReadTask(block, lo, hi, rel - lo)

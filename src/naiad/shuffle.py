@@ -303,13 +303,13 @@ class BufferReplay:
     def replay(cls, plan: RankPlan, buffer: ShuffleBuffer | None, start: int) -> BufferReplay:
         """Where the stream stands after ``start`` rows have left in batches."""
         tasks = plan.tasks
-        offsets = np.concatenate(([0], np.cumsum([t.hi - t.lo for t in tasks]))).astype(np.int64)
+        offsets = np.concatenate(([0], np.cumsum([t.rows for t in tasks]))).astype(np.int64)
         if start >= offsets[-1] and buffer is None:
             return cls(len(tasks), [], [])
         if buffer is None:  # no shuffle: rows leave in stream order; continue at row `start`
             k = int(np.searchsorted(offsets, start, side="right")) - 1
             t = tasks[k]
-            return cls(k + 1, [ReadTask(t.block, t.lo + start - int(offsets[k]), t.hi)], [start])
+            return cls(k + 1, [t.without_first(start - int(offsets[k]))], [start])
         ghost = ShuffleBuffer(buffer.capacity_rows, buffer.rng)  # shares the generator: it advances
         emitted, owed = 0, []
         next_task = len(tasks)
@@ -334,7 +334,7 @@ class BufferReplay:
             a, b = int(offsets[k]), int(offsets[k + 1])
             if b > base:
                 lo = max(a, base)
-                window.append(ReadTask(tasks[k].block, tasks[k].lo + lo - a, tasks[k].hi))
+                window.append(tasks[k].without_first(lo - a))
                 window_pos.append(lo)
         return cls(next_task, window, window_pos, base, held, owed_pos, end)
 
@@ -347,10 +347,10 @@ class BufferReplay:
             self.pending = arrays
             return
         n = len(next(iter(arrays.values()))) if arrays else 0
-        if n != task.hi - task.lo:
+        if n != task.rows:
             # Positions shift when rows are skipped; placing rows by position would misplace them.
             raise StateError(
-                f"cannot resume mid-epoch exactly: {task.hi - task.lo - n} bad row(s) of {task.block.path} "
+                f"cannot resume mid-epoch exactly: {task.rows - n} bad row(s) of {task.block.path} "
                 "were skipped in the rows to restore; resume at the start of the epoch instead."
             )
         rel = np.arange(pos, pos + n) - self.base

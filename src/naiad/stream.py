@@ -19,10 +19,12 @@ after skipping rows is refused (StateError) instead of resumed inexactly.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +32,8 @@ import torch
 
 from naiad.errors import ConfigError, StateError
 from naiad.parallel import HandlerFactory, WorkerContext
-from naiad.plan import TAG_BUFFER, RankPlan, ReadTask, make_plan, rng_for
+from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
+from naiad.plan import TAG_BUFFER, RankPlan, ReadTask, block_permutation, make_plan, rng_for, tasks_for
 from naiad.shuffle import BufferReplay, ShuffleBuffer, as_array
 from naiad.sources.base import Source
 
@@ -48,6 +51,9 @@ __all__ = [
 
 DEFAULT_SHUFFLE_BUFFER_ROWS = 1 << 17
 """131,072 rows: about 9 MB for ten float64 columns; raise it for better mixing on big data."""
+
+STREAM_STATE_VERSION = 2
+"""Version 2 added the data's fingerprint and the epoch's legs (elastic resume)."""
 
 Batch = dict[str, Any]
 Imap = Callable[[Iterable[Any]], Iterator[Any]]
@@ -153,21 +159,87 @@ def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tu
 
 
 def _read_task(source: Source, use_threads: bool, task: ReadTask) -> tuple[dict[str, Any], int]:
-    block, lo, hi = task
-    data = source.read_block(block, lo, hi, use_threads=use_threads)
-    return dict(data.columns), data.bad_rows  # plain dict and tuple: WorkerPool looks inside
+    data = source.read_block(task.block, task.lo, task.hi, use_threads=use_threads)
+    columns = dict(data.columns)
+    if task.take is not None:
+        if data.bad_rows:
+            raise StateError(
+                f"cannot resume elastically: {data.bad_rows} bad row(s) of {task.block.path} were "
+                "skipped among the rows still owed; resume at the start of the epoch instead."
+            )
+        columns = {k: _take(v, task.take) for k, v in columns.items()}
+    return columns, data.bad_rows  # plain dict and tuple: WorkerPool looks inside
+
+
+def _take(column: Any, rows: np.ndarray) -> Any:
+    if isinstance(column, np.ndarray):
+        return column[rows]
+    return [column[i] for i in rows.tolist()]  # strings: only the few rows an elastic resume owes
 
 
 # -- the calling side ------------------------------------------------------------------------
 
 
-def plan_for(source: Source, options: StreamOptions, epoch: int) -> RankPlan:
-    """This rank's plan for ``epoch`` (counts the source's rows the first time)."""
+def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[Leg] = ()) -> RankPlan:
+    """This rank's plan for ``epoch`` (counts the source's rows the first time), or for the leg
+    after ``legs`` when the epoch was resumed on another topology (NOTE [ Elastic resume ])."""
     rank, world_size = options.topology()
-    return make_plan(
-        source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,
-        world_size=world_size, batch_size=options.batch_size, drop_last=options.drop_last,
-    )
+    if not legs:
+        return make_plan(
+            source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,
+            world_size=world_size, batch_size=options.batch_size, drop_last=options.drop_last,
+        )
+    blocks = source.blocks()
+    order = block_permutation(len(blocks), seed=options.seed, epoch=epoch, shuffle=options.shuffle)
+    ordered = [blocks[int(i)] for i in order]
+    total = sum(b.rows for b in ordered)
+
+    def leftovers_for(i: int) -> Leftovers:
+        leg = legs[i]
+        if not leg.buffer_rows:
+            return no_buffer
+
+        def replay(rank: int, share: Segments, sizes: np.ndarray, delivered: int) -> tuple[np.ndarray, int]:
+            plan = RankPlan(tasks_for(ordered, share), len(share), sizes, total)
+            buffer = ShuffleBuffer(leg.buffer_rows, buffer_rng(options.seed, epoch, rank, i))
+            restore = BufferReplay.replay(plan, buffer, delivered)
+            consumed = sum(t.rows for t in plan.tasks[: restore.next_task])
+            return np.concatenate((restore.held, restore.owed)), consumed
+
+        return replay
+
+    sequence = epoch_sequence(total, legs, leftovers_for)
+    share, sizes = rank_share(sequence, current_leg(options), rank)
+    return RankPlan(tasks_for(ordered, share), len(share), sizes, total)
+
+
+def current_leg(options: StreamOptions, batches: int = 0) -> Leg:
+    """The leg ``options`` run (its topology), with ``batches`` delivered."""
+    _, world_size = options.topology()
+    return Leg(world_size, options.batch_size, options.drop_last, options.buffer_rows if options.shuffle else 0, batches)
+
+
+def buffer_rng(seed: int, epoch: int, rank: int, leg: int) -> np.random.Generator:
+    """The shuffle buffer's generator of one rank in one leg of an epoch."""
+    if leg == 0:
+        return rng_for(seed, epoch, rank, TAG_BUFFER)
+    return rng_for(seed, epoch, rank, TAG_BUFFER, leg)
+
+
+def source_fingerprint(source: Source) -> dict[str, Any]:
+    """What identifies the data of a stream in a state: files, rows, columns and a digest of the
+    file names (not directories: a job may mount its data elsewhere), row counts and columns."""
+    rows_per_file: dict[str, int] = {}
+    for b in source.blocks():
+        rows_per_file[b.path] = rows_per_file.get(b.path, 0) + b.rows
+    digest = hashlib.sha1()
+    for path, n in rows_per_file.items():
+        digest.update(f"{os.path.basename(path)}\0{n}\n".encode())
+    digest.update("\0".join(source.column_names).encode())
+    return {
+        "files": len(source.paths), "total_rows": sum(rows_per_file.values()),
+        "columns": len(source.column_names), "digest": digest.hexdigest()[:16],
+    }
 
 
 def num_batches(source: Source, options: StreamOptions) -> int:
@@ -220,18 +292,27 @@ class BatchStream(Iterator[Batch]):
         self.options = options
         self.epoch = epoch
         self.counters = counters if counters is not None else StreamCounters()
-        self.plan = plan_for(source, options, epoch)
         self.rank, self.world_size = options.topology()
         self.batches_yielded = 0
         self.bad_rows = 0  # skipped in this stream (a mid-epoch resume cannot replay them)
+        self.legs: list[Leg] = []  # the epoch's finished legs (NOTE [ Elastic resume ])
+        self._plan: RankPlan | None = None
+        # Resumed after the last batch of a leg on another topology: that state, kept as it is.
+        self.ended: dict[str, Any] | None = None
         if state is not None:
-            self._check_state(state)
-            self.batches_yielded = int(state["batches_yielded"])
+            self._adopt(state)
         self._imap = imap
         self._gen: Iterator[Batch] | None = None
 
+    @property
+    def plan(self) -> RankPlan:
+        """This rank's plan for the epoch's current leg (computed on first use)."""
+        if self._plan is None:
+            self._plan = plan_for(self.source, self.options, self.epoch, self.legs)
+        return self._plan
+
     def __len__(self) -> int:
-        return self.plan.num_batches - self.batches_yielded
+        return 0 if self.ended is not None else self.plan.num_batches - self.batches_yielded
 
     def __next__(self) -> Batch:
         if self._gen is None:
@@ -245,11 +326,23 @@ class BatchStream(Iterator[Batch]):
         if self._gen is not None:
             self._gen.close()  # type: ignore[attr-defined]
 
-    def get_state(self) -> dict[str, Any]:
-        """JSON-able position: the plan's inputs and the batches yielded so far."""
+    def get_state(self, batches_yielded: int | None = None) -> dict[str, Any]:
+        """JSON-able position: the data, the plan's inputs, the legs and the batches yielded.
+
+        Args:
+            batches_yielded: the position to describe, when the consumer is behind the stream
+                (batches read ahead); default: the batches this stream has yielded.
+        """
+        if self.ended is not None:
+            return dict(self.ended)
+        leg = current_leg(self.options)
+        k = self.batches_yielded if batches_yielded is None else batches_yielded
         return {
-            "version": 1, "epoch": self.epoch, "batches_yielded": self.batches_yielded,
-            "bad_rows": self.bad_rows, **self._plan_key(),
+            "version": STREAM_STATE_VERSION, "epoch": self.epoch, "batches_yielded": k,
+            "bad_rows": self.bad_rows, "seed": self.options.seed, "shuffle": self.options.shuffle,
+            **source_fingerprint(self.source), "rank": self.rank, "world_size": leg.world_size,
+            "batch_size": leg.batch_size, "drop_last": leg.drop_last, "buffer_rows": leg.buffer_rows,
+            "legs": [x.as_dict() for x in self.legs],
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -261,47 +354,62 @@ class BatchStream(Iterator[Batch]):
         """
         if self._gen is not None:
             raise StateError("set_state() after iteration started; make a new stream with `state=`.")
-        self._check_state(state)
-        self.batches_yielded = int(state["batches_yielded"])
+        self._adopt(state)
 
-    def _plan_key(self) -> dict[str, Any]:
-        o = self.options
-        return {
-            "seed": o.seed, "shuffle": o.shuffle, "batch_size": o.batch_size, "drop_last": o.drop_last,
-            "buffer_rows": o.buffer_rows if o.shuffle else 0, "rank": self.rank,
-            "world_size": self.world_size, "total_rows": self.plan.total_rows,
-        }
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        if state.get("version") != 1:
-            raise StateError(f"stream state version: stored {state.get('version')!r}, current 1.")
+    def _adopt(self, state: Mapping[str, Any]) -> None:
+        """Check ``state`` against this stream and take its position: the same leg when the
+        topology is the same, else a new leg over what no old rank delivered."""
+        if not isinstance(state, Mapping) or state.get("version") != STREAM_STATE_VERSION:
+            got = state.get("version") if isinstance(state, Mapping) else state
+            raise StateError(f"stream state version: stored {got!r:.80}, current {STREAM_STATE_VERSION}.")
         if state.get("epoch") != self.epoch:
             raise StateError(f"stream state epoch: stored {state.get('epoch')!r}, current {self.epoch}.")
-        if state.get("bad_rows", 0) and state.get("batches_yielded"):
+        current = {"seed": self.options.seed, "shuffle": self.options.shuffle, **source_fingerprint(self.source)}
+        for key, value in current.items():
+            if state.get(key) != value:
+                raise StateError(
+                    f"stream state {key!r}: stored {state.get(key)!r}, current {value!r}; a mid-epoch "
+                    "resume needs the same files (rows, columns) and the same seed and shuffle; "
+                    "make the loader as it was, or resume at an epoch boundary."
+                )
+        legs = list(iter_legs(state.get("legs", [])))
+        try:
+            saved = Leg(int(state["world_size"]), int(state["batch_size"]), bool(state["drop_last"]),
+                        int(state["buffer_rows"]), int(state["batches_yielded"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"malformed stream state: {exc!r}.") from None
+        k = saved.batches
+        if state.get("bad_rows", 0) and k:
             # Skipped rows shift every later position, so the replay would misplace rows.
             raise StateError(
                 f"stream state bad_rows: stored {state['bad_rows']}, resumable 0; this epoch skipped bad "
                 "rows before the checkpoint, so it can only restart at the epoch's start."
             )
-        for key, current in self._plan_key().items():
-            if state.get(key) != current:
-                raise StateError(
-                    f"stream state {key!r}: stored {state.get(key)!r}, current {current!r}; a mid-epoch "
-                    "resume needs the same data, seed and topology (resume at an epoch boundary instead)."
-                )
-        k = state.get("batches_yielded")
-        if not isinstance(k, int) or not 0 <= k <= self.plan.num_batches:
-            raise StateError(f"stream state batches_yielded: stored {k!r}, current plan has {self.plan.num_batches}.")
+        self.legs = legs
+        self._plan = None
+        saved_plan = plan_for(self.source, replace(self.options, rank=0, world_size=saved.world_size,
+                                                   batch_size=saved.batch_size, drop_last=saved.drop_last,
+                                                   shuffle_buffer=saved.buffer_rows or None), self.epoch, legs)
+        if not 0 <= k <= saved_plan.num_batches:
+            raise StateError(f"stream state batches_yielded: stored {k!r}, its plan has {saved_plan.num_batches}.")
+        if saved.same_topology(current_leg(self.options)):
+            self.batches_yielded = k
+        elif k < saved_plan.num_batches:  # elastic: a new leg over the rows still owed
+            self.legs = [*legs, saved]
+        else:  # the saved leg had ended: the epoch is over (drop_last's leftovers stay unused)
+            self.ended = dict(state)
 
     # -- the pipeline --------------------------------------------------------------------------
 
     def _generate(self) -> Iterator[Batch]:
+        if self.ended is not None:
+            return
         plan, o = self.plan, self.options
         sizes = plan.batch_sizes
         if len(sizes) == 0:
             return
         start = int(sizes[: self.batches_yielded].sum())
-        buffer = ShuffleBuffer(o.buffer_rows, rng_for(o.seed, self.epoch, self.rank, TAG_BUFFER)) if o.shuffle else None
+        buffer = ShuffleBuffer(o.buffer_rows, buffer_rng(o.seed, self.epoch, self.rank, len(self.legs))) if o.shuffle else None
         batcher = _Batcher(sizes, self.batches_yielded, self.source.empty_columns())
         if batcher.done:
             return

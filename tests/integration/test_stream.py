@@ -210,15 +210,18 @@ def test_set_state_resumes_and_is_refused_once_started(tmp_path):
     assert len(head) == 3
 
 
-def test_resume_rejects_another_topology(tmp_path):
+def test_resume_rejects_another_seed_or_other_data(tmp_path):
     src = open_numbered(write_numbered(str(tmp_path), "npy", [30]), "npy")
     opts = StreamOptions(batch_size=4, shuffle=True, rank=0, world_size=2)
     pool = WorkerPool(make_handler_factory(src), num_workers=0)
     stream = iter_batches(src, opts, epoch=0, imap=pool.imap)
     next(stream)
     state = stream.get_state()
-    with pytest.raises(StateError, match="'world_size': stored 2, current 3"):
-        iter_batches(src, StreamOptions(batch_size=4, shuffle=True, rank=0, world_size=3), epoch=0, imap=pool.imap, state=state)
+    with pytest.raises(StateError, match="'seed': stored 0, current 1"):
+        iter_batches(src, StreamOptions(batch_size=4, shuffle=True, seed=1), epoch=0, imap=pool.imap, state=state)
+    other = open_numbered(write_numbered(str(tmp_path / "x") if os.makedirs(tmp_path / "x") is None else "", "npy", [31]), "npy")
+    with pytest.raises(StateError, match="'total_rows': stored 30, current 31"):
+        iter_batches(other, opts, epoch=0, imap=pool.imap, state=state)
 
 
 @pytest.mark.timeout(60)
