@@ -14,10 +14,10 @@ tests ``isinstance(loader, torch.utils.data.DataLoader)`` keeps working.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -26,30 +26,44 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, Sampler
 
 from naiad.device import DevicePrefetcher
-from naiad.epoch import EpochIterator, describe_read_task
+from naiad.epoch import EpochIterator, pin_memory_enabled
 from naiad.errors import ConfigError, StateError
-from naiad.fetch import FetchStrategy, choose_fetch
-from naiad.parallel import AutoTuner, WorkerContext, WorkerPool
+from naiad.fetch import choose_fetch
+from naiad.parallel import AutoTuner, WorkerPool
+from naiad.pipelines import STATE_VERSION, IterablePipeline, MapPipeline, Pipeline, StreamPipeline
 from naiad.sampling import SeededRandomSampler, ShardedBatchSampler
 from naiad.sources.base import Source
-from naiad.stream import (
-    StreamCounters,
-    StreamOptions,
-    iter_batches,
-    make_handler_factory,
-    num_batches,
-)
+from naiad.stream import StreamCounters, StreamOptions
 from naiad.telemetry import LoaderStats, Telemetry
-from naiad.worker import (
-    describe_iterable_task,
-    describe_map_task,
-    iterable_handler_factory,
-    map_handler_factory,
-)
 
 __all__ = ["DataLoader"]
 
 WorkerMode = Literal["process", "thread"]
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """naiad's own options of a DataLoader (torch's are torch's attributes).
+
+    Attributes:
+        seed: the shuffle and worker seed (None: torch's generators decide).
+        worker_mode: "process" or "thread".
+        device: where batches go (None: stay on the CPU).
+        device_prefetch: batches copied ahead to ``device``.
+        transform: called on every batch in the training process.
+        shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
+        rank: the rank a map-style dataset is sharded for (None: not sharded).
+        world_size: the number of ranks it is sharded over.
+    """
+
+    seed: int | None = None
+    worker_mode: WorkerMode = "process"
+    device: str | torch.device | None = None
+    device_prefetch: int = 2
+    transform: Callable[[Any], Any] | None = None
+    shuffle_buffer: int | None = None
+    rank: int | None = None
+    world_size: int | None = None
 
 
 class DataLoader(TorchDataLoader):
@@ -138,8 +152,7 @@ class DataLoader(TorchDataLoader):
                 drop_last=drop_last,
                 rank=rank,
                 world_size=world_size,
-                transform=transform,
-            )
+            )  # the transform runs in the pass, as for every pipeline
             shuffle = None  # the stream shuffles; torch's sampler stays sequential and unused
         else:
             if shuffle_buffer is not None:
@@ -196,20 +209,22 @@ class DataLoader(TorchDataLoader):
                 "torch.utils.data.get_worker_info() cannot tell threads apart, so every thread "
                 "would read the whole dataset. Use worker_mode='process'."
             )
+        # By keyword: a subclass or a trainer that re-instantiates the loader from its
+        # attributes must not depend on the order of torch's positional parameters.
         super().__init__(
             dataset,
-            batch_size,
-            shuffle,
-            sampler,
-            batch_sampler,
-            num_workers,
-            collate_fn,
-            pin_memory,
-            drop_last,
-            timeout,
-            worker_init_fn,
-            multiprocessing_context,
-            generator,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
@@ -220,41 +235,76 @@ class DataLoader(TorchDataLoader):
             # of this size (the last few a row smaller), so keep it visible.
             object.__setattr__(self, "batch_size", sharded_batch_size)
             object.__setattr__(self, "drop_last", sharded_drop_last)
-        self._tuner = tuner
-        self._rank = 0 if rank is None else int(rank)
-        self.seed = None if seed is None else int(seed)
-        self.worker_mode: WorkerMode = worker_mode
-        self.device = device
-        self.device_prefetch = device_prefetch
-        self.transform = transform
-        self._source = source
-        self._stream_options = stream_options
-        self._stream_counters = StreamCounters()
-        self._iterable = iterable
-        self._fetch_strategy: FetchStrategy | None = (
-            None if iterable or source is not None else choose_fetch(dataset, collate_fn, self._auto_collation)
+        self.options = LoaderOptions(
+            seed=None if seed is None else int(seed), worker_mode=worker_mode, device=device,
+            device_prefetch=device_prefetch, transform=transform, shuffle_buffer=shuffle_buffer,
+            rank=rank, world_size=world_size,
         )
+        self._tuner = tuner
+        self._stream_counters = StreamCounters()
+        self._pipeline: Pipeline
+        if source is not None:
+            assert stream_options is not None
+            self._pipeline = StreamPipeline(source, stream_options, self._stream_counters)
+        elif iterable:
+            self._pipeline = IterablePipeline(dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last)
+        else:
+            strategy = choose_fetch(dataset, collate_fn, self._auto_collation)
+            self._pipeline = MapPipeline(
+                dataset, self.collate_fn, self._auto_collation, strategy, self.batch_sampler, self.sampler,
+                0 if rank is None else int(rank),
+            )
         self._pool: WorkerPool | None = None  # kept across epochs with persistent_workers
+        self._pool_base_seed = 0  # the base seed the kept pool was started with
+        self._base_seed_of_pass: int | None = None
         self._epoch = 0
         self._telemetry = Telemetry()
         self._current: weakref.ReferenceType[Any] | None = None  # the pass in progress
         self._current_inner: weakref.ReferenceType[EpochIterator] | None = None
         self._resume: dict[str, Any] | None = None
 
+    # -- naiad's options, as attributes ---------------------------------------------------------
+
+    @property
+    def seed(self) -> int | None:
+        """The shuffle and worker seed given (None: torch's generators decide)."""
+        return self.options.seed
+
+    @property
+    def worker_mode(self) -> WorkerMode:
+        """"process" or "thread"."""
+        return self.options.worker_mode
+
+    @property
+    def device(self) -> str | torch.device | None:
+        """Where batches are copied to (None: they stay where they are built)."""
+        return self.options.device
+
+    @property
+    def device_prefetch(self) -> int:
+        """Batches copied ahead to ``device``."""
+        return self.options.device_prefetch
+
+    @property
+    def transform(self) -> Callable[[Any], Any] | None:
+        """Called on every batch in the training process."""
+        return self.options.transform
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline this loader drives (NOTE [ Pipeline seam ])."""
+        return self._pipeline
+
     # ----------------------------------------------------------------------------------------
 
     @property
     def fetch_strategy(self) -> str:
         """How batches are built: "gather", "getitems", "items" (map-style), "iterable" or "stream"."""
-        if self._source is not None:
-            return "stream"
-        return self._fetch_strategy or "iterable"
+        pipeline = self._pipeline
+        return pipeline.strategy if isinstance(pipeline, MapPipeline) else pipeline.kind
 
     def __len__(self) -> int:
-        if self._source is not None:
-            assert self._stream_options is not None
-            return num_batches(self._source, self._stream_options)
-        return super().__len__()
+        return self._pipeline.num_batches()
 
     def stats(self) -> LoaderStats:
         """What the loader did since it was made: batches, rows, the training loop's wait for data
@@ -305,12 +355,18 @@ class DataLoader(TorchDataLoader):
         epoch = self._epoch
         self._epoch += 1
         resume, self._resume = self._resume, None
-        skip = 0
-        stream_state = None
-        if resume is not None and resume["epoch"] == epoch:
-            skip = int(resume["batches_yielded"])
-            stream_state = resume.get("stream")
-        inner = EpochIterator(self, epoch, skip, record_steps=self.device is None, stream_state=stream_state)
+        if resume is not None and resume["epoch"] != epoch:
+            resume = None  # set_epoch() moved on: that epoch starts afresh
+        pool, owns_pool, base_seed = self._pool_for_pass()
+        if resume is not None and resume.get("base_seed") is not None:
+            base_seed = int(resume["base_seed"])  # the interrupted pass's, for its workers' draws
+        run = self._pipeline.open_pass(epoch, base_seed, None if resume is None else resume["pipeline"])
+        inner = EpochIterator(
+            run, epoch, pool, owns_pool=owns_pool, telemetry=self._telemetry, stage=self._pipeline.stage,
+            prefetch=self.prefetch_factor or 2, in_order=self.in_order, transform=self.transform,
+            pin=pin_memory_enabled(self.pin_memory), record_steps=self.device is None, tuner=self._tuner,
+        )
+        self._base_seed_of_pass = base_seed
         self._current_inner = weakref.ref(inner)
         outer: Any = inner
         if self.device is not None:
@@ -320,79 +376,92 @@ class DataLoader(TorchDataLoader):
         self._current = weakref.ref(outer)
         return outer
 
+    def close(self) -> None:
+        """Stop the pass in progress and release the workers (persistent ones too).
+
+        The loader stays usable: the next pass starts new workers. Called when the loader is
+        garbage-collected; call it yourself to free the workers' memory and processes sooner.
+        """
+        inner = self._current_inner() if self._current_inner is not None else None
+        if inner is not None:
+            inner.close()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
     # ----------------------------------------------------------------------------------------
     # Resumption.
 
-    def _resumable_why_not(self) -> str | None:
-        if self._iterable:
-            return "an IterableDataset keeps its position to itself"
-        if self._source is not None:
-            return None
-        sampler = self.sampler
-        if isinstance(self.batch_sampler, ShardedBatchSampler):
-            return None
-        if self._auto_collation and type(self.batch_sampler) is not torch.utils.data.BatchSampler:
-            return f"the custom batch_sampler {type(self.batch_sampler).__name__} has no known order"
-        if isinstance(sampler, (SeededRandomSampler, torch.utils.data.SequentialSampler)):
-            return None
-        if type(sampler) is torch.utils.data.RandomSampler:
-            return "shuffle=True draws its order from torch's global generator; pass `seed=` for an order that can be resumed"
-        return f"the sampler {type(sampler).__name__} has no known order"
-
     def state_dict(self) -> dict[str, Any]:
-        """The loader's position as plain JSON-able data: the epoch and the batches delivered.
+        """The loader's position as plain JSON-able data: the epoch, the batches delivered, and
+        what the pipeline needs to plan the rest (its topology, legs, data fingerprint).
 
-        Load it into a loader made with the same arguments (:meth:`load_state_dict`) and the
-        next pass continues exactly where this one stopped: the same remaining batches, in the
-        same order, then the following epochs as they would have been.
+        Load it into a loader over the same data (:meth:`load_state_dict`) and the next pass
+        continues exactly where this one stopped: the same remaining batches, in the same
+        order, then the following epochs as they would have been. Loaded on another world
+        size, batch size or shuffle buffer, the rest of the epoch delivers every row (index)
+        not yet delivered exactly once across the new ranks (docs/CHECKPOINTING.md).
 
         Raises:
             StateError: the order cannot be replayed (an IterableDataset, torch's global-RNG
                 shuffle without ``seed=``, or a custom sampler).
         """
-        why = self._resumable_why_not()
+        why = self._pipeline.why_not_resumable()
         if why is not None:
             raise StateError(f"this loader cannot be resumed: {why}.")
         outer = self._current() if self._current is not None else None
         inner = self._current_inner() if self._current_inner is not None else None
-        stream: dict[str, Any] | None = None
         if outer is not None and inner is not None and not inner.finished:
-            epoch, delivered = inner.epoch, int(getattr(outer, "delivered", inner.delivered)) + inner.skipped
-            stream = inner.stream_state(delivered)
+            delivered = int(getattr(outer, "delivered", inner.delivered))
+            epoch, start = inner.epoch, inner.run.start
+            part = inner.state(delivered)
+            base_seed: int | None = self._base_seed_of_pass
         else:
-            epoch, delivered = self._epoch, 0
-        state: dict[str, Any] = {
-            "version": 1,
+            epoch, start, delivered = self._epoch, 0, 0
+            part = self._pipeline.start_state(epoch)
+            base_seed = self.seed
+        return {
+            "version": STATE_VERSION,
+            "kind": self._pipeline.kind,
             "epoch": epoch,
-            "batches_yielded": delivered,
-            "seed": self.seed if self._source is None else self._stream_options.seed,  # type: ignore[union-attr]
-            "num_batches": len(self),
+            "batches_yielded": start + delivered,
+            "base_seed": base_seed,
+            "pipeline": part,
         }
-        if stream is not None:
-            state["stream"] = stream  # the plan's inputs, and what was skipped, checked on resume
-        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next pass resumes mid-epoch where it stopped."""
-        why = self._resumable_why_not()
+        """Continue from a :meth:`state_dict`: the next pass resumes mid-epoch where it stopped
+        (on another topology: elastically, see :meth:`state_dict`).
+
+        Raises:
+            StateError: the state does not fit this loader; the message names the stored and
+                the current value and what to change.
+        """
+        why = self._pipeline.why_not_resumable()
         if why is not None:
             raise StateError(f"this loader cannot be resumed: {why}.")
-        if not isinstance(state, dict) or state.get("version") != 1:
-            raise StateError(f"unknown loader state: expected a dict with version 1, got {state!r:.200}.")
-        current = self.state_dict()
-        for key in ("seed", "num_batches"):
-            if state.get(key) != current[key]:
-                raise StateError(
-                    f"the state was saved with {key}={state.get(key)!r} but this loader has "
-                    f"{key}={current[key]!r}; make the loader with the same arguments."
-                )
-        if not 0 <= int(state["batches_yielded"]) <= current["num_batches"]:
-            raise StateError(f"`batches_yielded` must be in [0, {current['num_batches']}], got {state['batches_yielded']!r}.")
-        if self._source is not None and state.get("stream") is not None:
-            assert self._stream_options is not None
-            # The stream checks its own part now (plan inputs, rows it skipped), not at iter().
-            iter_batches(self._source, self._stream_options, epoch=int(state["epoch"]), imap=lambda tasks: iter(()), state=state["stream"])
-        self.set_epoch(int(state["epoch"]))
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            got = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise StateError(
+                f"loader state version: stored {got!r}, current {STATE_VERSION}; expected a dict "
+                "from naiad.DataLoader.state_dict() of this naiad version."
+            )
+        if state.get("kind") != self._pipeline.kind:
+            raise StateError(
+                f"loader state kind: stored {state.get('kind')!r}, current {self._pipeline.kind!r}; "
+                "the state comes from a loader over another kind of dataset."
+            )
+        epoch = state.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise StateError(f"loader state epoch: stored {epoch!r}, expected an int >= 0.")
+        base_seed = state.get("base_seed")
+        if base_seed is not None and not isinstance(base_seed, int):
+            raise StateError(f"loader state base_seed: stored {base_seed!r}, expected an int or None.")
+        part = state.get("pipeline")
+        if not isinstance(part, dict):
+            raise StateError(f"loader state pipeline: stored {part!r:.100}, expected a dict.")
+        self._pipeline.check_state(part, epoch)
+        self.set_epoch(epoch)
         self._resume = dict(state)
 
     # ----------------------------------------------------------------------------------------
@@ -403,49 +472,33 @@ class DataLoader(TorchDataLoader):
         drawn = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         return drawn if self.seed is None else self.seed
 
+    def _pool_for_pass(self) -> tuple[WorkerPool, bool, int]:
+        """The pool for the next pass, whether the pass owns it, and the pass's base seed."""
+        # A tuned pool lives across passes too: the tuner keeps what it learnt.
+        persistent = (self.persistent_workers and self.num_workers > 0) or self._tuner is not None
+        if persistent and self._pool is not None:
+            return self._pool, False, self._pool_base_seed
+        # torch draws the base seed once per iterator, or once per persistent iterator.
+        base_seed = self._base_seed()
+        pool = self._make_pool(base_seed)
+        if persistent:
+            self._pool, self._pool_base_seed = pool, base_seed
+        return pool, not persistent, base_seed
+
     def _make_pool(self, base_seed: int) -> WorkerPool:
-        factory: Callable[[WorkerContext], Callable[[Any], Any]]
-        describe: Callable[[Any], str]
-        if self._source is not None:
-            factory = make_handler_factory(self._source)
-            describe = describe_read_task
-        elif self._iterable:
-            factory = functools.partial(
-                iterable_handler_factory,
-                self.dataset,
-                self.collate_fn,
-                self._auto_collation,
-                self.batch_size,
-                self.drop_last,
-            )
-            describe = describe_iterable_task
-        else:
-            factory = functools.partial(
-                map_handler_factory,
-                self.dataset,
-                self.collate_fn,
-                self._auto_collation,
-                self._fetch_strategy,
-            )
-            describe = describe_map_task
         tuner = self._tuner
         return WorkerPool(
-            factory,
+            self._pipeline.handler_factory(),
             num_workers=self.num_workers if tuner is None else tuner.decision.num_workers,
             mode=self.worker_mode,
             multiprocessing_context=self.multiprocessing_context,
             timeout_s=self.timeout or None,
             worker_init_fn=self.worker_init_fn if self.num_workers > 0 or tuner is not None else None,
             base_seed=base_seed,
-            describe=describe,
-            rank=self._rank,
+            describe=self._pipeline.describe_task,
+            rank=0 if self.options.rank is None else int(self.options.rank),
             init_inline=tuner is None,  # with "auto", only real workers run worker_init_fn
         )
-
-    def _close_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)

@@ -30,10 +30,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
 from naiad.errors import ConfigError, StateError
 from naiad.parallel import HandlerFactory, WorkerContext
-from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
-from naiad.plan import TAG_BUFFER, RankPlan, ReadTask, block_permutation, make_plan, rng_for, tasks_for
+from naiad.plan import (
+    TAG_BUFFER,
+    RankPlan,
+    ReadTask,
+    block_permutation,
+    make_plan,
+    rng_for,
+    tasks_for,
+)
 from naiad.shuffle import BufferReplay, ShuffleBuffer, as_array
 from naiad.sources.base import Source
 
@@ -301,7 +309,7 @@ class BatchStream(Iterator[Batch]):
         self.ended: dict[str, Any] | None = None
         if state is not None:
             self._adopt(state)
-        self._imap = imap
+        self.imap = imap
         self._gen: Iterator[Batch] | None = None
 
     @property
@@ -417,7 +425,7 @@ class BatchStream(Iterator[Batch]):
         tasks = restore.window + plan.tasks[restore.next_task :]
         if not restore.window:
             batcher.add(restore.finish(buffer))
-        results = self._imap(tasks)
+        results = self.imap(tasks)
         try:
             for i, (task, (columns, bad)) in enumerate(zip(tasks, results)):
                 self._count(task, columns, bad)

@@ -106,8 +106,9 @@ def test_state_dict_refuses_orders_it_cannot_replay() -> None:
     state = naiad.DataLoader(ds, batch_size=2, shuffle=True, seed=1).state_dict()
     with pytest.raises(naiad.StateError, match="seed"):
         naiad.DataLoader(ds, batch_size=2, shuffle=True, seed=2).load_state_dict(state)
-    with pytest.raises(naiad.StateError, match="num_batches"):
-        naiad.DataLoader(ds, batch_size=3, shuffle=True, seed=1).load_state_dict(state)
+    with pytest.raises(naiad.StateError, match="'length': stored 10, current 11"):
+        naiad.DataLoader(TensorDataset(torch.arange(11)), batch_size=2, shuffle=True, seed=1).load_state_dict(state)
+    naiad.DataLoader(ds, batch_size=3, shuffle=True, seed=1).load_state_dict(state)  # elastic: allowed
 
 
 def test_device_cpu_prefetches_same_batches_and_records_waits() -> None:
@@ -200,7 +201,7 @@ def test_resume_after_skipped_bad_rows_is_refused(tmp_path: Any) -> None:
         next(it)
     assert sum(loader.bad_rows.values()) == 1
     state = json.loads(json.dumps(loader.state_dict()))
-    assert state["stream"]["bad_rows"] == 1
+    assert state["pipeline"]["bad_rows"] == 1
     with pytest.raises(naiad.StateError):
         naiad.DataLoader(read_csv(str(path), on_bad_rows="skip"), batch_size=10).load_state_dict(state)
 
@@ -220,7 +221,7 @@ def test_auto_workers_settles_on_zero_for_in_memory_tensors_and_reports_why() ->
     assert info["setting"] == "auto" and info["num_workers"] == 0 and info["reason"]
     expected = torch.cat([b[1] for b in naiad.DataLoader(ds, batch_size=64, shuffle=True, seed=0)])
     assert torch.equal(seen, expected)  # and keeps the plan's order
-    loader._close_pool()
+    loader.close()
 
 
 def test_auto_workers_refuses_iterable_datasets() -> None:

@@ -113,7 +113,7 @@ def test_persistent_workers_after_a_break_give_a_full_correct_next_epoch() -> No
     pids = set(loader._pool.worker_pids)  # type: ignore[union-attr]
     assert_same_batches(list(TorchDataLoader(ds, batch_size=16)), list(loader))
     assert set(loader._pool.worker_pids) == pids  # type: ignore[union-attr]
-    loader._close_pool()
+    loader.close()
 
 
 def test_persistent_workers_after_an_error_give_a_full_next_epoch() -> None:
@@ -136,7 +136,7 @@ def test_persistent_workers_after_an_error_give_a_full_next_epoch() -> None:
         with pytest.raises(KeyError):
             list(loader)
         assert torch.cat(list(loader)).tolist() == list(range(40))
-        loader._close_pool()
+        loader.close()
     finally:
         if os.path.exists(ds.path):
             os.remove(ds.path)

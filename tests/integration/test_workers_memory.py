@@ -49,5 +49,5 @@ def test_forked_workers_read_columns_without_copying_them() -> None:
     assert rows == n
     # Each worker gathered half the rows from every page of every column, yet owns little.
     own = [psutil.Process(p).memory_full_info().uss for p in loader._pool.worker_pids]  # type: ignore[union-attr]
-    loader._close_pool()
+    loader.close()
     assert max(own) < 40e6 / 2, f"worker-private memory {[f'{u / 1e6:.0f} MB' for u in own]}"

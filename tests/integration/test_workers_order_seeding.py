@@ -147,7 +147,7 @@ def test_loader_persistent_workers_draw_differently_each_epoch_and_repeat_betwee
     def two_epochs() -> list[torch.Tensor]:
         loader = naiad.DataLoader(Draws(), batch_size=4, num_workers=2, seed=5, persistent_workers=True)
         out = [torch.cat(list(loader)) for _ in range(2)]
-        loader._close_pool()
+        loader.close()
         return out
 
     a, b = two_epochs(), two_epochs()

@@ -271,7 +271,7 @@ def measure(dataset: Any, setting: Setting, *, batch_size: int, step_s: float, s
             steps += 1
         elapsed = time.perf_counter() - start
         it.close()
-        loader._close_pool()  # noqa: SLF001 - persistent workers end with the setting
+        loader.close()  # noqa: SLF001 - persistent workers end with the setting
     return Measurement(
         setting=setting,
         rows_per_s=rows / elapsed if elapsed > 0 else 0.0,

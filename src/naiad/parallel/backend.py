@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from naiad.parallel.context import WorkerContext, enter, seed_globals
+from naiad.parallel.context import WorkerContext, enter, seed_globals, task_seed_sequence
 from naiad.parallel.transport import pack
 
 __all__ = ["Exhausted", "RemoteError", "add_note"]
@@ -161,7 +161,11 @@ def _process_worker_main(
         if item is None:
             return
         seq, payload, key = item
-        if key != current:  # NOTE [ Worker randomness ]: fresh generators each pass
+        if len(key) > 2:  # NOTE [ Worker randomness ]: a task with its own seed sequence
+            current = None
+            enter(context, key[1], fresh=True, entropy=key[2])
+            seed_globals(task_seed_sequence(key[2]))
+        elif key != current:  # fresh generators each pass
             current = key
             epoch = key[1]
             enter(context, epoch, fresh=True)
@@ -236,8 +240,8 @@ class ProcessBackend:
         except Exception:
             pass
 
-    def submit(self, worker_id: int, seq: int, payload: Any, key: tuple[int, int]) -> None:
-        """Queue a task; ``key`` is (pass id, epoch)."""
+    def submit(self, worker_id: int, seq: int, payload: Any, key: tuple) -> None:
+        """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
         self.task_queues[worker_id].put((seq, payload, key))
 
     def _drain(self, w: int, out: list[Message]) -> None:
@@ -377,13 +381,14 @@ class ThreadBackend:
             seq, payload, key = item
             # Only worker_rng() follows the pass here: the global generators belong to every
             # thread of the process, the training loop's included (NOTE [ Worker randomness ]).
-            enter(context, key[1], fresh=key != current)
+            entropy = key[2] if len(key) > 2 else None
+            enter(context, key[1], fresh=entropy is not None or key != current, entropy=entropy)
             current = key
             kind, seq, value, stages = run_task(handler, seq, payload)
             self.results.put((w, kind, seq, value, stages))
 
-    def submit(self, worker_id: int, seq: int, payload: Any, key: tuple[int, int]) -> None:
-        """Queue a task; ``key`` is (pass id, epoch)."""
+    def submit(self, worker_id: int, seq: int, payload: Any, key: tuple) -> None:
+        """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
         self.task_queues[worker_id].put((seq, payload, key))
 
     def poll(self, timeout_s: float) -> list[Message]:

@@ -276,6 +276,7 @@ class WorkerPool:
         prefetch: int = 2,
         in_order: bool = True,
         epoch: int | None = None,
+        task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
     ) -> Iterator[Any]:
         """Yield ``handler(payload)`` for each task, at most ``prefetch`` tasks ahead per worker.
 
@@ -283,14 +284,16 @@ class WorkerPool:
         worker's sequence of tasks, and its random draws, repeat between runs), or a
         :class:`Pinned` payload for one given worker. ``epoch`` keys the workers' random
         generators (NOTE [ Worker randomness ]); by default it counts this pool's passes.
+        ``task_seed(payload)``, when given, names a task's own seed sequence: its random draws
+        then depend on the task alone, not on the worker that runs it.
         """
         if self._closed:
             raise ConfigError("this WorkerPool is closed.")
         key = self._pass_key(epoch)
         it = iter(tasks)
         if self._backend is None:
-            return self._imap_inline(it, prefetch, in_order, key)
-        return self._drive(self._assign(it), prefetch, in_order, key, stop_on_exhausted=False)
+            return self._imap_inline(it, prefetch, in_order, key, task_seed)
+        return self._drive(self._assign(it), prefetch, in_order, key, stop_on_exhausted=False, task_seed=task_seed)
 
     def _assign(self, tasks: Iterator[Any]) -> Iterator[tuple[int, Any]]:
         k = 0
@@ -351,12 +354,13 @@ class WorkerPool:
         finally:
             self._walking_iterators = False
 
-    def _call_inline(self, payload: Any, key: tuple[int, int]) -> Any:
+    def _call_inline(self, payload: Any, key: tuple[int, int], entropy: tuple[int, ...] | None = None) -> Any:
         handler = self._build_inline_handler()
         # Inline, the calling thread is the worker only during the call; its worker_rng()
-        # stream is kept here between calls of a pass so draws go on instead of restarting.
-        rng = self._inline_rng if self._inline_rng_key == key else None
-        previous = enter(self._inline_context, key[1], rng, fresh=rng is None)
+        # stream is kept here between calls of a pass so draws go on instead of restarting
+        # (unless the task has its own seed sequence).
+        rng = self._inline_rng if self._inline_rng_key == key and entropy is None else None
+        previous = enter(self._inline_context, key[1], rng, fresh=rng is None, entropy=entropy)
         try:
             return handler(payload)
         except Exhausted:
@@ -368,16 +372,18 @@ class WorkerPool:
             self._inline_rng, self._inline_rng_key = leave(previous), key
 
     def _imap_inline(
-        self, tasks: Iterator[Any], prefetch: int, in_order: bool, key: tuple[int, int]
+        self, tasks: Iterator[Any], prefetch: int, in_order: bool, key: tuple[int, int],
+        task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
     ) -> Iterator[Any]:
         for task in tasks:
             payload = task.payload if isinstance(task, Pinned) else task
             try:
-                yield self._call_inline(payload, key)
+                yield self._call_inline(payload, key, task_seed(payload) if task_seed else None)
             except Exhausted:
                 return
             if self._active:  # resized: the workers take the rest of this pass
-                yield from self._drive(self._assign(tasks), prefetch, in_order, key, stop_on_exhausted=False)
+                yield from self._drive(self._assign(tasks), prefetch, in_order, key,
+                                       stop_on_exhausted=False, task_seed=task_seed)
                 return
 
     def _imap_inline_until_exhausted(self, payload_for: Callable[[int], Any], key: tuple[int, int]) -> Iterator[Any]:
@@ -397,6 +403,7 @@ class WorkerPool:
         *,
         stop_on_exhausted: bool,
         active: dict[int, bool] | None = None,
+        task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
     ) -> Iterator[Any]:
         backend = self._ensure_backend()
         pending: dict[int, tuple[int, Any]] = {}  # seq -> (worker, payload), in submit order
@@ -417,9 +424,10 @@ class WorkerPool:
                     exhausted_input = True
                     return
                 seq = next(self._seq)
+                entropy = task_seed(payload) if task_seed is not None else None
                 if w == INLINE:
                     try:
-                        done[seq] = ("ok", self._call_inline(payload, key))
+                        done[seq] = ("ok", self._call_inline(payload, key, entropy))
                     except Exhausted:
                         done[seq] = ("exhausted", None)
                     except Exception as exc:  # raised in turn, after the results before it
@@ -427,7 +435,7 @@ class WorkerPool:
                 else:
                     if w in backend.dead:
                         raise self._death_error(w, backend, None)
-                    backend.submit(w, seq, payload, key)
+                    backend.submit(w, seq, payload, key if entropy is None else (*key, entropy))
                     self._owed[w] = self._owed.get(w, 0) + 1
                 pending[seq] = (w, payload)
                 order.append(seq)

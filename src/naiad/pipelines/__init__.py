@@ -1,0 +1,18 @@
+"""The pipelines under naiad.DataLoader, one per kind of dataset (NOTE [ Pipeline seam ])."""
+
+from __future__ import annotations
+
+from naiad.pipelines.base import STATE_VERSION, Pipeline, PipelinePass, check_fields
+from naiad.pipelines.iterable import IterablePipeline
+from naiad.pipelines.mapstyle import MapPipeline
+from naiad.pipelines.streaming import StreamPipeline
+
+__all__ = [
+    "STATE_VERSION",
+    "IterablePipeline",
+    "MapPipeline",
+    "Pipeline",
+    "PipelinePass",
+    "StreamPipeline",
+    "check_fields",
+]

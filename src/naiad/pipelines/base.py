@@ -1,0 +1,109 @@
+"""The seam under the DataLoader: what every kind of pipeline provides.
+
+NOTE [ Pipeline seam ]
+``naiad.DataLoader`` drives three kinds of pipeline: a map-style dataset (index batches),
+an IterableDataset (each worker walks its own iterator) and a streaming source (block reads
+through a shuffle buffer). The loader and its per-pass iterator (epoch.py) know nothing of
+which one they drive; they talk to it through two small protocols:
+
+* :class:`Pipeline`, one per loader: how a worker builds its handler, how to describe a task in
+  an error, the number of batches, whether and why not its position can be saved, and how to
+  open one pass (an epoch, or the rest of one) from a position.
+* :class:`PipelinePass`, one per pass: runs its tasks through a :class:`~naiad.parallel.WorkerPool`
+  and turns their results into batches, and says its position after ``k`` delivered batches as
+  plain JSON. The plan (which tasks, in which order, for which rank) is a pure function of the
+  pipeline's inputs and the position, computed in the training process.
+
+A loader state is ``{"version", "kind", "epoch", "batches_yielded", "base_seed",
+"pipeline": {...}}``: the pipeline's part holds what its plan needs (topology, legs) and what
+must match to resume (its data's fingerprint, the seed), and :func:`check_fields` compares it
+with the current values, naming both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from naiad.errors import StateError
+from naiad.parallel import HandlerFactory, WorkerPool
+
+__all__ = ["STATE_VERSION", "Pipeline", "PipelinePass", "check_fields"]
+
+STATE_VERSION = 2
+"""Version of the loader state; 2 added the kind, the base seed and elastic legs."""
+
+
+class PipelinePass(Protocol):
+    """One pass of a pipeline: an epoch, or the rest of one after a resume."""
+
+    start: int
+    """Batches of the epoch's current leg delivered before this pass began (a resume)."""
+
+    def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
+        """Run the pass's tasks through ``pool``; yield its batches in plan order."""
+        ...
+
+    def state(self, delivered: int) -> dict[str, Any]:
+        """The pipeline's part of the state after ``delivered`` more batches of this pass."""
+        ...
+
+    def __len__(self) -> int:
+        """Batches this pass yields."""
+        ...
+
+
+class Pipeline(Protocol):
+    """One kind of pipeline under the DataLoader (see NOTE [ Pipeline seam ])."""
+
+    kind: str
+    """"map", "iterable" or "stream": the kind a state was saved from."""
+
+    stage: str
+    """The telemetry stage its workers' time counts as: "fetch" or "read"."""
+
+    def handler_factory(self) -> HandlerFactory:
+        """A picklable factory that builds, in each worker, ``handler(task) -> result``."""
+        ...
+
+    def describe_task(self, task: Any) -> str:
+        """A task in words, for error messages."""
+        ...
+
+    def num_batches(self) -> int:
+        """Batches in a whole epoch on this rank (TypeError where unknown, as torch)."""
+        ...
+
+    def why_not_resumable(self) -> str | None:
+        """None when a position can be saved and resumed, else the reason in words."""
+        ...
+
+    def open_pass(self, epoch: int, base_seed: int, resume: Mapping[str, Any] | None) -> PipelinePass:
+        """Plan one pass of ``epoch``: from its start, or from a checked ``resume`` part."""
+        ...
+
+    def start_state(self, epoch: int) -> dict[str, Any]:
+        """The pipeline's part of the state at the start of ``epoch``."""
+        ...
+
+    def check_state(self, part: Mapping[str, Any], epoch: int) -> None:
+        """Raise StateError when a stored part cannot resume here, naming stored and current."""
+        ...
+
+
+def check_fields(stored: Mapping[str, Any], current: Mapping[str, Any], what: str, fix: str) -> None:
+    """Raise a StateError naming every key whose stored value differs from the current one.
+
+    Example:
+        >>> check_fields({"seed": 1}, {"seed": 2}, "loader state", "make the loader with seed=1.")
+        Traceback (most recent call last):
+        ...
+        naiad.errors.StateError: loader state 'seed': stored 1, current 2; make the loader with seed=1.
+    """
+    diffs = [
+        f"{key!r}: stored {stored.get(key)!r}, current {value!r}"
+        for key, value in current.items()
+        if stored.get(key) != value
+    ]
+    if diffs:
+        raise StateError(f"{what} {'; '.join(diffs)}; {fix}")

@@ -1,0 +1,85 @@
+"""The streaming pipeline: a Source's blocks through the plan, the workers and the shuffle buffer."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from naiad.errors import StateError
+from naiad.parallel import HandlerFactory, WorkerPool
+from naiad.sources.base import Source
+from naiad.stream import (
+    STREAM_STATE_VERSION,
+    BatchStream,
+    StreamCounters,
+    StreamOptions,
+    make_handler_factory,
+    num_batches,
+)
+
+__all__ = ["StreamPipeline"]
+
+
+class StreamPipeline:
+    """A :class:`~naiad.Source` streamed in batches (see :mod:`naiad.stream`)."""
+
+    kind = "stream"
+    stage = "read"
+
+    def __init__(self, source: Source, options: StreamOptions, counters: StreamCounters) -> None:
+        self.source = source
+        self.options = options
+        self.counters = counters
+
+    def handler_factory(self) -> HandlerFactory:
+        return make_handler_factory(self.source)
+
+    def describe_task(self, task: Any) -> str:
+        block = getattr(task, "block", None)
+        if block is None:
+            return f"block {task!r:.300}"
+        return f"{block.path} (block from {block.start} to {block.stop}, its rows {task.lo}:{task.hi})"
+
+    def num_batches(self) -> int:
+        return num_batches(self.source, self.options)
+
+    def why_not_resumable(self) -> str | None:
+        return None
+
+    def open_pass(self, epoch: int, base_seed: int, resume: Mapping[str, Any] | None) -> StreamPass:
+        return StreamPass(BatchStream(self.source, self.options, epoch=epoch, imap=_unset, counters=self.counters,
+                                      state=resume))
+
+    def start_state(self, epoch: int) -> dict[str, Any]:
+        return BatchStream(self.source, self.options, epoch=epoch, imap=_unset).get_state()
+
+    def check_state(self, part: Mapping[str, Any], epoch: int) -> None:
+        if not isinstance(part, Mapping) or part.get("version") != STREAM_STATE_VERSION:
+            raise StateError(f"stream state: expected a dict with version {STREAM_STATE_VERSION}, got {part!r:.200}.")
+        # Building the stream checks the data, seed and position, and replays any legs.
+        BatchStream(self.source, self.options, epoch=epoch, imap=_unset, state=part)
+
+
+def _unset(tasks: Any) -> Iterator[Any]:
+    raise RuntimeError("this stream was opened to plan, not to read")
+
+
+class StreamPass:
+    """One pass of a stream: its :class:`~naiad.stream.BatchStream` run through the pool."""
+
+    def __init__(self, stream: BatchStream) -> None:
+        self.stream = stream
+        self.start = stream.batches_yielded
+
+    def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
+        # Block reads run no user code: no per-task seeding, and always in plan order (the
+        # shuffle buffer needs its chunks in order, whatever `in_order` says).
+        self.stream.imap = functools.partial(pool.imap, prefetch=prefetch, in_order=True, epoch=self.stream.epoch)
+        return self.stream
+
+    def state(self, delivered: int) -> dict[str, Any]:
+        return self.stream.get_state(batches_yielded=self.start + delivered)
+
+    def __len__(self) -> int:
+        return len(self.stream)
