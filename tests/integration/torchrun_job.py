@@ -17,8 +17,8 @@ SIGKILL loses nothing written before it:
 
 The checkpoint (``O/ckpt.pt``, written by rank 0 to a temporary file and renamed over the old
 one) holds the model and optimizer state dicts, the step it covers, and the loader states as
-JSON text: rank 0's ``loader.state_dict()`` under ``"loader"`` and every rank's under
-``"loader_by_rank"`` (today a stream's state names its rank, so a rank resumes from its own).
+JSON text: rank 0's ``loader.state_dict()`` under ``"loader"``. Ranks step in lockstep, so one
+rank's state describes the job: every rank of the restarted job, on any world size, loads it.
 """
 
 from __future__ import annotations
@@ -113,11 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ckpt = torch.load(args.resume, weights_only=True)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        by_rank = json.loads(ckpt["loader_by_rank"])
-        # The same topology resumes each rank from its own state; another world size gives every
-        # rank the one state rank 0 saved (elastic resume: the rest of the epoch, once, anywhere).
-        state = by_rank[rank] if len(by_rank) == world_size else json.loads(ckpt["loader"])
-        loader.load_state_dict(state)
+        # The same world size continues exactly; another one delivers the rest of the epoch,
+        # every row once across the new ranks (elastic resume).
+        loader.load_state_dict(json.loads(ckpt["loader"]))
         step = int(ckpt["step"])
         record(kind="resume", step=step, epoch=loader.epoch,
                param_sum=_param_sum(model), momentum_sum=_momentum_sum(optimizer))
@@ -136,8 +134,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             record(kind="step", step=step, epoch=epoch, batch=batch_number,
                    ids=batch["id"].tolist(), loss=loss.item())
             if args.ckpt_every and step % args.ckpt_every == 0:
-                states: list[object] = [None] * world_size
-                dist.all_gather_object(states, loader.state_dict())
                 if rank == 0:
                     tmp = ckpt_path + ".tmp"
                     torch.save({
@@ -146,8 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "world_size": world_size,
                         "model": model.state_dict(),
                         "optimizer": optimizer.state_dict(),
-                        "loader": json.dumps(states[0]),
-                        "loader_by_rank": json.dumps(states),
+                        "loader": json.dumps(loader.state_dict()),
                     }, tmp)
                     os.replace(tmp, ckpt_path)
                     record(kind="checkpoint", step=step, epoch=epoch, batch=batch_number,
