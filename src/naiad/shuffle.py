@@ -29,9 +29,14 @@ in at full memory bandwidth, so the random gather and scatter that follow hit th
 of waiting on one line at a time (a shuffled epoch of ten float columns: 15-20% more rows/s and
 less CPU per row, bench/RESULTS.md). It changes no value and no order.
 
-The draws depend only on the chunk sizes and the generator, not on the data, so running the
-buffer over row *positions* alone replays exactly which rows it holds at any point: that is how
-a stream resumes mid-epoch (see ``naiad.stream``) without saving the buffer's contents.
+The draws depend only on the chunk sizes and the seed, not on the data, and exchange ``j`` draws
+from its own generator, ``SeedSequence([seed, epoch, rank, tag, leg, j])``. So which rows the
+buffer holds at any point follows from positions alone, and can be found *backwards*: from the
+exchange in progress, each earlier exchange's draw names the slots it wrote; a slot's content is
+its last writer's row, and once every slot is accounted for (about ``capacity * ln(capacity)``
+rows back, whatever the position) the walk stops. That is how a stream resumes mid-epoch (see
+``naiad.stream``) without saving the buffer's contents, in a time that does not grow with the
+position.
 """
 
 from __future__ import annotations
@@ -88,6 +93,11 @@ def _l2_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache", default: i
 _WARM_MAX_BYTES = _l2_cache_bytes() // 2
 
 
+def draw_rng(keys: tuple[int, ...], j: int) -> np.random.Generator:
+    """The generator of draw ``j`` of a buffer with seed ``keys`` (see :class:`ShuffleBuffer`)."""
+    return np.random.default_rng(np.random.SeedSequence([k % 2**64 for k in keys] + [j]))
+
+
 def _as_rows(array: np.ndarray) -> np.ndarray:
     """A C-contiguous ``(n, ...)`` array viewed as ``n`` opaque values of one row each (no copy)."""
     row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
@@ -99,20 +109,24 @@ class ShuffleBuffer:
 
     Args:
         capacity_rows: the number of rows held; memory is this many rows of every column.
-        rng: the generator; the caller derives it from (seed, epoch, rank).
+        rng: the seed keys of the draws, ``(seed, epoch, rank, ...)``: exchange ``j`` draws from
+            ``SeedSequence([*keys, j])``, so any exchange's draw can be made again without the
+            ones before it (what a resume needs); or one generator that every draw advances.
 
     Example:
-        >>> buf = ShuffleBuffer(4, np.random.default_rng(0))
+        >>> buf = ShuffleBuffer(4, (0, 0))
         >>> out = buf.push({"i": np.arange(10)}) + [buf.flush()]
         >>> sorted(np.concatenate([c["i"] for c in out]).tolist())
         [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
     """
 
-    def __init__(self, capacity_rows: int, rng: np.random.Generator) -> None:
+    def __init__(self, capacity_rows: int, rng: np.random.Generator | tuple[int, ...]) -> None:
         if capacity_rows < 1:
             raise ConfigError(f"`shuffle_buffer` must be >= 1, got {capacity_rows}.")
         self.capacity_rows = capacity_rows
-        self.rng = rng
+        self.keys: tuple[int, ...] | None = None if isinstance(rng, np.random.Generator) else tuple(rng)
+        self.rng = rng if isinstance(rng, np.random.Generator) else None
+        self.draws = 0  # draws made: the next exchange's key
         self.size = 0
         self.rows_in = 0
         self.rows_out = 0
@@ -182,8 +196,16 @@ class ShuffleBuffer:
     def _draw(self, m: int) -> Draw:
         """The slots the next exchange of ``m`` rows empties: as drawn, and as physical rows."""
         # Floyd's algorithm inside Generator.choice: O(m) for m much smaller than capacity.
-        idx = self.rng.choice(self.capacity_rows, m, replace=False)
+        idx = self._next_rng().choice(self.capacity_rows, m, replace=False)
         return idx, (idx if self._view is None else self._view[idx])
+
+    def _next_rng(self) -> np.random.Generator:
+        j = self.draws
+        self.draws += 1
+        if self.keys is None:
+            assert self.rng is not None
+            return self.rng
+        return draw_rng(self.keys, j)
 
     def _advance(self, idx: np.ndarray, whole: bool, following: int) -> Draw | None:
         """After the exchange that emptied ``idx``: remap the slots if it took the whole buffer,
@@ -238,7 +260,7 @@ class ShuffleBuffer:
         """Empty the buffer: every row still held, in a random permutation."""
         if self.slots is None or self.size == 0:
             return {}
-        perm = self.rng.permutation(self.size)
+        perm = self._next_rng().permutation(self.size)
         sel = perm if self._view is None else self._view[perm]
         out = {name: slot[sel] for name, slot in self.slots.items()}
         self.rows_out += self.size
@@ -247,13 +269,14 @@ class ShuffleBuffer:
         return out
 
     def get_state(self) -> dict[str, Any]:
-        """Rows in and out, and the generator's state (JSON-able); not the buffered rows."""
+        """Rows in and out, and the draws' position (JSON-able); not the buffered rows."""
         return {
             "version": 1,
             "capacity_rows": self.capacity_rows,
             "rows_in": self.rows_in,
             "rows_out": self.rows_out,
-            "rng": self.rng.bit_generator.state,
+            "draws": self.draws,
+            "rng": None if self.rng is None else self.rng.bit_generator.state,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -266,7 +289,9 @@ class ShuffleBuffer:
             )
         self.rows_in = state["rows_in"]
         self.rows_out = state["rows_out"]
-        self.rng.bit_generator.state = state["rng"]
+        self.draws = state.get("draws", 0)
+        if self.rng is not None and state.get("rng") is not None:
+            self.rng.bit_generator.state = state["rng"]
 
 
 class BufferReplay:
@@ -301,7 +326,12 @@ class BufferReplay:
 
     @classmethod
     def replay(cls, plan: RankPlan, buffer: ShuffleBuffer | None, start: int) -> BufferReplay:
-        """Where the stream stands after ``start`` rows have left in batches."""
+        """Where the stream stands after ``start`` rows have left in batches.
+
+        With a buffer, only the draws that decide what it holds are made again: from the task
+        in progress backwards until every slot is accounted for (NOTE [ Mid-epoch resume ]
+        in stream.py), so the cost does not grow with ``start``.
+        """
         tasks = plan.tasks
         offsets = np.concatenate(([0], np.cumsum([t.rows for t in tasks]))).astype(np.int64)
         if start >= offsets[-1] and buffer is None:
@@ -310,23 +340,11 @@ class BufferReplay:
             k = int(np.searchsorted(offsets, start, side="right")) - 1
             t = tasks[k]
             return cls(k + 1, [t.without_first(start - int(offsets[k]))], [start])
-        ghost = ShuffleBuffer(buffer.capacity_rows, buffer.rng)  # shares the generator: it advances
-        emitted, owed = 0, []
-        next_task = len(tasks)
-        for k in range(len(tasks)):
-            for chunk in ghost.push({"p": np.arange(offsets[k], offsets[k + 1])}):
-                emitted += len(chunk["p"])
-                if emitted > start:
-                    owed.append(chunk["p"][max(0, len(chunk["p"]) - (emitted - start)):])
-            if emitted >= start:
-                next_task = k + 1
-                break
-        else:
-            flushed = ghost.flush().get("p", np.zeros(0, np.int64))
-            owed.append(flushed[max(0, start - emitted):])
-        held = ghost.held().get("p", np.zeros(0, np.int64))
-        owed_pos = np.concatenate(owed) if owed else np.zeros(0, np.int64)
-        needed = np.concatenate((held, owed_pos))
+        if buffer.keys is None:
+            raise ConfigError("a shuffle buffer is replayed only with seed keys, not a shared generator.")
+        held, owed, next_task, draws = _replay_draws(buffer.capacity_rows, buffer.keys, offsets, start)
+        buffer.draws = draws  # the restored buffer goes on with the next exchange's draw
+        needed = np.concatenate((held, owed))
         end = int(offsets[next_task])
         base = int(needed.min()) if len(needed) else end
         window, window_pos = [], []
@@ -336,7 +354,7 @@ class BufferReplay:
                 lo = max(a, base)
                 window.append(tasks[k].without_first(lo - a))
                 window_pos.append(lo)
-        return cls(next_task, window, window_pos, base, held, owed_pos, end)
+        return cls(next_task, window, window_pos, base, held, owed, end)
 
     def put(self, arrays: dict[str, np.ndarray]) -> None:
         """Place the rows of the next re-read window task."""
@@ -372,6 +390,71 @@ class BufferReplay:
                 buffer.slots[k][: len(self.held)] = v
             buffer.size = len(self.held)
         return self.pending
+
+
+def _exchanges(capacity: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The buffer's exchanges over chunks laid end to end at ``offsets``: for each, its task,
+    its first incoming position and its size (what ``ShuffleBuffer.push`` does, without data)."""
+    task, first, size = [], [], []
+    filled = 0
+    for k in range(len(offsets) - 1):
+        a, n = int(offsets[k]), int(offsets[k + 1] - offsets[k])
+        p = min(capacity - filled, n)
+        filled += p
+        while p < n:
+            m = min(capacity, n - p)
+            task.append(k)
+            first.append(a + p)
+            size.append(m)
+            p += m
+    return np.array(task, np.int64), np.array(first, np.int64), np.array(size, np.int64)
+
+
+def _replay_draws(capacity: int, keys: tuple[int, ...], offsets: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The rows (stream positions) a keyed buffer holds, and those it owes, once the task whose
+    exchanges emit row ``start`` has been pushed; that task's successor; and the draws made.
+
+    Walks the draws backwards from that task until every slot's last writer is found (slots
+    never written since the buffer filled hold position = slot), then makes that task's own
+    exchanges forwards, so the work is about ``capacity * ln(capacity)`` rows of draws, never
+    the epoch's.
+    """
+    total = int(offsets[-1])
+    task, first, size = _exchanges(capacity, offsets)
+    emitted = np.cumsum(size)
+    i = int(np.searchsorted(emitted, start, side="left"))  # the exchange that emits row `start`
+    if i < len(size):
+        k = int(task[i])
+        i0 = int(np.searchsorted(task, k, side="left"))  # that task's first exchange
+        i1 = int(np.searchsorted(task, k, side="right"))
+    else:  # row `start` leaves in the final flush
+        k, i0 = len(offsets) - 1, len(size)
+        i1 = i0
+    filled = min(capacity, int(offsets[k + 1]) if k + 1 < len(offsets) else total)
+    content = np.full(capacity, -1, np.int64)
+    unknown = capacity
+    for j in range(i0 - 1, -1, -1):
+        if unknown == 0:
+            break
+        idx = draw_rng(keys, j).choice(capacity, int(size[j]), replace=False)
+        new = content[idx] < 0
+        content[idx[new]] = first[j] + np.flatnonzero(new)
+        unknown -= int(new.sum())
+    never = np.flatnonzero(content < 0)
+    content[never] = never  # filled in order, never exchanged since
+    content = content[:filled] if i0 == 0 else content
+    out: list[np.ndarray] = []
+    for j in range(i0, i1):
+        idx = draw_rng(keys, j).choice(capacity, int(size[j]), replace=False)
+        out.append(content[idx])
+        content[idx] = first[j] + np.arange(size[j])
+    before = int(emitted[i0 - 1]) if i0 else 0
+    if i >= len(size):  # the flush: every row held leaves in one permutation
+        out.append(content[draw_rng(keys, i1).permutation(len(content))])
+        content = np.zeros(0, np.int64)
+        return content, np.concatenate(out)[start - before :], len(offsets) - 1, i1 + 1
+    owed = np.concatenate(out)[start - before :] if out else np.zeros(0, np.int64)
+    return content, owed, k + 1, i1
 
 
 def shuffle_quality(order: np.ndarray) -> dict[str, float]:

@@ -7,13 +7,15 @@ into the planned batches. Because the plan, the order of the results and the buf
 not depend on the workers, the batches are the same whatever ``num_workers`` is.
 
 NOTE [ Mid-epoch resume ]
-A stream's state is a handful of integers: the plan's inputs and the number of batches
-yielded. To resume after ``k`` batches, the shuffle buffer is first run over row *positions*
-only (no I/O; its random draws depend only on chunk sizes), which tells which positions it
-holds and which are still owed from the chunk it was emitting. Only the blocks that hold those
-rows (the window since the oldest one) are read again, their rows put back in their slots, and
-the stream continues. Rows skipped by ``on_bad_rows="skip"`` shift positions, so a state taken
-after skipping rows is refused (StateError) instead of resumed inexactly.
+A stream's state is a handful of integers: the plan's inputs, the data's fingerprint, the legs
+of the epoch (NOTE [ Elastic resume ] in elastic.py) and the number of batches yielded. To
+resume after ``k`` batches, the shuffle buffer's draws are made again over row *positions* only
+(no I/O; each exchange's draw depends only on its seed keys and size), backwards from the
+exchange in progress until every slot is accounted for, which tells which positions it holds and
+which are still owed from the chunk it was emitting (``BufferReplay``). Only the blocks that
+hold those rows (the window since the oldest one) are read again, their rows put back in their
+slots, and the stream continues. Rows skipped by ``on_bad_rows="skip"`` shift positions, so a
+state taken after skipping rows is refused (StateError) instead of resumed inexactly.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from naiad.plan import (
     ReadTask,
     block_permutation,
     make_plan,
-    rng_for,
     tasks_for,
 )
 from naiad.shuffle import BufferReplay, ShuffleBuffer, as_array
@@ -209,7 +210,7 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
 
         def replay(rank: int, share: Segments, sizes: np.ndarray, delivered: int) -> tuple[np.ndarray, int]:
             plan = RankPlan(tasks_for(ordered, share), len(share), sizes, total)
-            buffer = ShuffleBuffer(leg.buffer_rows, buffer_rng(options.seed, epoch, rank, i))
+            buffer = ShuffleBuffer(leg.buffer_rows, buffer_keys(options.seed, epoch, rank, i))
             restore = BufferReplay.replay(plan, buffer, delivered)
             consumed = sum(t.rows for t in plan.tasks[: restore.next_task])
             return np.concatenate((restore.held, restore.owed)), consumed
@@ -227,11 +228,9 @@ def current_leg(options: StreamOptions, batches: int = 0) -> Leg:
     return Leg(world_size, options.batch_size, options.drop_last, options.buffer_rows if options.shuffle else 0, batches)
 
 
-def buffer_rng(seed: int, epoch: int, rank: int, leg: int) -> np.random.Generator:
-    """The shuffle buffer's generator of one rank in one leg of an epoch."""
-    if leg == 0:
-        return rng_for(seed, epoch, rank, TAG_BUFFER)
-    return rng_for(seed, epoch, rank, TAG_BUFFER, leg)
+def buffer_keys(seed: int, epoch: int, rank: int, leg: int) -> tuple[int, ...]:
+    """The seed keys of the shuffle buffer's draws for one rank in one leg of an epoch."""
+    return (seed % 2**64, epoch % 2**64, rank, TAG_BUFFER, leg)
 
 
 def source_fingerprint(source: Source) -> dict[str, Any]:
@@ -417,7 +416,7 @@ class BatchStream(Iterator[Batch]):
         if len(sizes) == 0:
             return
         start = int(sizes[: self.batches_yielded].sum())
-        buffer = ShuffleBuffer(o.buffer_rows, buffer_rng(o.seed, self.epoch, self.rank, len(self.legs))) if o.shuffle else None
+        buffer = ShuffleBuffer(o.buffer_rows, buffer_keys(o.seed, self.epoch, self.rank, len(self.legs))) if o.shuffle else None
         batcher = _Batcher(sizes, self.batches_yielded, self.source.empty_columns())
         if batcher.done:
             return

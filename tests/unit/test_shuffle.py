@@ -207,3 +207,58 @@ def test_big_exchanges_split_across_threads_and_drawn_ahead_match_the_plain_exch
         assert np.array_equal(c["x"], np.stack([c["id"], -c["id"]], axis=1).astype(np.float64))
         assert np.array_equal(c["when"], c["id"].astype("datetime64[s]"))
         assert c["s"].tolist() == c["id"].astype(str).tolist()
+
+
+def _forward_replay(capacity: int, keys: tuple[int, ...], sizes: list[int], start: int):
+    """What a keyed buffer holds and owes once the chunk that emits row ``start`` is pushed, by
+    pushing every chunk of positions (the simple, slow way)."""
+    buf = ShuffleBuffer(capacity, keys)
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    emitted, owed = 0, []
+    for k in range(len(sizes)):
+        for chunk in buf.push({"p": np.arange(offsets[k], offsets[k + 1])}):
+            emitted += len(chunk["p"])
+            if emitted > start:
+                owed.append(chunk["p"][max(0, len(chunk["p"]) - (emitted - start)):])
+        if emitted >= start:
+            owed_rows = np.concatenate(owed) if owed else np.zeros(0, np.int64)
+            return buf.held().get("p", np.zeros(0, np.int64)), owed_rows, k + 1, buf.draws
+    flushed = buf.flush().get("p", np.zeros(0, np.int64))
+    return np.zeros(0, np.int64), np.concatenate([*owed, flushed[max(0, start - emitted):]]), len(sizes), buf.draws
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(1, 30), sizes=st.lists(st.integers(1, 70), min_size=1, max_size=12),
+       seed=st.integers(0, 50), data=st.data())
+def test_backward_replay_of_the_draws_matches_pushing_every_chunk(capacity, sizes, seed, data):
+    from naiad.shuffle import _replay_draws
+
+    start = data.draw(st.integers(1, sum(sizes)))
+    keys = (seed, 1, 0, 1, 0)
+    held, owed, next_task, draws = _replay_draws(capacity, keys, np.concatenate(([0], np.cumsum(sizes))), start)
+    f_held, f_owed, f_next, f_draws = _forward_replay(capacity, keys, sizes, start)
+    if start < sum(sizes):
+        assert next_task == f_next and draws == f_draws
+    assert held.tolist() == f_held.tolist()
+    assert owed.tolist() == f_owed.tolist()
+
+
+def test_backward_replay_cost_does_not_grow_with_the_position():
+    # A million-row epoch in 1,000-row chunks through a 5,000-row buffer: the draws made again
+    # to resume near its end are those of about capacity * ln(capacity) rows, not the epoch's.
+    import naiad.shuffle as shuffle_module
+
+    calls = []
+    real = shuffle_module.draw_rng
+
+    def counting(keys, j):
+        calls.append(j)
+        return real(keys, j)
+
+    offsets = np.arange(0, 1_000_001, 1000)
+    shuffle_module.draw_rng = counting
+    try:
+        shuffle_module._replay_draws(5000, (0, 0, 0, 1, 0), offsets, 990_000)
+    finally:
+        shuffle_module.draw_rng = real
+    assert len(calls) < 5000 * np.log(5000) / 1000 * 2  # ~43 expected, versus ~1,000 forwards

@@ -1,0 +1,478 @@
+"""Conformance checks to run on your own loaders: does a saved position resume exactly?
+
+:func:`check_resume` is the check naiad runs on every source and mode of its own (the project's
+``tests/integration/test_resume_conformance.py``); run it on your dataset and configuration,
+in your test suite, before you trust a checkpoint with it. It needs no test framework: a
+mismatch is an ``AssertionError`` that says which epoch, which batch and what differs.
+
+NOTE [ What check_resume checks ]
+A reference loader runs epochs ``0 .. epochs-1`` uninterrupted and its batches are recorded
+(copied, so that later passes cannot change them). Then, for each *save point*, a fresh loader
+from ``make_loader()`` runs up to that point, the state is taken there, and another fresh loader
+that loaded the state (after a JSON round trip, as a checkpoint file does) must yield exactly
+the rest: the remaining batches of that epoch, then every following epoch, batch for batch
+(types, nesting, dtypes, shapes, values, order). The save points:
+
+* ``break``: in epoch 0, after ``k`` batches, the state is taken inside the loop and the loop
+  ``break``s, as a training loop does at a checkpoint; ``k`` is 0 (the pass has started, no
+  batch yet), 1, the middle, all but one, and all of them (``positions`` picks others). Taken
+  again after the ``break`` (the pass's iterator dropped), the state must not have moved.
+* ``continue``: in the middle of epoch 0 without breaking; the same loader then goes on and
+  must be undisturbed: the rest of its epochs are the reference's too.
+* ``end of epoch``: after epoch 0's loop ran to its end; the resumed loader starts at epoch 1.
+* ``later epoch``: in the middle of the last epoch, after whole epochs before it.
+
+Every state must be plain JSON (``json.dumps`` with no NaN, and equal to itself after a round
+trip), small (``max_state_bytes``), and the same when taken twice in a row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from naiad.errors import ConfigError
+
+__all__ = ["ResumeReport", "SavePoint", "check_resume"]
+
+
+@dataclass(frozen=True)
+class SavePoint:
+    """One place a state was taken and resumed from.
+
+    Attributes:
+        epoch: the epoch the consumer was in.
+        batches: batches of that epoch the consumer had received when the state was taken.
+        how: ``"break"``, ``"continue"``, ``"end of epoch"`` or ``"later epoch"`` (see
+            NOTE [ What check_resume checks ]).
+        state_bytes: the size of the state as JSON.
+    """
+
+    epoch: int
+    batches: int
+    how: str
+    state_bytes: int
+
+    def __str__(self) -> str:
+        return f"epoch {self.epoch} after {self.batches} batch(es) ({self.how})"
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    """What :func:`check_resume` checked; every check passed.
+
+    Attributes:
+        epochs: epochs in the reference run.
+        batches_per_epoch: the reference's batch count in each epoch.
+        save_points: every position a state was taken and resumed from.
+        batches_compared: batches compared with the reference, over all runs.
+        largest_state_bytes: the largest state seen, as JSON.
+    """
+
+    epochs: int
+    batches_per_epoch: tuple[int, ...]
+    save_points: tuple[SavePoint, ...]
+    batches_compared: int
+    largest_state_bytes: int
+
+    def __str__(self) -> str:
+        points = "; ".join(str(p) for p in self.save_points)
+        return (
+            f"resume checked at {len(self.save_points)} save points over {self.epochs} epoch(s) of "
+            f"{list(self.batches_per_epoch)} batches, {self.batches_compared} batches compared, "
+            f"states up to {self.largest_state_bytes} bytes: {points}"
+        )
+
+
+def check_resume(
+    make_loader: Callable[[], Any],
+    *,
+    epochs: int = 2,
+    positions: Sequence[float] | None = None,
+    max_state_bytes: int = 16_384,
+) -> ResumeReport:
+    """Check that a loader's ``state_dict()`` resumes exactly, at the start, middle and end of
+    an epoch (see NOTE [ What check_resume checks ] in this module).
+
+    ``make_loader`` must build the same loader each time: same data, same arguments, and an
+    order that repeats (``seed=`` when shuffling). Keep the data small: the check runs the
+    epochs about ``len(positions) + 5`` times.
+
+    Args:
+        make_loader: a zero-argument callable returning a fresh :class:`naiad.DataLoader`.
+        epochs: epochs in the reference run (>= 1); the resumed runs go on to its end.
+        positions: where in epoch 0 to ``break`` and resume, as fractions of the epoch's
+            batches (0.0: the pass has started, no batch yet; 1.0: every batch received, the
+            loop not yet ended). Default: before the first batch, after the first, the middle,
+            all but the last, and after the last.
+        max_state_bytes: the largest state (as JSON) accepted.
+
+    Returns:
+        A :class:`ResumeReport` of what was checked.
+
+    Raises:
+        AssertionError: a state is not plain JSON or too large, or a resumed run differs from
+            the reference; the message names the save point, the epoch, the batch and what
+            differs.
+        ConfigError: a bad argument.
+
+    Example:
+        >>> import torch, naiad
+        >>> from naiad.testing import check_resume
+        >>> ds = torch.utils.data.TensorDataset(torch.arange(10.0))
+        >>> report = check_resume(lambda: naiad.DataLoader(ds, batch_size=3, shuffle=True, seed=0))
+        >>> report.batches_per_epoch, len(report.save_points)
+        ((4, 4), 8)
+    """
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigError(f"`epochs` must be an int >= 1, got {epochs!r}.")
+    if isinstance(max_state_bytes, bool) or not isinstance(max_state_bytes, int) or max_state_bytes < 1:
+        raise ConfigError(f"`max_state_bytes` must be an int >= 1, got {max_state_bytes!r}.")
+    fractions = _fractions(positions)
+    checker = _Checker(make_loader, epochs, max_state_bytes)
+    checker.record_reference()
+    n0 = len(checker.reference[0])
+    if fractions is None:
+        stops = sorted({0, min(1, n0), n0 // 2, max(n0 - 1, 0), n0})
+    else:
+        stops = sorted({min(n0, round(f * n0)) for f in fractions})
+    for k in stops:
+        checker.check_break(k)
+    checker.check_continue_and_later()
+    return checker.report()
+
+
+def _fractions(positions: Sequence[float] | None) -> list[float] | None:
+    if positions is None:
+        return None
+    if isinstance(positions, (str, bytes)) or not isinstance(positions, Sequence) or not positions:
+        raise ConfigError(f"`positions` must be a non-empty sequence of fractions in [0, 1], got {positions!r}.")
+    out = []
+    for f in positions:
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+            raise ConfigError(f"`positions` must hold fractions in [0, 1], got {f!r}.")
+        out.append(float(f))
+    return out
+
+
+class _Checker:
+    """The runs of one :func:`check_resume` call and what they found."""
+
+    def __init__(self, make_loader: Callable[[], Any], epochs: int, max_state_bytes: int) -> None:
+        if not callable(make_loader):
+            raise ConfigError(f"`make_loader` must be a zero-argument callable, got {type(make_loader).__name__}.")
+        self.make_loader = make_loader
+        self.epochs = epochs
+        self.max_state_bytes = max_state_bytes
+        self.reference: list[list[Any]] = []
+        self.save_points: list[SavePoint] = []
+        self.compared = 0
+
+    def report(self) -> ResumeReport:
+        return ResumeReport(
+            epochs=self.epochs,
+            batches_per_epoch=tuple(len(r) for r in self.reference),
+            save_points=tuple(self.save_points),
+            batches_compared=self.compared,
+            largest_state_bytes=max((p.state_bytes for p in self.save_points), default=0),
+        )
+
+    # -- the runs -----------------------------------------------------------------------------
+
+    def _make(self) -> Any:
+        loader = self.make_loader()
+        for name in ("state_dict", "load_state_dict"):
+            if not callable(getattr(loader, name, None)):
+                raise ConfigError(
+                    f"`make_loader` must return a naiad.DataLoader, got {type(loader).__name__} (no {name}())."
+                )
+        return loader
+
+    def record_reference(self) -> None:
+        loader = self._make()
+        try:
+            for _ in range(self.epochs):
+                self.reference.append([_snapshot(b) for b in loader])
+        finally:
+            _close(loader)
+
+    def check_break(self, k: int) -> None:
+        """Epoch 0: take the state after ``k`` batches inside the loop, ``break``, resume."""
+        loader = self._make()
+        try:
+            inside: dict[str, Any] | None = None
+            context = f"the interrupted run (epoch 0, before the state after {k} batch(es) was taken)"
+            if k == 0:
+                it = iter(loader)
+                inside = self._take_state(loader, f"epoch 0 before its first batch (break)")
+                del it
+            else:
+                for i, batch in enumerate(loader):
+                    self._compare_batch(batch, 0, i, context)
+                    if i + 1 == k:
+                        inside = self._take_state(loader, f"epoch 0 after {k} batch(es) (break)")
+                        break
+            assert inside is not None
+            after = self._take_state(loader, f"epoch 0 after {k} batch(es), taken again after the break")
+            if after != inside:
+                raise AssertionError(
+                    f"loader state after {k} batch(es) of epoch 0 moved when the loop broke off: "
+                    f"taken inside the loop {_show(inside)}, taken after the break {_show(after)}. "
+                    "A training loop that saves its checkpoint after leaving the loop would resume "
+                    "elsewhere."
+                )
+        finally:
+            _close(loader)
+        self._check_resumed(inside, 0, k, "break")
+
+    def check_continue_and_later(self) -> None:
+        """One loader: a state in the middle of epoch 0 without breaking (the loader goes on),
+        at the end of epoch 0, and in the middle of the last epoch (then ``break``)."""
+        loader = self._make()
+        states: list[tuple[dict[str, Any], int, int, str]] = []
+        try:
+            for epoch in range(self.epochs):
+                n = len(self.reference[epoch])
+                mid = n // 2
+                last = epoch == self.epochs - 1 and epoch > 0
+                received = 0
+                if epoch == 0 and mid == 0:
+                    it = iter(loader)  # an empty or one-batch epoch: take it before the first batch
+                    states.append((self._take_state(loader, "epoch 0 before its first batch (continue)"), 0, 0, "continue"))
+                    batches: Iterator[Any] = it
+                else:
+                    batches = iter(loader)
+                context = f"the interrupted run (epoch {epoch})"
+                for batch in batches:
+                    self._compare_batch(batch, epoch, received, context)
+                    received += 1
+                    if received == mid and epoch == 0:
+                        states.append((self._take_state(loader, f"epoch 0 after {mid} batch(es) (continue)"), 0, mid, "continue"))
+                        context = f"the same loader after its state was taken after {mid} batch(es) of epoch 0 (continue)"
+                    if received == mid and last:
+                        states.append((self._take_state(loader, f"epoch {epoch} after {mid} batch(es) (later epoch)"),
+                                       epoch, mid, "later epoch"))
+                        break
+                if received != n and not (last and received == mid):
+                    raise AssertionError(
+                        f"{context}: epoch {epoch} yielded {received} batches, the reference {n}; "
+                        "make_loader must build the same loader each time."
+                    )
+                if epoch == 0:
+                    states.append((self._take_state(loader, "after epoch 0 ended (end of epoch)"), 1, 0, "end of epoch"))
+        finally:
+            _close(loader)
+        for state, epoch, k, how in states:
+            self._check_resumed(state, epoch, k, how)
+
+    def _check_resumed(self, state: dict[str, Any], epoch: int, k: int, how: str) -> None:
+        """A fresh loader that loads ``state`` yields the reference from epoch ``epoch``, batch ``k``."""
+        point = f"the state taken in epoch {epoch} after {k} batch(es) ({how})"
+        if how == "end of epoch":
+            point = f"the state taken after epoch {epoch - 1} ended (end of epoch)"
+        loaded = json.loads(json.dumps(state))
+        loader = self._make()
+        try:
+            loader.load_state_dict(loaded)
+            next_epoch = getattr(loader, "epoch", epoch)
+            if next_epoch != epoch:
+                raise AssertionError(
+                    f"resumed from {point}: the loader's next epoch is {next_epoch}, expected {epoch}; "
+                    f"state {_show(state)}."
+                )
+            for e in range(epoch, self.epochs):
+                start = k if e == epoch else 0
+                expected = self.reference[e][start:]
+                got: list[Any] = []
+                for i, batch in enumerate(loader):
+                    if i < len(expected):
+                        self._compare_batch(batch, e, start + i, f"resumed from {point}", state)
+                    got.append(None)
+                if len(got) != len(expected):
+                    raise AssertionError(
+                        f"resumed from {point}: epoch {e} yielded {len(got)} batch(es), expected "
+                        f"{len(expected)} (the reference's batches {start}..{len(self.reference[e]) - 1} "
+                        f"of that epoch); state {_show(state)}."
+                    )
+        finally:
+            _close(loader)
+
+    # -- checks -------------------------------------------------------------------------------
+
+    def _take_state(self, loader: Any, where: str) -> dict[str, Any]:
+        state = loader.state_dict()
+        again = loader.state_dict()
+        if not isinstance(state, dict):
+            raise AssertionError(f"state_dict() at {where} returned a {type(state).__name__}, expected a dict.")
+        try:
+            text = json.dumps(state, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise AssertionError(f"state_dict() at {where} is not plain JSON ({exc}): {state!r:.500}") from None
+        if json.loads(text) != state:
+            raise AssertionError(
+                f"state_dict() at {where} changes in a JSON round trip (tuples or non-str keys?): "
+                f"{state!r:.500}"
+            )
+        if len(text) > self.max_state_bytes:
+            raise AssertionError(
+                f"state_dict() at {where} is {len(text)} bytes as JSON, more than max_state_bytes="
+                f"{self.max_state_bytes}: {text[:300]}..."
+            )
+        if again != state:
+            raise AssertionError(
+                f"state_dict() at {where} differs when taken twice in a row: {_show(state)} then {_show(again)}."
+            )
+        # The save point is recorded when it is resumed from; its size is known now.
+        self._last_state_bytes = len(text)
+        return state
+
+    def _compare_batch(self, got: Any, epoch: int, index: int, context: str, state: dict[str, Any] | None = None) -> None:
+        expected = self.reference[epoch]
+        if index >= len(expected):
+            raise AssertionError(
+                f"{context}: epoch {epoch} yielded a batch {index}, but the reference has only "
+                f"{len(expected)} batches in that epoch."
+            )
+        diff = first_difference(expected[index], got)
+        self.compared += 1
+        if diff is not None:
+            hint = ""
+            if "resumed" not in context:
+                hint = (" A fresh loader from make_loader() differs from the reference before any "
+                        "resume: make_loader must build the same loader each time, with an order that "
+                        "repeats (seed=).")
+            where = f"; state {_show(state)}" if state is not None else ""
+            raise AssertionError(f"{context}: epoch {epoch}, batch {index} differs from the reference: {diff}.{hint}{where}")
+
+    def _record(self, epoch: int, k: int, how: str) -> None:
+        self.save_points.append(SavePoint(epoch, k, how, self._last_state_bytes))
+
+
+def _check_and_record(checker: _Checker) -> None:  # pragma: no cover - kept for symmetry
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing batches.
+
+
+def first_difference(expected: Any, got: Any, path: str = "batch") -> str | None:
+    """Where two batches first differ, in words (None: the same batch).
+
+    Batches are the same when they have the same types and nesting (dicts with keys in the same
+    order, lists, tuples, namedtuples), and their leaves are equal: tensors and NumPy arrays of
+    the same dtype, shape, device and values (NaN equals NaN), strings, bytes and numbers.
+
+    Example:
+        >>> first_difference({"x": torch.tensor([1, 2])}, {"x": torch.tensor([1, 3])})
+        "batch['x']: values differ at index (1,): expected 2, got 3"
+    """
+    if type(expected) is not type(got):
+        return f"{path}: type {_type_name(got)}, expected {_type_name(expected)}"
+    if isinstance(expected, torch.Tensor):
+        return _tensor_difference(expected, got, path)
+    if isinstance(expected, np.ndarray):
+        return _array_difference(expected, got, path)
+    if isinstance(expected, Mapping):
+        if list(expected.keys()) != list(got.keys()):
+            return f"{path}: keys {list(got.keys())!r:.300}, expected {list(expected.keys())!r:.300}"
+        for key in expected:
+            diff = first_difference(expected[key], got[key], f"{path}[{key!r}]")
+            if diff is not None:
+                return diff
+        return None
+    if isinstance(expected, (list, tuple)):
+        if len(expected) != len(got):
+            return f"{path}: length {len(got)}, expected {len(expected)}"
+        fields = getattr(expected, "_fields", None)  # a namedtuple: name its fields
+        for i, (a, b) in enumerate(zip(expected, got)):
+            diff = first_difference(a, b, f"{path}.{fields[i]}" if fields else f"{path}[{i}]")
+            if diff is not None:
+                return diff
+        return None
+    if isinstance(expected, (float, np.floating)) and math.isnan(expected) and math.isnan(got):
+        return None
+    try:
+        same = bool(expected == got)
+    except Exception as exc:  # noqa: BLE001 - an object that cannot say: report it, not crash
+        return f"{path}: {_type_name(expected)} values cannot be compared ({exc})"
+    return None if same else f"{path}: {got!r:.200}, expected {expected!r:.200}"
+
+
+def _tensor_difference(a: torch.Tensor, b: torch.Tensor, path: str) -> str | None:
+    if a.dtype != b.dtype:
+        return f"{path}: dtype {b.dtype}, expected {a.dtype}"
+    if a.shape != b.shape:
+        return f"{path}: shape {tuple(b.shape)}, expected {tuple(a.shape)}"
+    if a.device != b.device:
+        return f"{path}: device {b.device}, expected {a.device}"
+    if a.layout != torch.strided or b.layout != torch.strided:
+        a, b = a.to_dense(), b.to_dense()
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.is_floating_point() or a.is_complex():
+        equal = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    else:
+        equal = a == b
+    if bool(equal.all()):
+        return None
+    where = tuple(int(i) for i in torch.nonzero(~equal)[0].tolist())
+    return f"{path}: values differ at index {where}: expected {a[where].item()!r}, got {b[where].item()!r}"
+
+
+def _array_difference(a: np.ndarray, b: np.ndarray, path: str) -> str | None:
+    if a.dtype != b.dtype:
+        return f"{path}: dtype {b.dtype}, expected {a.dtype}"
+    if a.shape != b.shape:
+        return f"{path}: shape {b.shape}, expected {a.shape}"
+    if a.dtype.kind in "fc":
+        equal = (a == b) | (np.isnan(a) & np.isnan(b))
+    elif a.dtype.kind in "biumMSUV":
+        equal = np.asarray(a == b)
+    else:  # objects: element by element, through first_difference
+        for where in np.ndindex(a.shape):
+            diff = first_difference(a[where], b[where], f"{path}{list(where)}")
+            if diff is not None:
+                return diff
+        return None
+    if bool(np.all(equal)):
+        return None
+    where = tuple(int(i) for i in np.argwhere(~equal)[0])
+    return f"{path}: values differ at index {where}: expected {a[where]!r}, got {b[where]!r}"
+
+
+def _type_name(value: Any) -> str:
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _snapshot(batch: Any) -> Any:
+    """A copy of ``batch`` that later passes cannot change (tensors and arrays copied)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().clone()
+    if isinstance(batch, np.ndarray):
+        return batch.copy()
+    if type(batch) is dict:
+        return {k: _snapshot(v) for k, v in batch.items()}
+    if type(batch) is list:
+        return [_snapshot(v) for v in batch]
+    if type(batch) is tuple:
+        return tuple(_snapshot(v) for v in batch)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_snapshot(v) for v in batch))
+    return batch  # other containers and leaves as they are
+
+
+def _show(state: Mapping[str, Any] | None) -> str:
+    return json.dumps(state)[:400] if state is not None else "none"
+
+
+def _close(loader: Any) -> None:
+    close = getattr(loader, "close", None)
+    if callable(close):
+        close()
