@@ -53,6 +53,11 @@ class ReadTask(NamedTuple):
         """Rows this task yields (before any bad row is skipped)."""
         return self.hi - self.lo if self.take is None else len(self.take)
 
+    def select(self, rows: np.ndarray) -> ReadTask:
+        """The same read keeping only ``rows`` of its output (ascending)."""
+        picked = self.lo + (rows if self.take is None else self.take[rows])
+        return _take_task(self.block, picked)
+
     def without_first(self, k: int) -> ReadTask:
         """The same read less its first ``k`` rows (a resume starts inside it)."""
         if self.take is None:

@@ -302,11 +302,11 @@ class BufferReplay:
     owed to the batches.
     """
 
-    def __init__(self, next_task: int, window: list[ReadTask], window_pos: list[int], base: int = 0,
+    def __init__(self, next_task: int, window: list[ReadTask], window_pos: list[np.ndarray], base: int = 0,
                  held: np.ndarray | None = None, owed: np.ndarray | None = None, end: int = 0) -> None:
         self.next_task = next_task
         self.window = window
-        self.window_pos = window_pos  # stream position of each window read's first row
+        self.window_pos = window_pos  # the stream positions of each window read's rows
         self.base = base
         self.shuffled = held is not None
         self.held = held if held is not None else np.zeros(0, np.int64)
@@ -339,21 +339,22 @@ class BufferReplay:
         if buffer is None:  # no shuffle: rows leave in stream order; continue at row `start`
             k = int(np.searchsorted(offsets, start, side="right")) - 1
             t = tasks[k]
-            return cls(k + 1, [t.without_first(start - int(offsets[k]))], [start])
+            return cls(k + 1, [t.without_first(start - int(offsets[k]))], [np.arange(start, int(offsets[k + 1]))])
         if buffer.keys is None:
             raise ConfigError("a shuffle buffer is replayed only with seed keys, not a shared generator.")
         held, owed, next_task, draws = _replay_draws(buffer.capacity_rows, buffer.keys, offsets, start)
         buffer.draws = draws  # the restored buffer goes on with the next exchange's draw
-        needed = np.concatenate((held, owed))
+        needed = np.sort(np.concatenate((held, owed)))
         end = int(offsets[next_task])
-        base = int(needed.min()) if len(needed) else end
+        base = int(needed[0]) if len(needed) else end
+        # Only the rows still needed are read again, grouped by the task that yields them.
+        which = np.searchsorted(offsets, needed, side="right") - 1
+        cuts = np.flatnonzero(np.diff(which)) + 1
         window, window_pos = [], []
-        for k in range(next_task):
-            a, b = int(offsets[k]), int(offsets[k + 1])
-            if b > base:
-                lo = max(a, base)
-                window.append(tasks[k].without_first(lo - a))
-                window_pos.append(lo)
+        for pos in np.split(needed, cuts) if len(needed) else []:
+            k = int(which[np.searchsorted(needed, pos[0])])
+            window.append(tasks[k].select(pos - int(offsets[k])))
+            window_pos.append(pos)
         return cls(next_task, window, window_pos, base, held, owed, end)
 
     def put(self, arrays: dict[str, np.ndarray]) -> None:
@@ -371,7 +372,7 @@ class BufferReplay:
                 f"cannot resume mid-epoch exactly: {task.rows - n} bad row(s) of {task.block.path} "
                 "were skipped in the rows to restore; resume at the start of the epoch instead."
             )
-        rel = np.arange(pos, pos + n) - self.base
+        rel = pos - self.base
         if self.slots is None:
             self.slots = {k: np.empty((len(self.held), *v.shape[1:]), v.dtype) for k, v in arrays.items()}
             self.pending = {k: np.empty((len(self.owed), *v.shape[1:]), v.dtype) for k, v in arrays.items()}

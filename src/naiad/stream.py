@@ -168,22 +168,11 @@ def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tu
 
 
 def _read_task(source: Source, use_threads: bool, task: ReadTask) -> tuple[dict[str, Any], int]:
-    data = source.read_block(task.block, task.lo, task.hi, use_threads=use_threads)
-    columns = dict(data.columns)
-    if task.take is not None:
-        if data.bad_rows:
-            raise StateError(
-                f"cannot resume elastically: {data.bad_rows} bad row(s) of {task.block.path} were "
-                "skipped among the rows still owed; resume at the start of the epoch instead."
-            )
-        columns = {k: _take(v, task.take) for k, v in columns.items()}
-    return columns, data.bad_rows  # plain dict and tuple: WorkerPool looks inside
-
-
-def _take(column: Any, rows: np.ndarray) -> Any:
-    if isinstance(column, np.ndarray):
-        return column[rows]
-    return [column[i] for i in rows.tolist()]  # strings: only the few rows an elastic resume owes
+    if task.take is None:
+        data = source.read_block(task.block, task.lo, task.hi, use_threads=use_threads)
+    else:  # the scattered rows a resume restores: line formats parse only those lines
+        data = source.read_rows(task.block, task.lo + task.take, use_threads=use_threads)
+    return dict(data.columns), data.bad_rows  # plain dict and tuple: WorkerPool looks inside
 
 
 # -- the calling side ------------------------------------------------------------------------

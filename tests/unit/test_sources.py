@@ -287,3 +287,24 @@ def test_empty_files_among_csv_files(tmp_path):
     src = sources.read_csv(str(tmp_path / "*.csv"))
     assert src.column_names == ["x", "y"] and len(src) == 2
     assert _read_all(src)["y"].tolist() == [2, 4]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "text", "parquet", "arrow", "npy"])
+def test_read_rows_gives_the_rows_a_whole_read_gives(tmp_path, fmt):
+    # What a resume reads: scattered rows of a block (line formats parse only those lines).
+    src = open_numbered(write_numbered(str(tmp_path), fmt, [90], chunk_rows=90), fmt, small_blocks=False)
+    block = src.blocks()[0]
+    whole = src.read_block(block).columns
+    rng = np.random.default_rng(0)
+    for k in (1, 3, 40, 89):
+        rows = np.sort(rng.choice(block.rows, k, replace=False))
+        got = src.read_rows(block, rows).columns
+        for name, col in whole.items():
+            expected = np.asarray(col)[rows]
+            assert np.asarray(got[name]).tolist() == expected.tolist(), (fmt, k, name)
+
+
+def test_read_rows_rejects_rows_out_of_order(tmp_path):
+    src = open_numbered(write_numbered(str(tmp_path), "csv", [10]), "csv", small_blocks=False)
+    with pytest.raises(ConfigError, match="ascend"):
+        src.read_rows(src.blocks()[0], np.array([3, 2]))

@@ -21,7 +21,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias, Union
 import numpy as np
 import pyarrow as pa
 
-from naiad.errors import ConfigError, SourceError
+from naiad.errors import ConfigError, SourceError, StateError
 
 __all__ = [
     "Block",
@@ -272,6 +272,36 @@ class Source(ABC):
             raise ConfigError(f"rows {lo}:{hi} are outside block {block}.")
         return self._read(block, lo, hi, use_threads)
 
+    def read_rows(self, block: Block, rows: np.ndarray, *, use_threads: bool = False) -> BlockData:
+        """Read only the rows ``rows`` of ``block`` (ascending row numbers within the block).
+
+        What a resume reads: the scattered rows a shuffle buffer held, a few per block. Readers
+        of line-based formats parse only those lines; others read the rows' span and take them.
+
+        Raises:
+            SourceError: naming the file, the line or row, and the problem.
+        """
+        rows = np.asarray(rows, np.int64)
+        if len(rows) and not (0 <= rows[0] and rows[-1] < block.rows and np.all(np.diff(rows) > 0)):
+            raise ConfigError(f"rows to read must ascend within block {block}, got {rows[:8]}...")
+        if len(rows) == 0:
+            return BlockData(self.empty_columns(), 0)
+        return self._read_rows(block, rows, use_threads)
+
+    def _read_rows(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
+        """Rows ``rows`` of ``block``: by default their span, read whole, then taken."""
+        lo, hi = int(rows[0]), int(rows[-1]) + 1
+        data = self._read(block, lo, hi, use_threads)
+        if hi - lo == len(rows):
+            return data
+        if data.bad_rows:
+            raise StateError(
+                f"cannot resume mid-epoch exactly: {data.bad_rows} bad row(s) of {block.path} were skipped "
+                f"among rows {lo}:{hi} to restore; resume at the start of the epoch instead."
+            )
+        rel = rows - lo
+        return BlockData({k: _take(v, rel) for k, v in data.columns.items()}, 0)
+
     def empty_columns(self) -> Columns:
         """Zero rows of every column, with the right dtypes (for a rank that has no rows)."""
         out: Columns = {}
@@ -295,6 +325,12 @@ class Source(ABC):
         state = self.__dict__.copy()
         state["_blocks"] = None
         return state
+
+
+def _take(column: np.ndarray | list, rows: np.ndarray) -> np.ndarray | list:
+    if isinstance(column, np.ndarray):
+        return column[rows]
+    return [column[i] for i in rows.tolist()]
 
 
 def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRows) -> tuple[pa.Table, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -31,6 +32,7 @@ from naiad.sources.lines import (
     parse_robust,
     read_block_bytes,
     scan_file,
+    select_rows,
     slice_rows,
 )
 
@@ -286,12 +288,28 @@ class CsvSource(Source):
         return table, len(bad)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
-        full = self.full_schema()
-        schema = self.schema()
         if self.newlines_in_values:
             whole, bad = self._parse_records(read_block_bytes(block, self.compression), block, as_text=False, use_threads=use_threads)
             return BlockData(table_to_columns(whole.slice(lo, hi - lo)), bad if lo == 0 else 0)
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
+        return self._parse_lines(buf, line0, block, hi - lo, use_threads)
+
+    def _read_rows(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
+        if self.newlines_in_values or len(rows) * 2 > int(rows[-1] - rows[0]) + 1:
+            return super()._read_rows(block, rows, use_threads)
+        buf, line0 = select_rows(read_block_bytes(block, self.compression), rows, block.rows, keep_blank=False)
+        try:
+            data = self._parse_lines(buf, line0, block, len(rows), use_threads)
+        except SourceError:
+            data = BlockData({}, 1)
+        if data.bad_rows:  # read the span again for the exact line and the usual error
+            return super()._read_rows(block, rows, use_threads)
+        return data
+
+    def _parse_lines(self, buf: bytes, line0: int, block: Block, expected: int, use_threads: bool) -> BlockData:
+        """Parse ``buf`` (whole lines, the first at line ``line0`` of the block): ``expected`` rows."""
+        full = self.full_schema()
+        schema = self.schema()
         read = pacsv.ReadOptions(column_names=full.names, use_threads=use_threads)
         convert = pacsv.ConvertOptions(column_types=full, include_columns=schema.names)
         parse_opts = self._parse_options()
@@ -317,9 +335,9 @@ class CsvSource(Source):
             on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
         )
         table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
-        if table.num_rows + skipped != hi - lo:
+        if table.num_rows + skipped != expected:
             raise SourceError(
-                f"expected {hi - lo} rows from line {block.first_line + line0}, parsed {table.num_rows + skipped}: "
+                f"expected {expected} rows from line {block.first_line + line0}, parsed {table.num_rows + skipped}: "
                 "a newline inside a quoted value? Pass newlines_in_values=True.",
                 path=block.path, line=block.first_line + line0,
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
@@ -29,6 +30,7 @@ from naiad.sources.lines import (
     parse_robust,
     read_block_bytes,
     scan_file,
+    select_rows,
     slice_rows,
 )
 
@@ -135,9 +137,25 @@ class JsonlSource(Source):
                          compression=self.compression, keep_blank=False, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
+        buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
+        return self._parse_lines(buf, line0, block, hi - lo, use_threads)
+
+    def _read_rows(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
+        if len(rows) * 2 > int(rows[-1] - rows[0]) + 1:
+            return super()._read_rows(block, rows, use_threads)
+        buf, line0 = select_rows(read_block_bytes(block, self.compression), rows, block.rows, keep_blank=False)
+        try:
+            data = self._parse_lines(buf, line0, block, len(rows), use_threads)
+        except SourceError:
+            data = BlockData({}, 1)
+        if data.bad_rows:  # read the span again for the exact line and the usual error
+            return super()._read_rows(block, rows, use_threads)
+        return data
+
+    def _parse_lines(self, buf: bytes, line0: int, block: Block, expected: int, use_threads: bool) -> BlockData:
+        """Parse ``buf`` (whole lines, the first at line ``line0`` of the block): ``expected`` rows."""
         full = self.full_schema()
         schema = self.schema()
-        buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
         read = pajson.ReadOptions(use_threads=use_threads)
         parse_opts = pajson.ParseOptions(explicit_schema=full, unexpected_field_behavior="ignore")
 
@@ -161,7 +179,7 @@ class JsonlSource(Source):
             on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
         )
         table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
-        if table.num_rows + skipped != hi - lo:
-            raise SourceError(f"expected {hi - lo} rows, parsed {table.num_rows + skipped}: one object per line is required.",
+        if table.num_rows + skipped != expected:
+            raise SourceError(f"expected {expected} rows, parsed {table.num_rows + skipped}: one object per line is required.",
                               path=block.path, line=block.first_line + line0)
         return BlockData(table_to_columns(table), skipped)

@@ -30,7 +30,10 @@ import pyarrow as pa
 from naiad.errors import SourceError
 from naiad.sources.base import Block, OnBadRows
 
-__all__ = ["BadRow", "default_block_bytes", "detect_compression", "parse_robust", "read_block_bytes", "row_spans", "scan_file"]
+__all__ = [
+    "BadRow", "default_block_bytes", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
+    "scan_file", "select_rows", "slice_rows",
+]
 
 _COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".lz4": "lz4"}
 
@@ -183,6 +186,20 @@ def slice_rows(buf: bytes, lo: int, hi: int, rows: int, keep_blank: bool) -> tup
         return b"", 0
     end = int(starts[hi]) if hi < rows else len(buf)
     return buf[int(starts[lo]) : end], int(lines[lo])
+
+
+def select_rows(buf: bytes, rows: np.ndarray, total: int, keep_blank: bool) -> tuple[bytes, int]:
+    """Bytes of the rows ``rows`` (ascending row numbers of ``buf``), one per line, and the
+    0-based line of the first: only these lines are parsed, the rest of the block is just scanned
+    for newlines (what an elastic or mid-epoch resume reads: scattered rows of many blocks)."""
+    starts, ends, lines = row_spans(buf, keep_blank)
+    if len(starts) != total:
+        raise SourceError(f"expected {total} rows in this block, found {len(starts)}: the file changed after it was scanned.")
+    if len(rows) == 0:
+        return b"", 0
+    view = memoryview(buf)
+    picked = b"\n".join([view[a:b] for a, b in zip(starts[rows].tolist(), ends[rows].tolist())]) + b"\n"
+    return picked, int(lines[rows[0]])
 
 
 ParseFn = Callable[[bytes], pa.Table]

@@ -8,7 +8,13 @@ import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources.base import Block, BlockData, OnBadRows, PathLike, Source
-from naiad.sources.lines import default_block_bytes, read_block_bytes, scan_file, slice_rows
+from naiad.sources.lines import (
+    default_block_bytes,
+    read_block_bytes,
+    scan_file,
+    select_rows,
+    slice_rows,
+)
 
 __all__ = ["TextSource", "read_text"]
 
@@ -74,6 +80,22 @@ class TextSource(Source):
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=True)
         if hi == lo:
             return BlockData({self.column: []}, 0)
+        return self._split_lines(buf, line0, block)
+
+    def _read_rows(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
+        if len(rows) * 2 > int(rows[-1] - rows[0]) + 1:
+            return super()._read_rows(block, rows, use_threads)
+        buf, line0 = select_rows(read_block_bytes(block, self.compression), rows, block.rows, keep_blank=True)
+        try:
+            data = self._split_lines(buf, line0, block)
+        except SourceError:
+            data = BlockData({}, 1)
+        if data.bad_rows:  # read the span again for the exact line and the usual error
+            return super()._read_rows(block, rows, use_threads)
+        return data
+
+    def _split_lines(self, buf: bytes, line0: int, block: Block) -> BlockData:
+        """The lines of ``buf`` (whole lines, the first at line ``line0`` of the block)."""
         if buf.endswith(b"\n"):
             buf = buf[:-1]
         if not self.utf8:
