@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +23,19 @@ from naiad.pipelines import PipelinePass
 from naiad.telemetry import Telemetry
 from naiad.tree import count_rows, map_tensors
 
-__all__ = ["EpochIterator", "pin_memory_enabled"]
+__all__ = ["EpochIterator", "PassProgress", "pin_memory_enabled"]
+
+
+@dataclass
+class PassProgress:
+    """How far one pass got: batches delivered, and whether its end was reached.
+
+    The loader keeps it after the pass's iterator is gone (a ``break`` drops it), so that
+    ``state_dict()`` taken after the loop still knows where the pass stopped.
+    """
+
+    delivered: int = 0
+    finished: bool = False
 
 
 class EpochIterator:
@@ -60,8 +73,7 @@ class EpochIterator:
     ) -> None:
         self.run = run
         self.epoch = epoch
-        self.delivered = 0
-        self.finished = False
+        self.progress = PassProgress()
         self._pool = pool
         self._own_pool: WorkerPool | None = pool if owns_pool else None
         self._telemetry = telemetry
@@ -79,6 +91,16 @@ class EpochIterator:
     def __iter__(self) -> EpochIterator:
         return self
 
+    @property
+    def delivered(self) -> int:
+        """Batches this pass has handed over."""
+        return self.progress.delivered
+
+    @property
+    def finished(self) -> bool:
+        """Whether this pass reached its end (raised StopIteration)."""
+        return self.progress.finished
+
     def __len__(self) -> int:
         return len(self.run)
 
@@ -89,7 +111,7 @@ class EpochIterator:
         try:
             batch = next(self._batches)
         except StopIteration:
-            self.finished = True
+            self.progress.finished = True
             self.close()
             raise
         except BaseException:
@@ -104,7 +126,7 @@ class EpochIterator:
             batch = self._transform(batch)
         if self._pin:
             batch = map_tensors(torch.Tensor.pin_memory, batch)
-        self.delivered += 1
+        self.progress.delivered += 1
         if self._record_steps:
             self._telemetry.record_step(time.perf_counter() - t0, count_rows(batch) or 0)
         return batch

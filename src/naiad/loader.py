@@ -13,6 +13,7 @@ tests ``isinstance(loader, torch.utils.data.DataLoader)`` keeps working.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import weakref
@@ -26,11 +27,18 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, Sampler
 
 from naiad.device import DevicePrefetcher
-from naiad.epoch import EpochIterator, pin_memory_enabled
+from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError, StateError
 from naiad.fetch import choose_fetch
 from naiad.parallel import AutoTuner, WorkerPool
-from naiad.pipelines import STATE_VERSION, IterablePipeline, MapPipeline, Pipeline, StreamPipeline
+from naiad.pipelines import (
+    STATE_VERSION,
+    IterablePipeline,
+    MapPipeline,
+    Pipeline,
+    PipelinePass,
+    StreamPipeline,
+)
 from naiad.sampling import SeededRandomSampler, ShardedBatchSampler
 from naiad.sources.base import Source
 from naiad.stream import StreamCounters, StreamOptions
@@ -64,6 +72,17 @@ class LoaderOptions:
     shuffle_buffer: int | None = None
     rank: int | None = None
     world_size: int | None = None
+
+
+@dataclass(frozen=True)
+class _PassRecord:
+    """The last pass a loader started: kept after its iterator is gone, for ``state_dict``."""
+
+    epoch: int
+    run: PipelinePass
+    progress: PassProgress
+    base_seed: int
+    length: int | None  # the pass's batches (None: not known)
 
 
 class DataLoader(TorchDataLoader):
@@ -256,11 +275,11 @@ class DataLoader(TorchDataLoader):
             )
         self._pool: WorkerPool | None = None  # kept across epochs with persistent_workers
         self._pool_base_seed = 0  # the base seed the kept pool was started with
-        self._base_seed_of_pass: int | None = None
         self._epoch = 0
         self._telemetry = Telemetry()
         self._current: weakref.ReferenceType[Any] | None = None  # the pass in progress
         self._current_inner: weakref.ReferenceType[EpochIterator] | None = None
+        self._last_pass: _PassRecord | None = None
         self._resume: dict[str, Any] | None = None
 
     # -- naiad's options, as attributes ---------------------------------------------------------
@@ -366,8 +385,12 @@ class DataLoader(TorchDataLoader):
             prefetch=self.prefetch_factor or 2, in_order=self.in_order, transform=self.transform,
             pin=pin_memory_enabled(self.pin_memory), record_steps=self.device is None, tuner=self._tuner,
         )
-        self._base_seed_of_pass = base_seed
         self._current_inner = weakref.ref(inner)
+        try:
+            length: int | None = len(run)
+        except TypeError:
+            length = None  # an IterableDataset's pass
+        self._last_pass = _PassRecord(epoch, run, inner.progress, base_seed, length)
         outer: Any = inner
         if self.device is not None:
             outer = iter(
@@ -402,20 +425,28 @@ class DataLoader(TorchDataLoader):
         size, batch size or shuffle buffer, the rest of the epoch delivers every row (index)
         not yet delivered exactly once across the new ranks (docs/CHECKPOINTING.md).
 
+        The position is what the training loop received: taken inside the loop or after it
+        left the loop with ``break`` (the pass's iterator dropped), it is the batches received
+        so far; once every batch of the epoch was received, it is the next epoch's start; after
+        :meth:`load_state_dict` and before the next pass, it is the state loaded.
+
         Raises:
             StateError: the order cannot be replayed (an IterableDataset, torch's global-RNG
-                shuffle without ``seed=``, or a custom sampler).
+                shuffle without ``seed=``, or a custom sampler); or, with ``device=``, the loop
+                left a pass early and dropped its iterator, so the batches it received before
+                the prefetcher's read-ahead are unknown (take the state inside the loop).
         """
         why = self._pipeline.why_not_resumable()
         if why is not None:
             raise StateError(f"this loader cannot be resumed: {why}.")
-        outer = self._current() if self._current is not None else None
-        inner = self._current_inner() if self._current_inner is not None else None
-        if outer is not None and inner is not None and not inner.finished:
-            delivered = int(getattr(outer, "delivered", inner.delivered))
-            epoch, start = inner.epoch, inner.run.start
-            part = inner.state(delivered)
-            base_seed: int | None = self._base_seed_of_pass
+        if self._resume is not None and self._resume["epoch"] == self._epoch:
+            return copy.deepcopy(self._resume)  # loaded, not started yet: still that position
+        position = self._pass_position()
+        base_seed: int | None
+        if position is not None:
+            last, delivered = position
+            epoch, start, base_seed = last.epoch, last.run.start, last.base_seed
+            part = last.run.state(delivered)
         else:
             epoch, start, delivered = self._epoch, 0, 0
             part = self._pipeline.start_state(epoch)
@@ -428,6 +459,36 @@ class DataLoader(TorchDataLoader):
             "base_seed": base_seed,
             "pipeline": part,
         }
+
+    def _pass_position(self) -> tuple[_PassRecord, int] | None:
+        """The last pass and the batches the training loop received of it, while that pass is
+        where the loader stands (begun and not run to its end); else None."""
+        last = self._last_pass
+        if last is None:
+            return None
+        outer = self._current() if self._current is not None else None
+        if outer is None and self._epoch != last.epoch + 1:
+            return None  # set_epoch() moved the loader on since that pass was dropped
+        progress = last.progress
+        if outer is not None:
+            # A DevicePrefetcher reads ahead: the training loop has what it handed over.
+            received = int(getattr(outer, "delivered", progress.delivered))
+        elif self.device is None:
+            received = progress.delivered  # the pass's own iterator was the training loop's
+        elif progress.finished:
+            return None  # dropped after its last batch was read: taken as run to its end
+        else:
+            raise StateError(
+                f"state_dict() after the training loop left epoch {last.epoch} early with "
+                "`device=`: the pass's iterator is gone and its prefetcher had read ahead, so the "
+                "batches the loop received are unknown; take the state inside the loop, before "
+                "`break`."
+            )
+        if received == last.length or (progress.finished and received >= progress.delivered):
+            # Every batch reached the loop (whether or not it has seen StopIteration yet): the
+            # next epoch starts afresh, as in torchdata's StatefulDataLoader.
+            return None
+        return last, received
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`: the next pass resumes mid-epoch where it stopped
@@ -462,7 +523,8 @@ class DataLoader(TorchDataLoader):
             raise StateError(f"loader state pipeline: stored {part!r:.100}, expected a dict.")
         self._pipeline.check_state(part, epoch)
         self.set_epoch(epoch)
-        self._resume = dict(state)
+        self._last_pass = None
+        self._resume = copy.deepcopy(state)
 
     # ----------------------------------------------------------------------------------------
 
