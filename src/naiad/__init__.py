@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from naiad import testing  # check_resume: the conformance check for your own loaders
 from naiad.device import DevicePrefetcher
 from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 from naiad.fetch import ArrayDataset
@@ -41,6 +42,7 @@ __all__ = [
     "read_npy",
     "read_parquet",
     "read_text",
+    "testing",
     "worker_rng",
     "ConfigError",
     "NaiadError",

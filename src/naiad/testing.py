@@ -11,26 +11,31 @@ A reference loader runs epochs ``0 .. epochs-1`` uninterrupted and its batches a
 from ``make_loader()`` runs up to that point, the state is taken there, and another fresh loader
 that loaded the state (after a JSON round trip, as a checkpoint file does) must yield exactly
 the rest: the remaining batches of that epoch, then every following epoch, batch for batch
-(types, nesting, dtypes, shapes, values, order). The save points:
+(types, nesting, dtypes, shapes, values, order). Once every batch of an epoch has reached the
+loop, the rest is the next epoch, whether or not the loop has seen the epoch's end. The save
+points:
 
 * ``break``: in epoch 0, after ``k`` batches, the state is taken inside the loop and the loop
   ``break``s, as a training loop does at a checkpoint; ``k`` is 0 (the pass has started, no
   batch yet), 1, the middle, all but one, and all of them (``positions`` picks others). Taken
   again after the ``break`` (the pass's iterator dropped), the state must not have moved.
+* ``resumed, then saved again``: the loader resumed from the middle takes its own state after
+  one more batch; that state resumes exactly too (a second preemption in the same epoch).
 * ``continue``: in the middle of epoch 0 without breaking; the same loader then goes on and
   must be undisturbed: the rest of its epochs are the reference's too.
 * ``end of epoch``: after epoch 0's loop ran to its end; the resumed loader starts at epoch 1.
 * ``later epoch``: in the middle of the last epoch, after whole epochs before it.
 
 Every state must be plain JSON (``json.dumps`` with no NaN, and equal to itself after a round
-trip), small (``max_state_bytes``), and the same when taken twice in a row.
+trip), small (``max_state_bytes``), the same when taken twice in a row, and what the loader
+that loaded it reports until its first batch.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +44,7 @@ import torch
 
 from naiad.errors import ConfigError
 
-__all__ = ["ResumeReport", "SavePoint", "check_resume"]
+__all__ = ["ResumeReport", "SavePoint", "check_resume", "first_difference"]
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,8 @@ class SavePoint:
     Attributes:
         epoch: the epoch the consumer was in.
         batches: batches of that epoch the consumer had received when the state was taken.
-        how: ``"break"``, ``"continue"``, ``"end of epoch"`` or ``"later epoch"`` (see
-            NOTE [ What check_resume checks ]).
+        how: ``"break"``, ``"resumed, then saved again"``, ``"continue"``, ``"end of epoch"``
+            or ``"later epoch"`` (see NOTE [ What check_resume checks ]).
         state_bytes: the size of the state as JSON.
     """
 
@@ -95,6 +100,7 @@ def check_resume(
     *,
     epochs: int = 2,
     positions: Sequence[float] | None = None,
+    state_after_break: bool = True,
     max_state_bytes: int = 16_384,
 ) -> ResumeReport:
     """Check that a loader's ``state_dict()`` resumes exactly, at the start, middle and end of
@@ -102,7 +108,7 @@ def check_resume(
 
     ``make_loader`` must build the same loader each time: same data, same arguments, and an
     order that repeats (``seed=`` when shuffling). Keep the data small: the check runs the
-    epochs about ``len(positions) + 5`` times.
+    epochs about ``len(positions) + 6`` times.
 
     Args:
         make_loader: a zero-argument callable returning a fresh :class:`naiad.DataLoader`.
@@ -111,6 +117,9 @@ def check_resume(
             batches (0.0: the pass has started, no batch yet; 1.0: every batch received, the
             loop not yet ended). Default: before the first batch, after the first, the middle,
             all but the last, and after the last.
+        state_after_break: also take the state after each ``break``, when the loop has
+            dropped the pass's iterator (as a loop that saves its checkpoint after leaving the
+            loop does), and check that it has not moved.
         max_state_bytes: the largest state (as JSON) accepted.
 
     Returns:
@@ -128,14 +137,14 @@ def check_resume(
         >>> ds = torch.utils.data.TensorDataset(torch.arange(10.0))
         >>> report = check_resume(lambda: naiad.DataLoader(ds, batch_size=3, shuffle=True, seed=0))
         >>> report.batches_per_epoch, len(report.save_points)
-        ((4, 4), 8)
+        ((4, 4), 9)
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ConfigError(f"`epochs` must be an int >= 1, got {epochs!r}.")
     if isinstance(max_state_bytes, bool) or not isinstance(max_state_bytes, int) or max_state_bytes < 1:
         raise ConfigError(f"`max_state_bytes` must be an int >= 1, got {max_state_bytes!r}.")
     fractions = _fractions(positions)
-    checker = _Checker(make_loader, epochs, max_state_bytes)
+    checker = _Checker(make_loader, epochs, max_state_bytes, bool(state_after_break))
     checker.record_reference()
     n0 = len(checker.reference[0])
     if fractions is None:
@@ -143,7 +152,7 @@ def check_resume(
     else:
         stops = sorted({min(n0, round(f * n0)) for f in fractions})
     for k in stops:
-        checker.check_break(k)
+        checker.check_break(k, save_again=k == n0 // 2)
     checker.check_continue_and_later()
     return checker.report()
 
@@ -164,12 +173,13 @@ def _fractions(positions: Sequence[float] | None) -> list[float] | None:
 class _Checker:
     """The runs of one :func:`check_resume` call and what they found."""
 
-    def __init__(self, make_loader: Callable[[], Any], epochs: int, max_state_bytes: int) -> None:
+    def __init__(self, make_loader: Callable[[], Any], epochs: int, max_state_bytes: int, after_break: bool) -> None:
         if not callable(make_loader):
             raise ConfigError(f"`make_loader` must be a zero-argument callable, got {type(make_loader).__name__}.")
         self.make_loader = make_loader
         self.epochs = epochs
         self.max_state_bytes = max_state_bytes
+        self.after_break = after_break
         self.reference: list[list[Any]] = []
         self.save_points: list[SavePoint] = []
         self.compared = 0
@@ -202,106 +212,123 @@ class _Checker:
         finally:
             _close(loader)
 
-    def check_break(self, k: int) -> None:
+    def check_break(self, k: int, *, save_again: bool) -> None:
         """Epoch 0: take the state after ``k`` batches inside the loop, ``break``, resume."""
         loader = self._make()
         try:
-            inside: dict[str, Any] | None = None
-            context = f"the interrupted run (epoch 0, before the state after {k} batch(es) was taken)"
-            if k == 0:
-                it = iter(loader)
-                inside = self._take_state(loader, f"epoch 0 before its first batch (break)")
-                del it
-            else:
-                for i, batch in enumerate(loader):
-                    self._compare_batch(batch, 0, i, context)
-                    if i + 1 == k:
-                        inside = self._take_state(loader, f"epoch 0 after {k} batch(es) (break)")
-                        break
-            assert inside is not None
-            after = self._take_state(loader, f"epoch 0 after {k} batch(es), taken again after the break")
-            if after != inside:
-                raise AssertionError(
-                    f"loader state after {k} batch(es) of epoch 0 moved when the loop broke off: "
-                    f"taken inside the loop {_show(inside)}, taken after the break {_show(after)}. "
-                    "A training loop that saves its checkpoint after leaving the loop would resume "
-                    "elsewhere."
-                )
+            state = self._interrupt(loader, 0, k, "break")
         finally:
             _close(loader)
-        self._check_resumed(inside, 0, k, "break")
+        self._check_resumed(state, SavePoint(0, k, "break", _size(state)), save_again=save_again)
 
     def check_continue_and_later(self) -> None:
         """One loader: a state in the middle of epoch 0 without breaking (the loader goes on),
-        at the end of epoch 0, and in the middle of the last epoch (then ``break``)."""
+        one after epoch 0 ended, and one in the middle of the last epoch (then ``break``)."""
         loader = self._make()
-        states: list[tuple[dict[str, Any], int, int, str]] = []
+        points: list[tuple[dict[str, Any], SavePoint]] = []
         try:
-            for epoch in range(self.epochs):
-                n = len(self.reference[epoch])
-                mid = n // 2
-                last = epoch == self.epochs - 1 and epoch > 0
-                received = 0
-                if epoch == 0 and mid == 0:
-                    it = iter(loader)  # an empty or one-batch epoch: take it before the first batch
-                    states.append((self._take_state(loader, "epoch 0 before its first batch (continue)"), 0, 0, "continue"))
-                    batches: Iterator[Any] = it
-                else:
-                    batches = iter(loader)
-                context = f"the interrupted run (epoch {epoch})"
-                for batch in batches:
-                    self._compare_batch(batch, epoch, received, context)
-                    received += 1
-                    if received == mid and epoch == 0:
-                        states.append((self._take_state(loader, f"epoch 0 after {mid} batch(es) (continue)"), 0, mid, "continue"))
-                        context = f"the same loader after its state was taken after {mid} batch(es) of epoch 0 (continue)"
-                    if received == mid and last:
-                        states.append((self._take_state(loader, f"epoch {epoch} after {mid} batch(es) (later epoch)"),
-                                       epoch, mid, "later epoch"))
-                        break
-                if received != n and not (last and received == mid):
-                    raise AssertionError(
-                        f"{context}: epoch {epoch} yielded {received} batches, the reference {n}; "
-                        "make_loader must build the same loader each time."
-                    )
-                if epoch == 0:
-                    states.append((self._take_state(loader, "after epoch 0 ended (end of epoch)"), 1, 0, "end of epoch"))
+            mid = len(self.reference[0]) // 2
+            state = self._interrupt(loader, 0, mid, "continue")
+            points.append((state, SavePoint(0, mid, "continue", _size(state))))
+            state = self._take_state(loader, "epoch 0 after it ended (end of epoch)")
+            points.append((state, SavePoint(0, len(self.reference[0]), "end of epoch", _size(state))))
+            last = self.epochs - 1
+            for epoch in range(1, last):
+                self._run_epoch(loader, epoch, f"the interrupted run, epoch {epoch}")
+            if last > 0:
+                mid = len(self.reference[last]) // 2
+                state = self._interrupt(loader, last, mid, "later epoch")
+                points.append((state, SavePoint(last, mid, "later epoch", _size(state))))
         finally:
             _close(loader)
-        for state, epoch, k, how in states:
-            self._check_resumed(state, epoch, k, how)
+        for state, point in points:
+            self._check_resumed(state, point)
 
-    def _check_resumed(self, state: dict[str, Any], epoch: int, k: int, how: str) -> None:
-        """A fresh loader that loads ``state`` yields the reference from epoch ``epoch``, batch ``k``."""
-        point = f"the state taken in epoch {epoch} after {k} batch(es) ({how})"
-        if how == "end of epoch":
-            point = f"the state taken after epoch {epoch - 1} ended (end of epoch)"
-        loaded = json.loads(json.dumps(state))
+    def _run_epoch(self, loader: Any, epoch: int, context: str) -> None:
+        received = 0
+        for batch in loader:
+            self._compare_batch(batch, epoch, received, context)
+            received += 1
+        self._check_count(received, epoch, 0, context, None)
+
+    def _interrupt(self, loader: Any, epoch: int, k: int, how: str) -> dict[str, Any]:
+        """One pass of ``epoch`` (the epoch ``loader`` is at): take the state after ``k``
+        batches; then ``break`` (and take it again: it must not move), or, for ``"continue"``,
+        go on to the end of the epoch."""
+        where = f"epoch {epoch} after {k} batch(es) ({how})"
+        context = f"the interrupted run, epoch {epoch} (before the state was taken after {k} batch(es))"
+        it = iter(loader)
+        state: dict[str, Any] | None = None
+        received = 0
+        while True:
+            if received == k and state is None:
+                state = self._take_state(loader, where)
+                if how != "continue":
+                    break
+                context = f"the same loader after its state was taken in {where}"
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            self._compare_batch(batch, epoch, received, context)
+            received += 1
+        del it  # what a `for` loop's `break` does: the pass's iterator is dropped
+        if state is None:
+            self._check_count(received, epoch, 0, context, None)  # it ended short of k: say so
+            raise AssertionError(f"{context}: epoch {epoch} ended after {received} batch(es), before {k}.")
+        if how == "continue":
+            self._check_count(received, epoch, 0, context, None)
+            return state
+        if not self.after_break:
+            return state
+        after = self._take_state(loader, f"{where}, taken again after the break")
+        if after != state:
+            raise AssertionError(
+                f"loader state at {where} moved when the loop broke off: taken inside the loop "
+                f"{_show(state)}, taken after the break {_show(after)}. A training loop that saves "
+                "its checkpoint after leaving the loop would resume elsewhere."
+            )
+        return state
+
+    def _check_resumed(self, state: dict[str, Any], point: SavePoint, *, save_again: bool = False) -> None:
+        """A fresh loader that loads ``state`` yields the reference from ``point`` on; with
+        ``save_again``, its own state after one more batch resumes exactly too."""
+        where = f"resumed from the state taken in {point}"
+        first, first_start = point.epoch, point.batches
+        if first_start == len(self.reference[first]):
+            first, first_start = first + 1, 0  # every batch received: the next epoch is next
         loader = self._make()
         try:
-            loader.load_state_dict(loaded)
-            next_epoch = getattr(loader, "epoch", epoch)
-            if next_epoch != epoch:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+            next_epoch = getattr(loader, "epoch", first)
+            if next_epoch != first:
                 raise AssertionError(
-                    f"resumed from {point}: the loader's next epoch is {next_epoch}, expected {epoch}; "
-                    f"state {_show(state)}."
+                    f"{where}: the loader's next epoch is {next_epoch}, expected {first}.{_state_note(state)}"
                 )
-            for e in range(epoch, self.epochs):
-                start = k if e == epoch else 0
-                expected = self.reference[e][start:]
-                got: list[Any] = []
-                for i, batch in enumerate(loader):
-                    if i < len(expected):
-                        self._compare_batch(batch, e, start + i, f"resumed from {point}", state)
-                    got.append(None)
-                if len(got) != len(expected):
-                    raise AssertionError(
-                        f"resumed from {point}: epoch {e} yielded {len(got)} batch(es), expected "
-                        f"{len(expected)} (the reference's batches {start}..{len(self.reference[e]) - 1} "
-                        f"of that epoch); state {_show(state)}."
-                    )
+            reported = loader.state_dict()
+            if reported != state:
+                raise AssertionError(
+                    f"{where}: state_dict() right after load_state_dict() is {_show(reported)}, not "
+                    f"the state loaded: a checkpoint saved before the first batch would lose the "
+                    f"position.{_state_note(state)}"
+                )
+            again: tuple[dict[str, Any], SavePoint] | None = None
+            for epoch in range(first, self.epochs):
+                start = first_start if epoch == first else 0
+                received = 0
+                for batch in loader:
+                    self._compare_batch(batch, epoch, start + received, where, state)
+                    received += 1
+                    if save_again and again is None:
+                        k = start + received
+                        taken = self._take_state(loader, f"epoch {epoch} after {k} batch(es), {where}")
+                        again = taken, SavePoint(epoch, k, "resumed, then saved again", _size(taken))
+                self._check_count(start + received, epoch, start, where, state)
         finally:
             _close(loader)
+        self.save_points.append(point)
+        if again is not None:
+            self._check_resumed(*again)
 
     # -- checks -------------------------------------------------------------------------------
 
@@ -316,8 +343,8 @@ class _Checker:
             raise AssertionError(f"state_dict() at {where} is not plain JSON ({exc}): {state!r:.500}") from None
         if json.loads(text) != state:
             raise AssertionError(
-                f"state_dict() at {where} changes in a JSON round trip (tuples or non-str keys?): "
-                f"{state!r:.500}"
+                f"state_dict() at {where} changes in a JSON round trip (tuples, or keys that are not "
+                f"str?): {state!r:.500}"
             )
         if len(text) > self.max_state_bytes:
             raise AssertionError(
@@ -326,36 +353,41 @@ class _Checker:
             )
         if again != state:
             raise AssertionError(
-                f"state_dict() at {where} differs when taken twice in a row: {_show(state)} then {_show(again)}."
+                f"state_dict() at {where} differs when taken twice in a row: {_show(state)}, then {_show(again)}."
             )
-        # The save point is recorded when it is resumed from; its size is known now.
-        self._last_state_bytes = len(text)
         return state
 
-    def _compare_batch(self, got: Any, epoch: int, index: int, context: str, state: dict[str, Any] | None = None) -> None:
+    def _compare_batch(
+        self, got: Any, epoch: int, index: int, context: str, state: dict[str, Any] | None = None,
+    ) -> None:
         expected = self.reference[epoch]
         if index >= len(expected):
             raise AssertionError(
                 f"{context}: epoch {epoch} yielded a batch {index}, but the reference has only "
-                f"{len(expected)} batches in that epoch."
+                f"{len(expected)} batch(es) in that epoch.{_state_note(state)}"
             )
         diff = first_difference(expected[index], got)
         self.compared += 1
-        if diff is not None:
-            hint = ""
-            if "resumed" not in context:
-                hint = (" A fresh loader from make_loader() differs from the reference before any "
-                        "resume: make_loader must build the same loader each time, with an order that "
-                        "repeats (seed=).")
-            where = f"; state {_show(state)}" if state is not None else ""
-            raise AssertionError(f"{context}: epoch {epoch}, batch {index} differs from the reference: {diff}.{hint}{where}")
+        if diff is None:
+            return
+        hint = ""
+        if state is None:
+            hint = " A fresh loader from make_loader() differs from the reference before any resume:"
+        elif state.get("epoch") == 0 and state.get("batches_yielded") == 0:
+            hint = " Resumed at the very start, it should be a fresh run:"
+        if hint:
+            hint += " make_loader must build the same loader each time, with an order that repeats (seed=)."
+        raise AssertionError(
+            f"{context}: epoch {epoch}, batch {index} differs from the reference: {diff}.{hint}{_state_note(state)}"
+        )
 
-    def _record(self, epoch: int, k: int, how: str) -> None:
-        self.save_points.append(SavePoint(epoch, k, how, self._last_state_bytes))
-
-
-def _check_and_record(checker: _Checker) -> None:  # pragma: no cover - kept for symmetry
-    pass
+    def _check_count(self, end: int, epoch: int, start: int, context: str, state: dict[str, Any] | None) -> None:
+        n = len(self.reference[epoch])
+        if end != n:
+            raise AssertionError(
+                f"{context}: epoch {epoch} yielded {end - start} batch(es), expected {n - start} (the "
+                f"reference's batches {start}..{n - 1} of that epoch).{_state_note(state)}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,7 +501,16 @@ def _snapshot(batch: Any) -> Any:
 
 
 def _show(state: Mapping[str, Any] | None) -> str:
-    return json.dumps(state)[:400] if state is not None else "none"
+    text = json.dumps(state)
+    return text if len(text) <= 400 else text[:400] + "..."
+
+
+def _state_note(state: Mapping[str, Any] | None) -> str:
+    return "" if state is None else f" The state: {_show(state)}."
+
+
+def _size(state: Mapping[str, Any]) -> int:
+    return len(json.dumps(state))
 
 
 def _close(loader: Any) -> None:
