@@ -213,6 +213,9 @@ class PrefetchIterator(Iterator[T]):
         sized: Any = None,
     ) -> None:
         self.delivered = 0
+        # Called with the new count after each batch handed over: lets a loader keep the count
+        # after this iterator is gone (a `break`), for its state_dict().
+        self.on_delivered: Callable[[int], None] | None = None
         self._sized = sized  # what len() asks, on demand: some sources count by scanning
         self._device = device
         self._telemetry = telemetry if record_steps else None
@@ -255,6 +258,8 @@ class PrefetchIterator(Iterator[T]):
                 lambda t: t if t.device == self._device else t.to(self._device), value
             )
         self.delivered += 1
+        if self.on_delivered is not None:
+            self.on_delivered(self.delivered)
         if self._telemetry is not None:
             self._telemetry.record_step(time.perf_counter() - t0, rows)
         return value

@@ -36,6 +36,11 @@ class PassProgress:
 
     delivered: int = 0
     finished: bool = False
+    received: int = 0  # with a device prefetcher: the batches it handed to the training loop
+
+    def receive(self, count: int) -> None:
+        """Note that the training loop has received ``count`` batches of this pass."""
+        self.received = count
 
 
 class EpochIterator:

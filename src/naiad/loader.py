@@ -396,6 +396,7 @@ class DataLoader(TorchDataLoader):
             outer = iter(
                 DevicePrefetcher(inner, self.device, depth=self.device_prefetch, telemetry=self._telemetry)
             )
+            outer.on_delivered = inner.progress.receive
         self._current = weakref.ref(outer)
         return outer
 
@@ -432,9 +433,7 @@ class DataLoader(TorchDataLoader):
 
         Raises:
             StateError: the order cannot be replayed (an IterableDataset, torch's global-RNG
-                shuffle without ``seed=``, or a custom sampler); or, with ``device=``, the loop
-                left a pass early and dropped its iterator, so the batches it received before
-                the prefetcher's read-ahead are unknown (take the state inside the loop).
+                shuffle without ``seed=``, or a custom sampler).
         """
         why = self._pipeline.why_not_resumable()
         if why is not None:
@@ -470,20 +469,8 @@ class DataLoader(TorchDataLoader):
         if outer is None and self._epoch != last.epoch + 1:
             return None  # set_epoch() moved the loader on since that pass was dropped
         progress = last.progress
-        if outer is not None:
-            # A DevicePrefetcher reads ahead: the training loop has what it handed over.
-            received = int(getattr(outer, "delivered", progress.delivered))
-        elif self.device is None:
-            received = progress.delivered  # the pass's own iterator was the training loop's
-        elif progress.finished:
-            return None  # dropped after its last batch was read: taken as run to its end
-        else:
-            raise StateError(
-                f"state_dict() after the training loop left epoch {last.epoch} early with "
-                "`device=`: the pass's iterator is gone and its prefetcher had read ahead, so the "
-                "batches the loop received are unknown; take the state inside the loop, before "
-                "`break`."
-            )
+        # A DevicePrefetcher reads ahead: the training loop has what it handed over.
+        received = progress.delivered if self.device is None else progress.received
         if received == last.length or (progress.finished and received >= progress.delivered):
             # Every batch reached the loop (whether or not it has seen StopIteration yet): the
             # next epoch starts afresh, as in torchdata's StatefulDataLoader.

@@ -100,7 +100,6 @@ def check_resume(
     *,
     epochs: int = 2,
     positions: Sequence[float] | None = None,
-    state_after_break: bool = True,
     max_state_bytes: int = 16_384,
 ) -> ResumeReport:
     """Check that a loader's ``state_dict()`` resumes exactly, at the start, middle and end of
@@ -117,9 +116,6 @@ def check_resume(
             batches (0.0: the pass has started, no batch yet; 1.0: every batch received, the
             loop not yet ended). Default: before the first batch, after the first, the middle,
             all but the last, and after the last.
-        state_after_break: also take the state after each ``break``, when the loop has
-            dropped the pass's iterator (as a loop that saves its checkpoint after leaving the
-            loop does), and check that it has not moved.
         max_state_bytes: the largest state (as JSON) accepted.
 
     Returns:
@@ -144,7 +140,7 @@ def check_resume(
     if isinstance(max_state_bytes, bool) or not isinstance(max_state_bytes, int) or max_state_bytes < 1:
         raise ConfigError(f"`max_state_bytes` must be an int >= 1, got {max_state_bytes!r}.")
     fractions = _fractions(positions)
-    checker = _Checker(make_loader, epochs, max_state_bytes, bool(state_after_break))
+    checker = _Checker(make_loader, epochs, max_state_bytes)
     checker.record_reference()
     n0 = len(checker.reference[0])
     if fractions is None:
@@ -173,13 +169,12 @@ def _fractions(positions: Sequence[float] | None) -> list[float] | None:
 class _Checker:
     """The runs of one :func:`check_resume` call and what they found."""
 
-    def __init__(self, make_loader: Callable[[], Any], epochs: int, max_state_bytes: int, after_break: bool) -> None:
+    def __init__(self, make_loader: Callable[[], Any], epochs: int, max_state_bytes: int) -> None:
         if not callable(make_loader):
             raise ConfigError(f"`make_loader` must be a zero-argument callable, got {type(make_loader).__name__}.")
         self.make_loader = make_loader
         self.epochs = epochs
         self.max_state_bytes = max_state_bytes
-        self.after_break = after_break
         self.reference: list[list[Any]] = []
         self.save_points: list[SavePoint] = []
         self.compared = 0
@@ -279,8 +274,8 @@ class _Checker:
         if how == "continue":
             self._check_count(received, epoch, 0, context, None)
             return state
-        if not self.after_break:
-            return state
+        # Taken again after the break, when the loop has dropped the pass's iterator (as a
+        # loop that saves its checkpoint after leaving the loop does): it must not have moved.
         after = self._take_state(loader, f"{where}, taken again after the break")
         if after != state:
             raise AssertionError(

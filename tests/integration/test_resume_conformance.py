@@ -136,11 +136,9 @@ MODES: dict[str, tuple[dict[str, Any], str, str, dict[str, Any]]] = {
     "threads": ({"num_workers": 2, "worker_mode": "thread", "shuffle": True, "seed": 5}, "getitems", "jsonl", {}),
     "processes": ({"num_workers": 2, "worker_mode": "process", "shuffle": True, "seed": 5}, "tuples", "csv", {}),
     "auto": ({"num_workers": "auto", "shuffle": True, "seed": 5}, "tensordataset", "arrow", {}),
-    # state_after_break=False: see test_device_state_taken_after_the_break_is_the_position.
-    "device_cpu": ({"device": "cpu", "shuffle": True, "seed": 5}, "arraydataset", "npy", {"state_after_break": False}),
+    "device_cpu": ({"device": "cpu", "shuffle": True, "seed": 5}, "arraydataset", "npy", {}),
     "device_cpu_threads": (
-        {"device": "cpu", "device_prefetch": 3, "num_workers": 2, "worker_mode": "thread"}, "numpy", "text",
-        {"state_after_break": False},
+        {"device": "cpu", "device_prefetch": 3, "num_workers": 2, "worker_mode": "thread"}, "numpy", "text", {},
     ),
     "ranks": ({"rank": 1, "world_size": 3, "shuffle": True, "seed": 5}, "numpy", "arrow", {}),
     "ranks_drop_last": ({"rank": 2, "world_size": 3, "drop_last": True}, "tensor", "csv", {}),
@@ -151,7 +149,7 @@ MODES: dict[str, tuple[dict[str, Any], str, str, dict[str, Any]]] = {
     "everything": (
         {"num_workers": 2, "worker_mode": "process", "persistent_workers": True, "drop_last": True, "shuffle": True,
          "seed": 5, "rank": 0, "world_size": 2, "device": "cpu", "prefetch_factor": 3},
-        "getitems", "parquet", {"state_after_break": False},
+        "getitems", "parquet", {},
     ),
 }
 
@@ -182,13 +180,6 @@ def test_three_epochs_and_chosen_positions(kind: str, tmp_path: Path) -> None:
 # -- naiad bugs the conformance check found -----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="naiad bug: with device=, the DevicePrefetcher's PrefetchIterator keeps the count of batches the loop "
-    "received on itself, so once a `break` drops it the loader cannot know the position (StateError, where "
-    "it used to resume at the next epoch and skip the rest of this one); needs device.py to share its "
-    "count with the loader, as EpochIterator's PassProgress does.",
-)
 @pytest.mark.timeout(60)
 def test_device_state_taken_after_the_break_is_the_position(tmp_path: Path) -> None:
     check_resume(maker("tensordataset", tmp_path, device="cpu", shuffle=True, seed=1), epochs=1, positions=[0.5])

@@ -275,21 +275,41 @@ class Source(ABC):
     def read_rows(self, block: Block, rows: np.ndarray, *, use_threads: bool = False) -> BlockData:
         """Read only the rows ``rows`` of ``block`` (ascending row numbers within the block).
 
-        What a resume reads: the scattered rows a shuffle buffer held, a few per block. Readers
-        of line-based formats parse only those lines; others read the rows' span and take them.
-
         Raises:
             SourceError: naming the file, the line or row, and the problem.
         """
-        rows = np.asarray(rows, np.int64)
-        if len(rows) and not (0 <= rows[0] and rows[-1] < block.rows and np.all(np.diff(rows) > 0)):
-            raise ConfigError(f"rows to read must ascend within block {block}, got {rows[:8]}...")
-        if len(rows) == 0:
-            return BlockData(self.empty_columns(), 0)
-        return self._read_rows(block, rows, use_threads)
+        return self.read_rows_many([(block, rows)], use_threads=use_threads)
 
-    def _read_rows(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
-        """Rows ``rows`` of ``block``: by default their span, read whole, then taken."""
+    def read_rows_many(self, parts: Sequence[tuple[Block, np.ndarray]], *, use_threads: bool = False) -> BlockData:
+        """Read the rows ``rows`` of each ``(block, rows)`` part, concatenated in order.
+
+        What a resume reads: the scattered rows a shuffle buffer held, a few from each of many
+        blocks. Readers of line-based formats parse only those lines, all in one parse; others
+        read each part's span and take its rows.
+
+        Raises:
+            SourceError: naming the file, the line or row, and the problem.
+            StateError: rows were skipped as bad among a part's span (a resume cannot place them).
+        """
+        checked = []
+        for block, rows in parts:
+            rows = np.asarray(rows, np.int64)
+            if len(rows) and not (0 <= rows[0] and rows[-1] < block.rows and np.all(np.diff(rows) > 0)):
+                raise ConfigError(f"rows to read must ascend within block {block}, got {rows[:8]}...")
+            if len(rows):
+                checked.append((block, rows))
+        if not checked:
+            return BlockData(self.empty_columns(), 0)
+        return self._read_rows_many(checked, use_threads)
+
+    def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
+        """The parts' rows: by default each part's span, read whole, then taken."""
+        datas = [self._read_span_take(block, rows, use_threads) for block, rows in parts]
+        if len(datas) == 1:
+            return datas[0]
+        return BlockData(concat_columns([d.columns for d in datas]), sum(d.bad_rows for d in datas))
+
+    def _read_span_take(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
         lo, hi = int(rows[0]), int(rows[-1]) + 1
         data = self._read(block, lo, hi, use_threads)
         if hi - lo == len(rows):
@@ -325,6 +345,18 @@ class Source(ABC):
         state = self.__dict__.copy()
         state["_blocks"] = None
         return state
+
+
+def concat_columns(pieces: Sequence[Columns]) -> Columns:
+    """Chunks of the same columns, one after another."""
+    out: Columns = {}
+    for name in pieces[0]:
+        cols = [p[name] for p in pieces]
+        if isinstance(cols[0], np.ndarray):
+            out[name] = np.concatenate(cols)
+        else:
+            out[name] = [v for c in cols for v in c]
+    return out
 
 
 def _take(column: np.ndarray | list, rows: np.ndarray) -> np.ndarray | list:

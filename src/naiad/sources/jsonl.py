@@ -29,8 +29,8 @@ from naiad.sources.lines import (
     detect_compression,
     parse_robust,
     read_block_bytes,
+    read_selected_lines,
     scan_file,
-    select_rows,
     slice_rows,
 )
 
@@ -140,16 +140,19 @@ class JsonlSource(Source):
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
         return self._parse_lines(buf, line0, block, hi - lo, use_threads)
 
-    def _read_rows(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
-        if len(rows) * 2 > int(rows[-1] - rows[0]) + 1:
-            return super()._read_rows(block, rows, use_threads)
-        buf, line0 = select_rows(read_block_bytes(block, self.compression), rows, block.rows, keep_blank=False)
+    def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
+        # A resume's scattered rows: scan each block for newlines, parse only the selected
+        # lines, all in one parse. On any problem, the part-by-part path names the exact line.
+        if len(parts) == 1 and len(parts[0][1]) * 2 > int(parts[0][1][-1] - parts[0][1][0]) + 1:
+            return super()._read_rows_many(parts, use_threads)
+        n = sum(len(rows) for _, rows in parts)
+        buf = read_selected_lines(parts, self.compression, keep_blank=False)
         try:
-            data = self._parse_lines(buf, line0, block, len(rows), use_threads)
+            data = self._parse_lines(buf, 0, parts[0][0], n, use_threads)
         except SourceError:
             data = BlockData({}, 1)
-        if data.bad_rows:  # read the span again for the exact line and the usual error
-            return super()._read_rows(block, rows, use_threads)
+        if data.bad_rows:
+            return super()._read_rows_many(parts, use_threads)
         return data
 
     def _parse_lines(self, buf: bytes, line0: int, block: Block, expected: int, use_threads: bool) -> BlockData:

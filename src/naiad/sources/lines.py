@@ -32,7 +32,7 @@ from naiad.sources.base import Block, OnBadRows
 
 __all__ = [
     "BadRow", "default_block_bytes", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
-    "scan_file", "select_rows", "slice_rows",
+    "read_selected_lines", "scan_file", "select_rows", "slice_rows",
 ]
 
 _COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".lz4": "lz4"}
@@ -200,6 +200,13 @@ def select_rows(buf: bytes, rows: np.ndarray, total: int, keep_blank: bool) -> t
     view = memoryview(buf)
     picked = b"\n".join([view[a:b] for a, b in zip(starts[rows].tolist(), ends[rows].tolist())]) + b"\n"
     return picked, int(lines[rows[0]])
+
+
+def read_selected_lines(parts: list[tuple[Block, np.ndarray]], compression: str | None, keep_blank: bool) -> bytes:
+    """The selected lines of every part, one buffer of whole lines (for one parse)."""
+    return b"".join(
+        select_rows(read_block_bytes(block, compression), rows, block.rows, keep_blank)[0] for block, rows in parts
+    )
 
 
 ParseFn = Callable[[bytes], pa.Table]

@@ -11,8 +11,8 @@ from naiad.sources.base import Block, BlockData, OnBadRows, PathLike, Source
 from naiad.sources.lines import (
     default_block_bytes,
     read_block_bytes,
+    read_selected_lines,
     scan_file,
-    select_rows,
     slice_rows,
 )
 
@@ -82,16 +82,18 @@ class TextSource(Source):
             return BlockData({self.column: []}, 0)
         return self._split_lines(buf, line0, block)
 
-    def _read_rows(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
-        if len(rows) * 2 > int(rows[-1] - rows[0]) + 1:
-            return super()._read_rows(block, rows, use_threads)
-        buf, line0 = select_rows(read_block_bytes(block, self.compression), rows, block.rows, keep_blank=True)
+    def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
+        # A resume's scattered rows: scan each block for newlines, parse only the selected
+        # lines, all in one parse. On any problem, the part-by-part path names the exact line.
+        if len(parts) == 1 and len(parts[0][1]) * 2 > int(parts[0][1][-1] - parts[0][1][0]) + 1:
+            return super()._read_rows_many(parts, use_threads)
+        buf = read_selected_lines(parts, self.compression, keep_blank=True)
         try:
-            data = self._split_lines(buf, line0, block)
+            data = self._split_lines(buf, 0, parts[0][0])
         except SourceError:
             data = BlockData({}, 1)
-        if data.bad_rows:  # read the span again for the exact line and the usual error
-            return super()._read_rows(block, rows, use_threads)
+        if data.bad_rows:
+            return super()._read_rows_many(parts, use_threads)
         return data
 
     def _split_lines(self, buf: bytes, line0: int, block: Block) -> BlockData:
