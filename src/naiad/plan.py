@@ -27,7 +27,7 @@ from naiad.errors import ConfigError
 from naiad.sources.base import Block
 
 __all__ = [
-    "RankPlan", "ReadTask", "batch_sizes", "block_permutation", "make_plan", "rank_bounds", "rng_for",
+    "RankPlan", "ReadTask", "RestoreTask", "batch_sizes", "block_permutation", "make_plan", "rank_bounds", "rng_for",
     "tasks_for",
 ]
 
@@ -53,6 +53,12 @@ class ReadTask(NamedTuple):
         """Rows this task yields (before any bad row is skipped)."""
         return self.hi - self.lo if self.take is None else len(self.take)
 
+    def row_numbers(self) -> np.ndarray:
+        """The block's rows this task yields, ascending."""
+        if self.take is None:
+            return np.arange(self.lo, self.hi, dtype=np.int64)
+        return self.lo + self.take
+
     def select(self, rows: np.ndarray) -> ReadTask:
         """The same read keeping only ``rows`` of its output (ascending)."""
         picked = self.lo + (rows if self.take is None else self.take[rows])
@@ -63,6 +69,18 @@ class ReadTask(NamedTuple):
         if self.take is None:
             return ReadTask(self.block, self.lo + k, self.hi)
         return _take_task(self.block, self.lo + self.take[k:])
+
+
+class RestoreTask(NamedTuple):
+    """The reads of a resume's window as one task: the scattered rows a shuffle buffer held and
+    owed, from many blocks, read (and for line formats parsed) at once."""
+
+    reads: tuple[ReadTask, ...]
+
+    @property
+    def rows(self) -> int:
+        """Rows this task yields."""
+        return sum(t.rows for t in self.reads)
 
 
 @dataclass(frozen=True)

@@ -317,7 +317,6 @@ class BufferReplay:
         self.owed_of[self.owed - base] = np.arange(len(self.owed))
         self.slots: dict[str, np.ndarray] | None = None
         self.pending: dict[str, np.ndarray] = {}
-        self.done = 0
 
     @classmethod
     def nothing(cls) -> BufferReplay:
@@ -358,19 +357,17 @@ class BufferReplay:
         return cls(next_task, window, window_pos, base, held, owed, end)
 
     def put(self, arrays: dict[str, np.ndarray]) -> None:
-        """Place the rows of the next re-read window task."""
-        pos = self.window_pos[self.done]
-        task = self.window[self.done]
-        self.done += 1
+        """Place the rows of the whole window, read again (one chunk, in window order)."""
         if not self.shuffled:  # the rows continue the stream as they are
             self.pending = arrays
             return
+        pos = np.concatenate(self.window_pos)
         n = len(next(iter(arrays.values()))) if arrays else 0
-        if n != task.rows:
+        if n != len(pos):
             # Positions shift when rows are skipped; placing rows by position would misplace them.
             raise StateError(
-                f"cannot resume mid-epoch exactly: {task.rows - n} bad row(s) of {task.block.path} "
-                "were skipped in the rows to restore; resume at the start of the epoch instead."
+                f"cannot resume mid-epoch exactly: {len(pos) - n} bad row(s) of {self.window[0].block.path} "
+                "and the other files to restore were skipped; resume at the start of the epoch instead."
             )
         rel = pos - self.base
         if self.slots is None:

@@ -39,6 +39,7 @@ from naiad.plan import (
     TAG_BUFFER,
     RankPlan,
     ReadTask,
+    RestoreTask,
     block_permutation,
     make_plan,
     tasks_for,
@@ -167,11 +168,13 @@ def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tu
     return functools.partial(_read_task, source, context.num_workers == 0)
 
 
-def _read_task(source: Source, use_threads: bool, task: ReadTask) -> tuple[dict[str, Any], int]:
-    if task.take is None:
+def _read_task(source: Source, use_threads: bool, task: ReadTask | RestoreTask) -> tuple[dict[str, Any], int]:
+    if isinstance(task, RestoreTask):  # a resume's window: only the rows it restores
+        data = source.read_rows_many([(t.block, t.row_numbers()) for t in task.reads], use_threads=use_threads)
+    elif task.take is None:
         data = source.read_block(task.block, task.lo, task.hi, use_threads=use_threads)
-    else:  # the scattered rows a resume restores: line formats parse only those lines
-        data = source.read_rows(task.block, task.lo + task.take, use_threads=use_threads)
+    else:  # the scattered rows an elastic leg owes
+        data = source.read_rows(task.block, task.row_numbers(), use_threads=use_threads)
     return dict(data.columns), data.bad_rows  # plain dict and tuple: WorkerPool looks inside
 
 
@@ -410,19 +413,20 @@ class BatchStream(Iterator[Batch]):
         if batcher.done:
             return
         restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
-        tasks = restore.window + plan.tasks[restore.next_task :]
-        if not restore.window:
+        tasks: list[ReadTask | RestoreTask] = list(plan.tasks[restore.next_task :])
+        if restore.window:
+            tasks.insert(0, RestoreTask(tuple(restore.window)))
+        else:
             batcher.add(restore.finish(buffer))
         results = self.imap(tasks)
         try:
             for i, (task, (columns, bad)) in enumerate(zip(tasks, results)):
                 self._count(task, columns, bad)
                 arrays = {name: as_array(col) for name, col in columns.items()}
-                if i < len(restore.window):
+                if i == 0 and restore.window:
                     restore.put(arrays)
-                    if i == len(restore.window) - 1:
-                        batcher.add(restore.finish(buffer))
-                        yield from self._emit(batcher.ready())
+                    batcher.add(restore.finish(buffer))
+                    yield from self._emit(batcher.ready())
                     continue
                 for chunk in buffer.push(arrays) if buffer is not None else [arrays]:
                     batcher.add(chunk)
@@ -438,14 +442,15 @@ class BatchStream(Iterator[Batch]):
             if close is not None:
                 close()
 
-    def _count(self, task: ReadTask, columns: dict[str, Any], bad: int) -> None:
+    def _count(self, task: ReadTask | RestoreTask, columns: dict[str, Any], bad: int) -> None:
         c = self.counters
-        c.blocks_read += 1
+        c.blocks_read += len(task.reads) if isinstance(task, RestoreTask) else 1
         c.rows_read += len(next(iter(columns.values()))) if columns else 0
         if bad:
+            path = task.reads[0].block.path if isinstance(task, RestoreTask) else task.block.path
             self.bad_rows += bad
             c.bad_rows += bad
-            c.bad_rows_by_file[task.block.path] = c.bad_rows_by_file.get(task.block.path, 0) + bad
+            c.bad_rows_by_file[path] = c.bad_rows_by_file.get(path, 0) + bad
 
     def _emit(self, batches: Iterable[dict[str, np.ndarray]]) -> Iterator[Batch]:
         transform = self.options.transform

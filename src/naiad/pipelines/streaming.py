@@ -8,6 +8,7 @@ from typing import Any
 
 from naiad.errors import StateError
 from naiad.parallel import HandlerFactory, WorkerPool
+from naiad.plan import RestoreTask
 from naiad.sources.base import Source
 from naiad.stream import (
     STREAM_STATE_VERSION,
@@ -36,6 +37,9 @@ class StreamPipeline:
         return make_handler_factory(self.source)
 
     def describe_task(self, task: Any) -> str:
+        if isinstance(task, RestoreTask):
+            files = sorted({t.block.path for t in task.reads})
+            return f"the {task.rows} rows a resume restores from {len(task.reads)} block(s) of {', '.join(files[:3])}"
         block = getattr(task, "block", None)
         if block is None:
             return f"block {task!r:.300}"
