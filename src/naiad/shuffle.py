@@ -302,19 +302,14 @@ class BufferReplay:
     owed to the batches.
     """
 
-    def __init__(self, next_task: int, window: list[ReadTask], window_pos: list[np.ndarray], base: int = 0,
-                 held: np.ndarray | None = None, owed: np.ndarray | None = None, end: int = 0) -> None:
+    def __init__(self, next_task: int, window: list[ReadTask], window_pos: list[np.ndarray],
+                 held: np.ndarray | None = None, owed: np.ndarray | None = None) -> None:
         self.next_task = next_task
         self.window = window
-        self.window_pos = window_pos  # the stream positions of each window read's rows
-        self.base = base
+        self.window_pos = window_pos  # the stream positions of each window read's rows, ascending
         self.shuffled = held is not None
         self.held = held if held is not None else np.zeros(0, np.int64)
         self.owed = owed if owed is not None else np.zeros(0, np.int64)
-        self.slot_of = np.full(max(end - base, 0), -1, np.int64)
-        self.slot_of[self.held - base] = np.arange(len(self.held))
-        self.owed_of = np.full(max(end - base, 0), -1, np.int64)
-        self.owed_of[self.owed - base] = np.arange(len(self.owed))
         self.slots: dict[str, np.ndarray] | None = None
         self.pending: dict[str, np.ndarray] = {}
 
@@ -344,8 +339,6 @@ class BufferReplay:
         held, owed, next_task, draws = _replay_draws(buffer.capacity_rows, buffer.keys, offsets, start)
         buffer.draws = draws  # the restored buffer goes on with the next exchange's draw
         needed = np.sort(np.concatenate((held, owed)))
-        end = int(offsets[next_task])
-        base = int(needed[0]) if len(needed) else end
         # Only the rows still needed are read again, grouped by the task that yields them.
         which = np.searchsorted(offsets, needed, side="right") - 1
         cuts = np.flatnonzero(np.diff(which)) + 1
@@ -354,7 +347,7 @@ class BufferReplay:
             k = int(which[np.searchsorted(needed, pos[0])])
             window.append(tasks[k].select(pos - int(offsets[k])))
             window_pos.append(pos)
-        return cls(next_task, window, window_pos, base, held, owed, end)
+        return cls(next_task, window, window_pos, held, owed)
 
     def put(self, arrays: dict[str, np.ndarray]) -> None:
         """Place the rows of the whole window, read again (one chunk, in window order)."""
@@ -369,15 +362,10 @@ class BufferReplay:
                 f"cannot resume mid-epoch exactly: {len(pos) - n} bad row(s) of {self.window[0].block.path} "
                 "and the other files to restore were skipped; resume at the start of the epoch instead."
             )
-        rel = pos - self.base
-        if self.slots is None:
-            self.slots = {k: np.empty((len(self.held), *v.shape[1:]), v.dtype) for k, v in arrays.items()}
-            self.pending = {k: np.empty((len(self.owed), *v.shape[1:]), v.dtype) for k, v in arrays.items()}
-        s, q = self.slot_of[rel], self.owed_of[rel]
-        held, owed = s >= 0, q >= 0
-        for k, v in arrays.items():
-            self.slots[k][s[held]] = v[held]
-            self.pending[k][q[owed]] = v[owed]
+        # The rows arrive in ascending position: each held or owed row is found by search.
+        at_held, at_owed = np.searchsorted(pos, self.held), np.searchsorted(pos, self.owed)
+        self.slots = {k: np.take(v, at_held, axis=0) for k, v in arrays.items()}
+        self.pending = {k: np.take(v, at_owed, axis=0) for k, v in arrays.items()}
 
     def finish(self, buffer: ShuffleBuffer | None) -> dict[str, np.ndarray]:
         """Install the restored rows in the buffer; returns the rows still owed to batches."""
