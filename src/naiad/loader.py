@@ -21,14 +21,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, Sampler
 
+from naiad.arguments import WorkerMode, resolve_arguments
 from naiad.device import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
-from naiad.errors import ConfigError, StateError
+from naiad.errors import StateError
 from naiad.fetch import choose_fetch
 from naiad.parallel import AutoTuner, WorkerPool
 from naiad.pipelines import (
@@ -39,14 +39,12 @@ from naiad.pipelines import (
     PipelinePass,
     StreamPipeline,
 )
-from naiad.sampling import SeededRandomSampler, ShardedBatchSampler
-from naiad.sources.base import Source
-from naiad.stream import StreamCounters, StreamOptions
+from naiad.sampling import SeededRandomSampler
+from naiad.stream import StreamCounters
 from naiad.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DataLoader"]
 
-WorkerMode = Literal["process", "thread"]
 
 
 @dataclass(frozen=True)
@@ -146,132 +144,48 @@ class DataLoader(TorchDataLoader):
         world_size: int | None = None,
         transform: Callable[[Any], Any] | None = None,
     ) -> None:
-        if worker_mode is None:
-            worker_mode = "thread" if isinstance(dataset, Source) else "process"
-        if worker_mode not in ("process", "thread"):
-            raise ConfigError(f"`worker_mode` must be 'process' or 'thread', got {worker_mode!r}.")
-        if seed is not None and not isinstance(seed, (int, np.integer)):
-            raise ConfigError(f"`seed` must be an int, got {type(seed).__name__}.")
-        source = dataset if isinstance(dataset, Source) else None
-        stream_options: StreamOptions | None = None
-        if source is not None:
-            for name, given in (("sampler", sampler), ("batch_sampler", batch_sampler), ("collate_fn", collate_fn)):
-                if given is not None:
-                    raise ConfigError(
-                        f"`{name}` does not apply to a streaming source ({type(source).__name__}): "
-                        "the plan orders its blocks; use `shuffle`, `seed` and `transform`."
-                    )
-            if batch_size is None:
-                raise ConfigError("a streaming source needs an int `batch_size`, got None.")
-            stream_options = StreamOptions(
-                batch_size=batch_size,
-                shuffle=bool(shuffle),
-                seed=0 if seed is None else int(seed),  # 0, not random: every rank must agree
-                shuffle_buffer=shuffle_buffer,
-                drop_last=drop_last,
-                rank=rank,
-                world_size=world_size,
-            )  # the transform runs in the pass, as for every pipeline
-            shuffle = None  # the stream shuffles; torch's sampler stays sequential and unused
-        else:
-            if shuffle_buffer is not None:
-                raise ConfigError(
-                    "`shuffle_buffer` applies to streaming sources (naiad.read_csv and friends); "
-                    f"a map-style dataset is shuffled as a whole, got shuffle_buffer={shuffle_buffer!r}."
-                )
-            if (rank is None) != (world_size is None):
-                raise ConfigError(f"give both `rank` and `world_size` or neither, got rank={rank!r}, world_size={world_size!r}.")
-        if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or device_prefetch < 1:
-            raise ConfigError(f"`device_prefetch` must be an int >= 1, got {device_prefetch!r}.")
-        iterable = isinstance(dataset, IterableDataset)
-        tuner: AutoTuner | None = None
-        if num_workers == "auto":
-            if iterable:
-                raise ConfigError(
-                    "`num_workers='auto'` needs a map-style dataset or a streaming source: the "
-                    "workers of an IterableDataset each walk their own iterator and cannot be "
-                    "added or removed mid-epoch. Pass an int."
-                )
-            tuner = AutoTuner(prefetch=prefetch_factor or 2)
-            # torch's constructor checks these against num_workers=0; the tuner owns them now.
-            num_workers, prefetch_factor, persistent_workers = 0, None, False
-        elif isinstance(num_workers, str):
-            raise ConfigError(f"`num_workers` must be an int >= 0 or 'auto', got {num_workers!r}.")
-        if seed is not None and shuffle and not iterable and sampler is None and batch_sampler is None:
-            if generator is not None:
-                raise ConfigError(
-                    "`seed` and `generator` both choose the shuffle order; pass one of them."
-                )
-            sampler = SeededRandomSampler(dataset, int(seed))
-            shuffle = False
-        sharded_batch_size: int | None = None
-        if source is None and rank is not None and world_size is not None:
-            if iterable or sampler is not None and not isinstance(sampler, SeededRandomSampler) or batch_sampler is not None:
-                raise ConfigError(
-                    "`rank`/`world_size` shard a map-style dataset by naiad's own order; they do "
-                    "not combine with an IterableDataset, a custom `sampler` or a `batch_sampler`."
-                )
-            if shuffle:
-                raise ConfigError(
-                    "`shuffle=True` with `rank`/`world_size` needs `seed=`: every rank must draw "
-                    "the same order (torch's global generator differs between processes)."
-                )
-            order = sampler if sampler is not None else torch.utils.data.SequentialSampler(dataset)
-            if batch_size is None:
-                raise ConfigError("`rank`/`world_size` need an int `batch_size`, got None.")
-            batch_sampler = ShardedBatchSampler(order, batch_size, drop_last, int(rank), int(world_size))
-            sharded_batch_size, sharded_drop_last = batch_size, drop_last
-            batch_size, sampler, drop_last = 1, None, False
-        if iterable and worker_mode == "thread" and num_workers > 0:
-            raise ConfigError(
-                "`worker_mode='thread'` does not support an IterableDataset: "
-                "torch.utils.data.get_worker_info() cannot tell threads apart, so every thread "
-                "would read the whole dataset. Use worker_mode='process'."
-            )
+        args = resolve_arguments(
+            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+            num_workers=num_workers, collate_fn=collate_fn, drop_last=drop_last, generator=generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, worker_mode=worker_mode,
+            seed=seed, device_prefetch=device_prefetch, shuffle_buffer=shuffle_buffer, rank=rank,
+            world_size=world_size,
+        )
         # By keyword: a subclass or a trainer that re-instantiates the loader from its
         # attributes must not depend on the order of torch's positional parameters.
         super().__init__(
             dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            batch_sampler=batch_sampler,
-            num_workers=num_workers,
             collate_fn=collate_fn,
             pin_memory=pin_memory,
-            drop_last=drop_last,
             timeout=timeout,
             worker_init_fn=worker_init_fn,
             multiprocessing_context=multiprocessing_context,
             generator=generator,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
             in_order=in_order,
+            **args.torch_kwargs,
         )
-        if sharded_batch_size is not None:
+        if args.sharded is not None:
             # torch clears batch_size when a batch_sampler is given; the rank's batches are still
             # of this size (the last few a row smaller), so keep it visible.
-            object.__setattr__(self, "batch_size", sharded_batch_size)
-            object.__setattr__(self, "drop_last", sharded_drop_last)
+            object.__setattr__(self, "batch_size", args.sharded[0])
+            object.__setattr__(self, "drop_last", args.sharded[1])
         self.options = LoaderOptions(
-            seed=None if seed is None else int(seed), worker_mode=worker_mode, device=device,
-            device_prefetch=device_prefetch, transform=transform, shuffle_buffer=shuffle_buffer,
-            rank=rank, world_size=world_size,
+            seed=args.seed, worker_mode=args.worker_mode, device=device, device_prefetch=device_prefetch,
+            transform=transform, shuffle_buffer=shuffle_buffer, rank=args.rank, world_size=args.world_size,
         )
-        self._tuner = tuner
+        self._tuner = args.tuner
         self._stream_counters = StreamCounters()
         self._pipeline: Pipeline
-        if source is not None:
-            assert stream_options is not None
-            self._pipeline = StreamPipeline(source, stream_options, self._stream_counters)
-        elif iterable:
+        if args.stream_options is not None:
+            self._pipeline = StreamPipeline(dataset, args.stream_options, self._stream_counters)
+        elif isinstance(dataset, IterableDataset):
             self._pipeline = IterablePipeline(dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last)
         else:
             strategy = choose_fetch(dataset, collate_fn, self._auto_collation)
             self._pipeline = MapPipeline(
                 dataset, self.collate_fn, self._auto_collation, strategy, self.batch_sampler, self.sampler,
-                0 if rank is None else int(rank),
+                0 if args.rank is None else int(args.rank),
             )
         self._pool: WorkerPool | None = None  # kept across epochs with persistent_workers
         self._pool_base_seed = 0  # the base seed the kept pool was started with
@@ -548,6 +462,26 @@ class DataLoader(TorchDataLoader):
             rank=0 if self.options.rank is None else int(self.options.rank),
             init_inline=tuner is None,  # with "auto", only real workers run worker_init_fn
         )
+
+    # -- pickling: Lightning's ddp_spawn and copy.deepcopy send the loader, not its workers -----
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The loader's recipe: its arguments, pipeline, epoch and pending resume; not its
+        workers, the pass in progress or its telemetry (a copy starts with fresh ones)."""
+        state = self.__dict__.copy()
+        for runtime in ("_pool", "_current", "_current_inner", "_last_pass"):
+            state[runtime] = None
+        state["_telemetry"] = None
+        if self._tuner is not None:
+            state["_tuner"] = self._tuner.base_prefetch  # a fresh tuner measures again
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        tuner_prefetch = state.get("_tuner")
+        self.__dict__.update(state)  # past torch's __setattr__ guard, as unpickling does
+        self.__dict__["_telemetry"] = Telemetry()
+        if tuner_prefetch is not None:
+            self.__dict__["_tuner"] = AutoTuner(prefetch=int(tuner_prefetch))
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)
