@@ -19,7 +19,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
@@ -44,6 +44,8 @@ from naiad.stream import StreamCounters
 from naiad.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DataLoader"]
+
+T_co = TypeVar("T_co", covariant=True)
 
 
 
@@ -83,7 +85,7 @@ class _PassRecord:
     length: int | None  # the pass's batches (None: not known)
 
 
-class DataLoader(TorchDataLoader):
+class DataLoader(TorchDataLoader[T_co]):
     """A drop-in replacement for ``torch.utils.data.DataLoader`` that fetches a batch at a time.
 
     Every argument of torch's DataLoader is accepted with the same meaning and default, and the

@@ -246,7 +246,9 @@ def measure(dataset: Any, setting: Setting, *, batch_size: int, step_s: float, s
         kwargs = dict(worker_mode=setting.worker_mode, prefetch_factor=setting.prefetch_factor, persistent_workers=True)
     with _Sampler() as sampler:
         t0 = time.perf_counter()
-        loader = naiad.DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=0, num_workers=setting.num_workers, **kwargs)
+        loader: naiad.DataLoader[Any] = naiad.DataLoader(
+            dataset, batch_size=batch_size, shuffle=True, seed=0, num_workers=setting.num_workers, **kwargs
+        )
 
         def batches() -> Generator[Any, None, None]:
             while True:  # as many epochs as the time allows
