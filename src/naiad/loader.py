@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 import weakref
 from collections.abc import Callable, Iterable
@@ -26,14 +27,14 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, Sampler
 
 from naiad.arguments import WorkerMode, resolve_arguments
+from naiad.checkpoint import PassRecord, build_state, pass_position, read_state
 from naiad.device import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
-from naiad.errors import StateError
 from naiad.fetch import choose_fetch
 from naiad.parallel import AutoTuner, WorkerPool
 from naiad.pipelines import (
-    STATE_VERSION,
     IterablePipeline,
+    LazyPass,
     MapPipeline,
     Pipeline,
     PipelinePass,
@@ -42,6 +43,7 @@ from naiad.pipelines import (
 from naiad.sampling import SeededRandomSampler
 from naiad.stream import StreamCounters
 from naiad.telemetry import LoaderStats, Telemetry
+from naiad.worker import prepare_worker
 
 __all__ = ["DataLoader"]
 
@@ -72,17 +74,6 @@ class LoaderOptions:
     shuffle_buffer: int | None = None
     rank: int | None = None
     world_size: int | None = None
-
-
-@dataclass(frozen=True)
-class _PassRecord:
-    """The last pass a loader started: kept after its iterator is gone, for ``state_dict``."""
-
-    epoch: int
-    run: PipelinePass
-    progress: PassProgress
-    base_seed: int
-    length: int | None  # the pass's batches (None: not known)
 
 
 class DataLoader(TorchDataLoader[T_co]):
@@ -182,20 +173,25 @@ class DataLoader(TorchDataLoader[T_co]):
         if args.stream_options is not None:
             self._pipeline = StreamPipeline(dataset, args.stream_options, self._stream_counters)
         elif isinstance(dataset, IterableDataset):
-            self._pipeline = IterablePipeline(dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last)
+            self._pipeline = IterablePipeline(
+                dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last, self.num_workers,
+            )
         else:
             strategy = choose_fetch(dataset, collate_fn, self._auto_collation)
             self._pipeline = MapPipeline(
                 dataset, self.collate_fn, self._auto_collation, strategy, self.batch_sampler, self.sampler,
                 0 if args.rank is None else int(args.rank),
             )
+        for sampler in self._seeded_samplers():
+            sampler.listener = weakref.WeakMethod(self._on_set_epoch)
         self._pool: WorkerPool | None = None  # kept across epochs with persistent_workers
         self._pool_base_seed = 0  # the base seed the kept pool was started with
         self._epoch = 0
         self._telemetry = Telemetry()
         self._current: weakref.ReferenceType[Any] | None = None  # the pass in progress
         self._current_inner: weakref.ReferenceType[EpochIterator] | None = None
-        self._last_pass: _PassRecord | None = None
+        self._last_pass: PassRecord | None = None
+        self._pending: LazyPass | None = None  # the last pass begun, until it makes its plan
         self._resume: dict[str, Any] | None = None
 
     # -- naiad's options, as attributes ---------------------------------------------------------
@@ -239,6 +235,8 @@ class DataLoader(TorchDataLoader[T_co]):
         return pipeline.strategy if isinstance(pipeline, MapPipeline) else pipeline.kind
 
     def __len__(self) -> int:
+        if self._pipeline.kind == "iterable":  # torch records it, and warns if a pass yields more
+            self._IterableDataset_len_called = len(self.dataset)  # type: ignore[assignment, arg-type]
         return self._pipeline.num_batches()
 
     def stats(self) -> LoaderStats:
@@ -280,39 +278,70 @@ class DataLoader(TorchDataLoader[T_co]):
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass epoch ``epoch`` (its shuffle order, with ``seed``)."""
-        self._epoch = int(epoch)
-        for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
-            if isinstance(sampler, SeededRandomSampler):
-                sampler.set_epoch(epoch)
+        """Make the next pass epoch ``epoch`` (its shuffle order, with ``seed``); also a pass
+        already begun with ``iter()`` whose first batch has not been asked for, as trainers set
+        the epoch after ``iter()`` (on the loader, or on its sampler as Lightning does)."""
+        for sampler in self._seeded_samplers():
+            sampler.set_epoch(epoch)
+        self._on_set_epoch(int(epoch))
+
+    def _seeded_samplers(self) -> list[SeededRandomSampler]:
+        found = (self.sampler, getattr(self.batch_sampler, "sampler", None))
+        return [s for s in found if isinstance(s, SeededRandomSampler)]
+
+    def _on_set_epoch(self, epoch: int) -> None:
+        pending = self._pending_pass()
+        if pending is not None:
+            pending.epoch = epoch
+            self._epoch = epoch + 1
+        else:
+            self._epoch = epoch
+
+    def _pending_pass(self) -> LazyPass | None:
+        """The pass begun with ``iter()`` whose plan is not made yet (its epoch can move), while
+        it is where the loader stands (also after its iterator was dropped)."""
+        pending = self._pending
+        if pending is None or pending.opened or self._epoch != pending.epoch + 1:
+            return None
+        return pending
 
     def __iter__(self) -> Any:
         epoch = self._epoch
         self._epoch += 1
-        resume, self._resume = self._resume, None
-        if resume is not None and resume["epoch"] != epoch:
-            resume = None  # set_epoch() moved on: that epoch starts afresh
         pool, owns_pool, base_seed = self._pool_for_pass()
-        if resume is not None and resume.get("base_seed") is not None:
-            base_seed = int(resume["base_seed"])  # the interrupted pass's, for its workers' draws
-        run = self._pipeline.open_pass(epoch, base_seed, None if resume is None else resume["pipeline"])
+        progress = PassProgress()
+
+        def open_pass(epoch: int) -> PipelinePass:
+            resume, self._resume = self._resume, None
+            if resume is not None and resume["epoch"] != epoch:
+                resume = None  # set_epoch() moved on: that epoch starts afresh
+            seed = base_seed
+            if resume is not None and resume.get("base_seed") is not None:
+                seed = int(resume["base_seed"])  # the interrupted pass's, for its workers' draws
+            run = self._pipeline.open_pass(epoch, seed, None if resume is None else resume["pipeline"])
+            try:
+                length: int | None = len(run)
+            except TypeError:
+                length = None  # an IterableDataset's pass
+            self._last_pass = PassRecord(epoch, run, progress, seed, length)
+            return run
+
+        pending = LazyPass(open_pass, epoch)
+        self._pending = pending
+        self._last_pass = None
         inner = EpochIterator(
-            run, epoch, pool, owns_pool=owns_pool, telemetry=self._telemetry, stage=self._pipeline.stage,
+            pending, epoch, pool, owns_pool=owns_pool, telemetry=self._telemetry, stage=self._pipeline.stage,
             prefetch=self.prefetch_factor or 2, in_order=self.in_order, transform=self.transform,
             pin=pin_memory_enabled(self.pin_memory), record_steps=self.device is None, tuner=self._tuner,
+            progress=progress, reported_length=self._IterableDataset_len_called, dataset=self.dataset,
         )
         self._current_inner = weakref.ref(inner)
-        try:
-            length: int | None = len(run)
-        except TypeError:
-            length = None  # an IterableDataset's pass
-        self._last_pass = _PassRecord(epoch, run, inner.progress, base_seed, length)
         outer: Any = inner
         if self.device is not None:
             outer = iter(
                 DevicePrefetcher(inner, self.device, depth=self.device_prefetch, telemetry=self._telemetry)
             )
-            outer.on_delivered = inner.progress.receive
+            outer.on_delivered = progress.receive
         self._current = weakref.ref(outer)
         return outer
 
@@ -322,7 +351,10 @@ class DataLoader(TorchDataLoader[T_co]):
         The loader stays usable: the next pass starts new workers. Called when the loader is
         garbage-collected; call it yourself to free the workers' memory and processes sooner.
         """
+        outer = self._current() if self._current is not None else None
         inner = self._current_inner() if self._current_inner is not None else None
+        if outer is not None and outer is not inner:
+            outer.close()  # the device prefetcher first: its thread stops reading the pass
         if inner is not None:
             inner.close()
         if self._pool is not None:
@@ -347,51 +379,22 @@ class DataLoader(TorchDataLoader[T_co]):
         so far; once every batch of the epoch was received, it is the next epoch's start; after
         :meth:`load_state_dict` and before the next pass, it is the state loaded.
 
-        Raises:
-            StateError: the order cannot be replayed (an IterableDataset, torch's global-RNG
-                shuffle without ``seed=``, or a custom sampler).
+        It never raises: where the order cannot be known (a custom sampler or batch sampler, a
+        RandomSampler with replacement) the state says so, and loading it starts that epoch
+        afresh with a warning. An IterableDataset is resumed by count: its pass reads and drops
+        the batches delivered (docs/CHECKPOINTING.md).
         """
-        why = self._pipeline.why_not_resumable()
-        if why is not None:
-            raise StateError(f"this loader cannot be resumed: {why}.")
-        if self._resume is not None and self._resume["epoch"] == self._epoch:
+        pending = self._pending_pass()
+        epoch = pending.epoch if pending is not None else self._epoch
+        if self._resume is not None and self._resume["epoch"] == epoch:
             return copy.deepcopy(self._resume)  # loaded, not started yet: still that position
-        position = self._pass_position()
-        base_seed: int | None
-        if position is not None:
-            last, delivered = position
-            epoch, start, base_seed = last.epoch, last.run.start, last.base_seed
-            part = last.run.state(delivered)
-        else:
-            epoch, start, delivered = self._epoch, 0, 0
-            part = self._pipeline.start_state(epoch)
-            base_seed = self.seed
-        return {
-            "version": STATE_VERSION,
-            "kind": self._pipeline.kind,
-            "epoch": epoch,
-            "batches_yielded": start + delivered,
-            "base_seed": base_seed,
-            "pipeline": part,
-        }
-
-    def _pass_position(self) -> tuple[_PassRecord, int] | None:
-        """The last pass and the batches the training loop received of it, while that pass is
-        where the loader stands (begun and not run to its end); else None."""
-        last = self._last_pass
-        if last is None:
-            return None
-        outer = self._current() if self._current is not None else None
-        if outer is None and self._epoch != last.epoch + 1:
-            return None  # set_epoch() moved the loader on since that pass was dropped
-        progress = last.progress
-        # A DevicePrefetcher reads ahead: the training loop has what it handed over.
-        received = progress.delivered if self.device is None else progress.received
-        if received == last.length or (progress.finished and received >= progress.delivered):
-            # Every batch reached the loop (whether or not it has seen StopIteration yet): the
-            # next epoch starts afresh, as in torchdata's StatefulDataLoader.
-            return None
-        return last, received
+        if pending is not None:
+            return build_state(self._pipeline, None, loader_epoch=epoch, seed=self.seed)
+        position = pass_position(
+            self._last_pass, iterating=self._current is not None and self._current() is not None,
+            loader_epoch=self._epoch, device=self.device is not None,
+        )
+        return build_state(self._pipeline, position, loader_epoch=self._epoch, seed=self.seed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`: the next pass resumes mid-epoch where it stopped
@@ -401,33 +404,11 @@ class DataLoader(TorchDataLoader[T_co]):
             StateError: the state does not fit this loader; the message names the stored and
                 the current value and what to change.
         """
-        why = self._pipeline.why_not_resumable()
-        if why is not None:
-            raise StateError(f"this loader cannot be resumed: {why}.")
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise StateError(
-                f"loader state version: stored {got!r}, current {STATE_VERSION}; expected a dict "
-                "from naiad.DataLoader.state_dict() of this naiad version."
-            )
-        if state.get("kind") != self._pipeline.kind:
-            raise StateError(
-                f"loader state kind: stored {state.get('kind')!r}, current {self._pipeline.kind!r}; "
-                "the state comes from a loader over another kind of dataset."
-            )
-        epoch = state.get("epoch")
-        if not isinstance(epoch, int) or epoch < 0:
-            raise StateError(f"loader state epoch: stored {epoch!r}, expected an int >= 0.")
-        base_seed = state.get("base_seed")
-        if base_seed is not None and not isinstance(base_seed, int):
-            raise StateError(f"loader state base_seed: stored {base_seed!r}, expected an int or None.")
-        part = state.get("pipeline")
-        if not isinstance(part, dict):
-            raise StateError(f"loader state pipeline: stored {part!r:.100}, expected a dict.")
-        self._pipeline.check_state(part, epoch)
+        resume = read_state(self._pipeline, state)
+        epoch = int(state["epoch"])
         self.set_epoch(epoch)
         self._last_pass = None
-        self._resume = copy.deepcopy(state)
+        self._resume = resume
 
     # ----------------------------------------------------------------------------------------
 
@@ -463,6 +444,7 @@ class DataLoader(TorchDataLoader[T_co]):
             describe=self._pipeline.describe_task,
             rank=0 if self.options.rank is None else int(self.options.rank),
             init_inline=tuner is None,  # with "auto", only real workers run worker_init_fn
+            prepare=functools.partial(prepare_worker, getattr(self._pipeline, "dataset", self.dataset)),
         )
 
     # -- pickling: Lightning's ddp_spawn and copy.deepcopy send the loader, not its workers -----
@@ -471,7 +453,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """The loader's recipe: its arguments, pipeline, epoch and pending resume; not its
         workers, the pass in progress or its telemetry (a copy starts with fresh ones)."""
         state = self.__dict__.copy()
-        for runtime in ("_pool", "_current", "_current_inner", "_last_pass"):
+        for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending"):
             state[runtime] = None
         state["_telemetry"] = None
         if self._tuner is not None:
@@ -482,6 +464,8 @@ class DataLoader(TorchDataLoader[T_co]):
         tuner_prefetch = state.get("_tuner")
         self.__dict__.update(state)  # past torch's __setattr__ guard, as unpickling does
         self.__dict__["_telemetry"] = Telemetry()
+        for sampler in self._seeded_samplers():
+            sampler.listener = weakref.WeakMethod(self._on_set_epoch)
         if tuner_prefetch is not None:
             self.__dict__["_tuner"] = AutoTuner(prefetch=int(tuner_prefetch))
 

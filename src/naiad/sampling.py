@@ -10,14 +10,16 @@ iterated as torch iterates it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+import base64
+import weakref
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
-from naiad.errors import ConfigError
+from naiad.errors import ConfigError, StateError
 
 __all__ = [
     "IndexPlan",
@@ -54,10 +56,19 @@ class SeededRandomSampler(Sampler[int]):
         self.data_source = data_source
         self.seed = int(seed)
         self.epoch = 0
+        # The loader that owns this sampler hears of set_epoch() calls made on the sampler
+        # itself (trainers call it on `loader.sampler`), weakly: the loader owns the sampler.
+        self.listener: weakref.WeakMethod[Callable[[int], None]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order on the next iteration."""
         self.epoch = int(epoch)
+        listener = self.listener() if self.listener is not None else None
+        if listener is not None:
+            listener(self.epoch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "listener": None}
 
     def next_epoch(self) -> int:
         """The epoch the next iteration uses; the one after it is ``epoch + 1`` unless set."""
@@ -129,7 +140,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def batches(self) -> Iterator[np.ndarray]:
         """The next epoch's batches for this rank, as int64 arrays (advances a seeded epoch)."""
-        indices = _sampler_indices(self.sampler)
+        indices, _ = _sampler_indices(self.sampler)
         assert indices is not None
         lo, hi, sizes = self._sizes(len(indices))
         mine = indices[lo:hi]
@@ -144,16 +155,28 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return len(self._sizes(len(self.sampler))[2])
 
 
-def _random_sampler_indices(sampler: RandomSampler) -> np.ndarray:
-    """The indices ``iter(sampler)`` would yield, drawing the same random numbers in the same order."""
+def _random_sampler_indices(sampler: RandomSampler, recipe: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    """The indices ``iter(sampler)`` would yield, drawing the same random numbers in the same
+    order, and the recipe that draws them again (for a resume): the seed torch drew for the
+    sampler's own generator, or the state of the user's generator before the draw."""
     n = len(sampler.data_source)
     own_generator = sampler.generator is None
-    if own_generator:
+    if recipe is not None:  # a resume: the same draws, from a private generator
+        generator = torch.Generator()
+        if "seed" in recipe:
+            generator.manual_seed(int(recipe["seed"]))
+        else:
+            state = np.frombuffer(base64.b64decode(recipe["generator_state"]), np.uint8).copy()
+            generator.set_state(torch.from_numpy(state))
+        own_generator = "seed" in recipe
+    elif own_generator:
         seed = int(torch.empty((), dtype=torch.int64).random_().item())
         generator = torch.Generator()
         generator.manual_seed(seed)
+        recipe = {"seed": seed}
     else:
         generator = sampler.generator
+        recipe = {"generator_state": base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii")}
     num_samples = sampler.num_samples
     parts = [torch.randperm(n, generator=generator) for _ in range(num_samples // n)]
     # torch always draws one more permutation for the remainder, even an empty one. Drawn from
@@ -161,15 +184,19 @@ def _random_sampler_indices(sampler: RandomSampler) -> np.ndarray:
     # sampler's own throw-away generator nobody can see it, so a full randperm is saved.
     if num_samples % n or not own_generator:
         parts.append(torch.randperm(n, generator=generator)[: num_samples % n])
-    return torch.cat(parts).numpy() if len(parts) > 1 else parts[0].numpy()
+    return (torch.cat(parts).numpy() if len(parts) > 1 else parts[0].numpy()), recipe
 
 
 class IndexPlan:
-    """One epoch of index batches, as NumPy int64 arrays (fast path) or the sampler's lists."""
+    """One epoch of index batches, as NumPy int64 arrays (fast path) or the sampler's lists.
 
-    def __init__(self, batches: Iterator[Any], vectorized: bool) -> None:
+    ``recipe`` says how a random order was drawn (see :func:`epoch_order`), for a resume.
+    """
+
+    def __init__(self, batches: Iterator[Any], vectorized: bool, recipe: dict[str, Any] | None = None) -> None:
         self.batches = batches
         self.vectorized = vectorized
+        self.recipe = recipe
 
     def __iter__(self) -> Iterator[Any]:
         return self.batches
@@ -192,24 +219,45 @@ def plan_batches(batch_sampler: Any, sampler: Any, auto_collation: bool) -> Inde
         if type(batch_sampler) is ShardedBatchSampler:
             return IndexPlan(batch_sampler.batches(), True)
         if type(batch_sampler) is BatchSampler:
-            indices = _sampler_indices(batch_sampler.sampler)
+            indices, recipe = _sampler_indices(batch_sampler.sampler)
             if indices is not None:
                 if batch_sampler.batch_size <= 0:
                     raise ConfigError(f"`batch_size` must be >= 1, got {batch_sampler.batch_size}.")
-                return IndexPlan(_slices(indices, batch_sampler.batch_size, batch_sampler.drop_last), True)
+                return IndexPlan(_slices(indices, batch_sampler.batch_size, batch_sampler.drop_last), True, recipe)
         return IndexPlan(iter(batch_sampler), False)
-    indices = _sampler_indices(sampler)
+    indices, recipe = _sampler_indices(sampler)
     if indices is not None:
-        return IndexPlan(iter(indices.tolist()), True)
+        return IndexPlan(iter(indices.tolist()), True, recipe)
     return IndexPlan(iter(sampler), False)
 
 
-def _sampler_indices(sampler: Any) -> np.ndarray | None:
+def _sampler_indices(sampler: Any) -> tuple[np.ndarray | None, dict[str, Any] | None]:
     kind = type(sampler)
     if kind is SequentialSampler:
-        return np.arange(len(sampler.data_source), dtype=np.int64)
+        return np.arange(len(sampler.data_source), dtype=np.int64), None
     if kind is RandomSampler and not sampler.replacement:
         return _random_sampler_indices(sampler)
     if kind is SeededRandomSampler:
-        return sampler.permutation(sampler.next_epoch())
-    return None
+        return sampler.permutation(sampler.next_epoch()), None
+    return None, None
+
+
+def known_order(sampler: Any) -> bool:
+    """Whether :func:`epoch_order` can draw ``sampler``'s order again."""
+    kind = type(sampler)
+    return kind in (SequentialSampler, SeededRandomSampler) or (kind is RandomSampler and not sampler.replacement)
+
+
+def epoch_order(sampler: Any, epoch: int, recipe: dict[str, Any] | None) -> np.ndarray:
+    """The index order of one epoch of a sampler of known order, drawn again for a resume
+    (a RandomSampler from the ``recipe`` recorded when the epoch was first drawn); moves no
+    generator but a SeededRandomSampler's epoch, as a fresh pass would."""
+    kind = type(sampler)
+    if kind is SequentialSampler:
+        return np.arange(len(sampler.data_source), dtype=np.int64)
+    if kind is SeededRandomSampler:
+        sampler.epoch = epoch + 1  # as next_epoch() leaves it (not set_epoch: no listener)
+        return sampler.permutation(epoch)
+    if kind is RandomSampler and recipe is not None:
+        return _random_sampler_indices(sampler, recipe)[0]
+    raise StateError(f"the order of {kind.__name__} cannot be drawn again.")

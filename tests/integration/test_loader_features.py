@@ -99,10 +99,8 @@ def test_state_dict_resumes_mid_epoch_exactly(diabetes: str, kind: str, num_work
     assert all(torch.equal(key(a), key(b)) for a, b in zip(after, got_after))
 
 
-def test_state_dict_refuses_orders_it_cannot_replay() -> None:
+def test_load_state_dict_refuses_another_seed_or_length() -> None:
     ds = TensorDataset(torch.arange(10))
-    with pytest.raises(naiad.StateError, match="seed="):
-        naiad.DataLoader(ds, shuffle=True).state_dict()
     state = naiad.DataLoader(ds, batch_size=2, shuffle=True, seed=1).state_dict()
     with pytest.raises(naiad.StateError, match="seed"):
         naiad.DataLoader(ds, batch_size=2, shuffle=True, seed=2).load_state_dict(state)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from naiad.pipelines.base import STATE_VERSION, Pipeline, PipelinePass, check_fields
+from naiad.pipelines.base import STATE_VERSION, LazyPass, Pipeline, PipelinePass, check_fields
 from naiad.pipelines.iterable import IterablePipeline
 from naiad.pipelines.mapstyle import MapPipeline
 from naiad.pipelines.streaming import StreamPipeline
@@ -10,6 +10,7 @@ from naiad.pipelines.streaming import StreamPipeline
 __all__ = [
     "STATE_VERSION",
     "IterablePipeline",
+    "LazyPass",
     "MapPipeline",
     "Pipeline",
     "PipelinePass",

@@ -22,13 +22,13 @@ with the current values, naming both sides.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from naiad.errors import StateError
-from naiad.parallel import HandlerFactory, WorkerPool
+from naiad.parallel import DeferredResults, HandlerFactory, WorkerPool
 
-__all__ = ["STATE_VERSION", "Pipeline", "PipelinePass", "check_fields"]
+__all__ = ["STATE_VERSION", "LazyPass", "Pipeline", "PipelinePass", "check_fields"]
 
 STATE_VERSION = 2
 """Version of the loader state; 2 added the kind, the base seed and elastic legs."""
@@ -37,8 +37,10 @@ STATE_VERSION = 2
 class PipelinePass(Protocol):
     """One pass of a pipeline: an epoch, or the rest of one after a resume."""
 
-    start: int
-    """Batches of the epoch's current leg delivered before this pass began (a resume)."""
+    @property
+    def start(self) -> int:
+        """Batches of the epoch's current leg delivered before this pass began (a resume)."""
+        ...
 
     def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
         """Run the pass's tasks through ``pool``; yield its batches in plan order."""
@@ -107,3 +109,43 @@ def check_fields(stored: Mapping[str, Any], current: Mapping[str, Any], what: st
     ]
     if diffs:
         raise StateError(f"{what} {'; '.join(diffs)}; {fix}")
+
+
+class LazyPass:
+    """A pass whose plan is made at its first batch, with the epoch set by then.
+
+    Trainers call ``iter(loader)`` before they set the epoch (Lightning calls ``set_epoch`` on
+    the samplers after it); the pass's epoch is the one in force when its first batch is asked
+    for, as with torch's samplers, which draw their order then too.
+    """
+
+    def __init__(self, opener: Callable[[int], PipelinePass], epoch: int) -> None:
+        self._opener = opener
+        self.epoch = epoch
+        self.run: PipelinePass | None = None
+
+    @property
+    def opened(self) -> bool:
+        """Whether the plan has been made (the epoch is then fixed)."""
+        return self.run is not None
+
+    def open(self) -> PipelinePass:
+        """Make the plan now, for :attr:`epoch`."""
+        if self.run is None:
+            self.run = self._opener(self.epoch)
+        return self.run
+
+    @property
+    def start(self) -> int:
+        return self.open().start
+
+    def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
+        # Not a generator: a batch's exception must pass through and leave the pass going on
+        # (NOTE [ A failed task ] in parallel/pool.py).
+        return DeferredResults(lambda: self.open().batches(pool, prefetch=prefetch, in_order=in_order))
+
+    def state(self, delivered: int) -> dict[str, Any]:
+        return self.open().state(delivered)
+
+    def __len__(self) -> int:
+        return len(self.open())

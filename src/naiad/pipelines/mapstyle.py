@@ -16,14 +16,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, SequentialSampler
+from torch.utils.data import BatchSampler
 
 from naiad.elastic import Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
 from naiad.errors import StateError
 from naiad.fetch import FetchStrategy
 from naiad.parallel import HandlerFactory, WorkerPool
 from naiad.pipelines.base import check_fields
-from naiad.sampling import SeededRandomSampler, ShardedBatchSampler, plan_batches
+from naiad.sampling import (
+    SeededRandomSampler,
+    ShardedBatchSampler,
+    epoch_order,
+    known_order,
+    plan_batches,
+)
 from naiad.worker import describe_map_task, map_handler_factory
 
 __all__ = ["MapPipeline"]
@@ -77,7 +83,7 @@ class MapPipeline:
     def _leg(self) -> Leg | None:
         """The topology of this loader's plan, when its order is known (else None)."""
         sampler = self._order_sampler()
-        if not isinstance(sampler, (SequentialSampler, SeededRandomSampler)):
+        if sampler is None or not known_order(sampler):
             return None
         bs = self.batch_sampler
         if type(bs) is ShardedBatchSampler:
@@ -93,7 +99,7 @@ class MapPipeline:
         if sampler is None:
             return f"the custom batch_sampler {type(self.batch_sampler).__name__} has no known order"
         if type(sampler) is torch.utils.data.RandomSampler:
-            return "shuffle=True draws its order from torch's global generator; pass `seed=` for an order that can be resumed"
+            return "a RandomSampler with replacement draws an order naiad does not record"
         return f"the sampler {type(sampler).__name__} has no known order"
 
     def order_seed(self) -> int | None:
@@ -124,37 +130,36 @@ class MapPipeline:
         _, sizes = rank_share(Segments([(0, total)]), saved, 0)
         if saved.batches > len(sizes):
             raise StateError(f"loader state batches_yielded: stored {saved.batches}, its plan has {len(sizes)}.")
+        drawn = type(self._order_sampler()) is torch.utils.data.RandomSampler
+        if drawn and (saved.batches or legs) and not isinstance(part.get("order"), Mapping):
+            raise StateError("loader state order: stored none, but a shuffle without `seed=` needs the recorded draw.")
 
     def open_pass(self, epoch: int, base_seed: int, resume: Mapping[str, Any] | None) -> MapPass:
         current = self._leg()
-        if resume is None or current is None:
+        legs = list(iter_legs(resume.get("legs", []))) if resume is not None else []
+        saved = Leg.from_dict(resume) if resume is not None else None
+        if saved is None or current is None or (not legs and saved.batches == 0 and saved.same_topology(current)):
             # torch's own path: the sampler draws its order where torch's iterator would.
             plan = plan_batches(self.batch_sampler, self.sampler, self.auto_collation)
             return MapPass(enumerate(plan), 0, len(self.batch_sampler) if self.auto_collation else len(self.sampler),
-                           self, epoch, base_seed, [], current)
-        legs = list(iter_legs(resume.get("legs", [])))
-        saved = Leg.from_dict(resume)
+                           self, epoch, base_seed, [], current, plan.recipe)
+        assert resume is not None
         if saved.same_topology(current):
             start = saved.batches
         else:  # elastic: a new leg over the indices no old rank delivered
             legs, start = [*legs, saved], 0
-        sampler = self._order_sampler()
+        order = epoch_order(self._order_sampler(), epoch, resume.get("order"))
         n = len(self.dataset)
-        if isinstance(sampler, SeededRandomSampler):
-            order = sampler.permutation(epoch)
-            sampler.set_epoch(epoch + 1)  # as plan_batches leaves it
-        else:
-            order = None
         sequence = epoch_sequence(n, legs, lambda i: no_buffer)
         share, sizes = rank_share(sequence, current, self.plan_rank())
         positions = share.to_array()
-        indices = positions if order is None else order[positions]
+        indices = order[positions]
         ends = np.cumsum(sizes)
         batches = (indices[e - s : e] for s, e in zip(sizes.tolist(), ends.tolist()))
         if not self.auto_collation:
             batches = (int(b[0]) for b in batches)
         tasks = itertools.islice(enumerate(batches), start, None)
-        return MapPass(tasks, start, len(sizes), self, epoch, base_seed, legs, current)
+        return MapPass(tasks, start, len(sizes), self, epoch, base_seed, legs, current, resume.get("order"))
 
 
 class MapPass:
@@ -162,7 +167,7 @@ class MapPass:
 
     def __init__(
         self, tasks: Iterator[tuple[int, Any]], start: int, total: int, pipeline: MapPipeline, epoch: int,
-        base_seed: int, legs: list[Leg], leg: Leg | None,
+        base_seed: int, legs: list[Leg], leg: Leg | None, order: dict[str, Any] | None = None,
     ) -> None:
         self.tasks = tasks
         self.start = start
@@ -172,6 +177,7 @@ class MapPass:
         self.base_seed = base_seed
         self.legs = legs
         self.leg = leg
+        self.order = order  # how a random order was drawn (torch's shuffle without seed=)
 
     def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
         # Gathering runs no user code, so only the other strategies pay for per-task seeding.
@@ -185,8 +191,11 @@ class MapPass:
     def state(self, delivered: int) -> dict[str, Any]:
         assert self.leg is not None
         leg = Leg(self.leg.world_size, self.leg.batch_size, self.leg.drop_last, 0, self.start + delivered)
-        return {"seed": self.pipeline.order_seed(), "length": len(self.pipeline.dataset), **leg.as_dict(),
-                "legs": [x.as_dict() for x in self.legs]}
+        state = {"seed": self.pipeline.order_seed(), "length": len(self.pipeline.dataset), **leg.as_dict(),
+                 "legs": [x.as_dict() for x in self.legs]}
+        if self.order is not None:
+            state["order"] = self.order
+        return state
 
     def __len__(self) -> int:
         return self.total - self.start

@@ -1,0 +1,125 @@
+"""The loader's state: what ``state_dict()`` says and what ``load_state_dict()`` accepts.
+
+A state is ``{"version", "kind", "epoch", "batches_yielded", "base_seed", "pipeline": {...}}``
+(NOTE [ Pipeline seam ] in pipelines/base.py; docs/CHECKPOINTING.md shows one). It never
+raises to be taken: a loader whose order cannot be known (a custom sampler, a RandomSampler
+with replacement) says so in the state, ``"resumable": false`` with the reason, and loading
+such a state starts its epoch afresh with a warning, as a trainer that checkpoints every
+loader expects (torch's own DataLoader has no state at all).
+
+The position is what the training loop received: inside the loop, or after it left the loop
+with ``break`` (the pass's iterator dropped), the batches received so far; once every batch of
+the epoch was received, the next epoch's start, as in torchdata's StatefulDataLoader.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from naiad.epoch import PassProgress
+from naiad.errors import StateError
+from naiad.pipelines import STATE_VERSION, Pipeline, PipelinePass
+
+__all__ = ["PassRecord", "build_state", "pass_position", "read_state"]
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """The last pass a loader opened: kept after its iterator is gone, for ``state_dict``."""
+
+    epoch: int
+    run: PipelinePass
+    progress: PassProgress
+    base_seed: int
+    length: int | None  # the pass's batches (None: not known)
+
+
+def pass_position(last: PassRecord | None, *, iterating: bool, loader_epoch: int, device: bool) -> tuple[PassRecord, int] | None:
+    """The last pass and the batches the training loop received of it, while that pass is
+    where the loader stands (begun and not run to its end); else None.
+
+    Args:
+        last: the pass last opened.
+        iterating: its iterator (or the device prefetcher over it) is still alive.
+        loader_epoch: the epoch the loader's next pass would be.
+        device: a DevicePrefetcher stood between the pass and the loop.
+    """
+    if last is None:
+        return None
+    if not iterating and loader_epoch != last.epoch + 1:
+        return None  # set_epoch() moved the loader on since that pass was dropped
+    progress = last.progress
+    # A DevicePrefetcher reads ahead: the training loop has what it handed over.
+    received = progress.received if device else progress.delivered
+    if received == last.length or (progress.finished and received >= progress.delivered):
+        # Every batch reached the loop (whether or not it has seen StopIteration yet): the
+        # next epoch starts afresh, as in torchdata's StatefulDataLoader.
+        return None
+    return last, received
+
+
+def build_state(pipeline: Pipeline, position: tuple[PassRecord, int] | None, *, loader_epoch: int,
+                seed: int | None) -> dict[str, Any]:
+    """The state at ``position`` (None: the start of ``loader_epoch``)."""
+    base_seed: int | None
+    if position is not None:
+        last, received = position
+        epoch, batches, base_seed = last.epoch, last.run.start + received, last.base_seed
+    else:
+        epoch, batches, base_seed = loader_epoch, 0, seed
+    state: dict[str, Any] = {
+        "version": STATE_VERSION, "kind": pipeline.kind, "epoch": epoch, "batches_yielded": batches,
+        "base_seed": base_seed,
+    }
+    why = pipeline.why_not_resumable()
+    if why is not None:
+        return {**state, "resumable": False, "reason": why, "pipeline": {}}
+    state["pipeline"] = position[0].run.state(position[1]) if position is not None else pipeline.start_state(epoch)
+    return state
+
+
+def read_state(pipeline: Pipeline, state: Any) -> dict[str, Any] | None:
+    """Check a state against ``pipeline``: the state to resume from (a copy), or None when its
+    epoch must start afresh (saved or loaded where the order cannot be known: warned).
+
+    Raises:
+        StateError: naming the stored and the current value, and what to change.
+    """
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        got = state.get("version") if isinstance(state, dict) else type(state).__name__
+        raise StateError(
+            f"loader state version: stored {got!r}, current {STATE_VERSION}; expected a dict "
+            "from naiad.DataLoader.state_dict() of this naiad version."
+        )
+    if state.get("kind") != pipeline.kind:
+        raise StateError(
+            f"loader state kind: stored {state.get('kind')!r}, current {pipeline.kind!r}; "
+            "the state comes from a loader over another kind of dataset."
+        )
+    epoch = state.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise StateError(f"loader state epoch: stored {epoch!r}, expected an int >= 0.")
+    batches = state.get("batches_yielded")
+    if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
+        raise StateError(f"loader state batches_yielded: stored {batches!r}, expected an int >= 0.")
+    base_seed = state.get("base_seed")
+    if base_seed is not None and not isinstance(base_seed, int):
+        raise StateError(f"loader state base_seed: stored {base_seed!r}, expected an int or None.")
+    why = state.get("reason") if state.get("resumable") is False else pipeline.why_not_resumable()
+    if why is not None:
+        if batches:
+            warnings.warn(
+                f"naiad: the loader cannot resume epoch {epoch} mid-way ({why}); it starts that "
+                f"epoch afresh, so the {batches} batch(es) already delivered will be seen again.",
+                stacklevel=3,
+            )
+        return None
+    part = state.get("pipeline")
+    if not isinstance(part, Mapping):
+        raise StateError(f"loader state pipeline: stored {part!r:.100}, expected a dict.")
+    pipeline.check_state(part, epoch)
+    return copy.deepcopy(state)
