@@ -6,11 +6,26 @@ place (file, line, worker), the rule, the value found, and the fix when there is
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["NaiadError", "ConfigError", "SourceError", "WorkerError", "StateError"]
 
 
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    # Without calling __init__: its keyword-only arguments are not in `args`; pickle then
+    # restores them (and the notes) from the instance's __dict__.
+    return cls.__new__(cls, *args)
+
+
 class NaiadError(Exception):
-    """Base class of every error naiad raises on purpose."""
+    """Base class of every error naiad raises on purpose.
+
+    Every naiad error pickles (``pickle.loads(pickle.dumps(e))`` has the same type, message,
+    attributes and notes), so it can cross a process boundary, as torch's exceptions do.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args), self.__dict__)
 
 
 class ConfigError(NaiadError, ValueError):
