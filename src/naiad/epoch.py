@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from naiad.errors import WorkerError
 from naiad.parallel import AutoTuner, WorkerPool
 from naiad.pipelines import PipelinePass
 from naiad.telemetry import Telemetry
@@ -32,11 +33,17 @@ class PassProgress:
 
     The loader keeps it after the pass's iterator is gone (a ``break`` drops it), so that
     ``state_dict()`` taken after the loop still knows where the pass stopped.
+
+    ``delivered`` is the position in the pass's plan: the batches handed over *and* those whose
+    exception ``next()`` raised in their place (``failed``), since the loop carries on after
+    one, as with torch's iterator; a resume continues after a failed batch, as the
+    uninterrupted run did, and never fetches it again.
     """
 
     delivered: int = 0
     finished: bool = False
     received: int = 0  # with a device prefetcher: the batches it handed to the training loop
+    failed: int = 0  # batches whose exception was raised instead (counted in `delivered` too)
 
     def receive(self, count: int) -> None:
         """Note that the training loop has received ``count`` batches of this pass."""
@@ -58,6 +65,11 @@ class EpochIterator:
         pin: pin each batch's tensors.
         record_steps: record the loop's waits here (False when a device prefetcher does).
         tuner: the ``num_workers="auto"`` tuner that drives the pool, if any.
+        progress: where the pass counts what it delivered (kept by the loader past a ``break``).
+        reported_length: for an IterableDataset, the ``len(dataset)`` that ``len(loader)``
+            reported before this pass (torch's ``_IterableDataset_len_called``): yielding more
+            batches than that warns, as torch does.
+        dataset: the dataset, named in that warning.
     """
 
     def __init__(
@@ -75,10 +87,13 @@ class EpochIterator:
         pin: bool = False,
         record_steps: bool = True,
         tuner: AutoTuner | None = None,
+        progress: PassProgress | None = None,
+        reported_length: int | None = None,
+        dataset: Any = None,
     ) -> None:
         self.run = run
         self.epoch = epoch
-        self.progress = PassProgress()
+        self.progress = progress if progress is not None else PassProgress()
         self._pool = pool
         self._own_pool: WorkerPool | None = pool if owns_pool else None
         self._telemetry = telemetry
@@ -91,6 +106,9 @@ class EpochIterator:
         self._batches: Iterator[Any] = run.batches(pool, prefetch=prefetch, in_order=in_order)
         if tuner is not None:
             self._batches = tuner.drive(pool, self._batches)
+        self._reported_length = reported_length
+        self._dataset = dataset
+        self._yielded = 0  # batches returned (torch's _num_yielded)
         self._done = False
 
     def __iter__(self) -> EpochIterator:
@@ -119,8 +137,16 @@ class EpochIterator:
             self.progress.finished = True
             self.close()
             raise
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            goes_on = getattr(self._batches, "alive", False)
+            if goes_on and isinstance(exc, Exception) and not isinstance(exc, WorkerError):
+                # NOTE [ A failed task ]: the batch raised (the dataset or collate_fn), and the
+                # pass goes on with the next one, as torch's iterator does. Its place in the
+                # plan is passed; it is not a delivered batch.
+                self.progress.delivered += 1
+                self.progress.failed += 1
+            else:  # a dead worker, a timeout, Ctrl-C, an error that ends the pass
+                self.close()
             raise
         # Stage time accumulates here and reaches the telemetry in flush_stage(): a lock and a
         # dict update per batch would cost more than the 2% telemetry is allowed.
@@ -134,7 +160,24 @@ class EpochIterator:
         self.progress.delivered += 1
         if self._record_steps:
             self._telemetry.record_step(time.perf_counter() - t0, count_rows(batch) or 0)
+        self._yielded += 1
+        if self._reported_length is not None and self._yielded > self._reported_length:
+            self._warn_length()
         return batch
+
+    def _warn_length(self) -> None:
+        # torch's warning, word for word (it compares batches with len(dataset), as here).
+        message = (
+            f"Length of IterableDataset {self._dataset} was reported to be {self._reported_length}"
+            f"(when accessing len(dataloader)), but {self._yielded} samples have been fetched. "
+        )
+        if self._pool.num_workers > 0:
+            message += (
+                "For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+            )
+        warnings.warn(message, stacklevel=3)
 
     def state(self, delivered: int) -> dict[str, Any]:
         """The pipeline's part of the state after ``delivered`` batches reached the consumer."""

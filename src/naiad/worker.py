@@ -2,8 +2,10 @@
 
 ``map_handler_factory`` serves map-style datasets (a task is ``(batch_number, indices)``);
 ``iterable_handler_factory`` serves an IterableDataset (a task is the epoch number; each worker
-walks its own iterator, as in torch). Both make ``torch.utils.data.get_worker_info()`` answer
-inside process workers, so datasets that shard themselves by worker keep working.
+walks its own iterator, as in torch). :func:`prepare_worker` runs first, before the user's
+``worker_init_fn``, as torch's worker loop does: it makes ``torch.utils.data.get_worker_info()``
+answer inside process workers, so datasets and ``worker_init_fn`` that shard by worker keep
+working, and it shards a DataPipe graph (``.sharding_filter()``) across workers and ranks.
 
 :class:`WorkerLocal` is how a user sends a *recipe* for a dataset instead of the dataset: only
 the factory crosses the process boundary, and each worker builds its own instance (open files,
@@ -25,6 +27,7 @@ from torch.utils.data import Dataset
 from naiad.errors import ConfigError
 from naiad.fetch import ArrayDataset, FetchStrategy, describe_indices, make_fetch
 from naiad.parallel import Exhausted, WorkerContext
+from naiad.parallel.context import epoch_seed_sequence
 
 __all__ = [
     "WorkerLocal",
@@ -33,6 +36,7 @@ __all__ = [
     "describe_map_task",
     "iterable_handler_factory",
     "map_handler_factory",
+    "prepare_worker",
 ]
 
 
@@ -44,6 +48,67 @@ def _set_torch_worker_info(context: WorkerContext, dataset: Any) -> None:
     torch_worker._worker_info = torch_worker.WorkerInfo(
         id=context.worker_id, num_workers=context.num_workers, seed=context.seed, dataset=dataset
     )
+
+
+def _distributed() -> tuple[int, int]:
+    """(world size, rank) of the default process group, as torch's DataLoader reads them."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _is_datapipe(dataset: Any) -> bool:
+    try:
+        from torch.utils.data import IterDataPipe, MapDataPipe
+    except ImportError:  # pragma: no cover - a torch without DataPipes
+        return False
+    return isinstance(dataset, (IterDataPipe, MapDataPipe))
+
+
+def prepare_worker(dataset: Any, context: WorkerContext) -> None:
+    """Set a worker up as torch's worker loop does, before ``worker_init_fn`` runs.
+
+    In a process worker, ``torch.utils.data.get_worker_info()`` answers from here on (its
+    ``dataset`` is the worker's copy, the one its batches come from), so the per-worker split
+    from torch's IterableDataset documentation works in ``worker_init_fn``. A DataPipe graph
+    is sharded as torch shards it (``graph_settings.apply_sharding``): across the workers of
+    every rank in a process worker, across ranks inline. Thread workers share one process, and
+    ``get_worker_info()`` reads one process-wide variable, so it stays None there (use
+    :func:`naiad.parallel.get_worker_context`).
+    """
+    if context.mode == "thread":
+        return
+    datapipe = _is_datapipe(dataset)
+    world_size, rank = _distributed() if datapipe else (1, 0)
+    if context.mode == "process":
+        _set_torch_worker_info(context, dataset)
+        if datapipe:
+            from torch.utils.data.graph_settings import apply_sharding
+
+            apply_sharding(dataset, context.num_workers * world_size, context.worker_id * world_size + rank)
+    elif datapipe:  # inline: torch's single-process iterator shards by rank only
+        from torch.utils.data.graph_settings import apply_sharding
+
+        apply_sharding(dataset, world_size, rank)
+
+
+def _datapipe_seeded(dataset: Any, base_seed: int, epoch: int) -> Any:
+    """An IterDataPipe with its random operations (``.shuffle()``) seeded for this pass.
+
+    Every worker seeds them alike, from (base seed, epoch), as torch seeds them from a seed it
+    shares between workers: a shuffle before ``.sharding_filter()`` must be the same permutation
+    in every worker, or samples repeat and go missing.
+    """
+    import torch
+    from torch.utils.data import IterDataPipe
+    from torch.utils.data.graph_settings import apply_random_seed
+
+    if not isinstance(dataset, IterDataPipe):
+        return dataset
+    shared = epoch_seed_sequence(base_seed, epoch, 0, 0).generate_state(1, np.uint64)[0] >> 1
+    return apply_random_seed(dataset, torch.Generator().manual_seed(int(shared)))
 
 
 class WorkerLocal(Dataset):
@@ -205,7 +270,7 @@ def map_handler_factory(
     context: WorkerContext,
 ) -> Callable[[Any], Any]:
     if context.mode == "process":
-        _set_torch_worker_info(context, dataset)
+        _set_torch_worker_info(context, dataset)  # again: a pool made without prepare_worker
     if isinstance(dataset, WorkerLocal):
         # Threads share a process, so each builds its own; processes and inline use theirs.
         dataset = dataset.build() if context.mode == "thread" else dataset.local()
@@ -229,12 +294,15 @@ def iterable_handler_factory(
     context: WorkerContext,
 ) -> Callable[[Any], Any]:
     if context.mode == "process":
-        _set_torch_worker_info(context, dataset)
+        _set_torch_worker_info(context, dataset)  # again: a pool made without prepare_worker
     state: dict[str, Any] = {"epoch": None, "it": None, "ended": False}
 
     def handle(epoch: int) -> Any:
+        # After an exception the iterator is asked again, as torch's worker does: a generator
+        # that raised is finished and ends this worker's part; an iterator object may go on.
         if state["epoch"] != epoch:  # a new pass (persistent workers): a fresh iterator
-            state.update(epoch=epoch, it=iter(dataset), ended=False)
+            source = _datapipe_seeded(dataset, context.base_seed, epoch)
+            state.update(epoch=epoch, it=iter(source), ended=False)
         if state["ended"]:
             raise Exhausted
         it = state["it"]

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from naiad.parallel.autotune import AutoTuner, TunerDecision
 from naiad.parallel.pool import (
+    DeferredResults,
     Exhausted,
     HandlerFactory,
     Pinned,
+    PoolResults,
     WorkerContext,
     WorkerPool,
     get_worker_context,
@@ -21,9 +23,11 @@ from naiad.parallel.pool import (
 
 __all__ = [
     "AutoTuner",
+    "DeferredResults",
     "Exhausted",
     "HandlerFactory",
     "Pinned",
+    "PoolResults",
     "TunerDecision",
     "WorkerContext",
     "WorkerPool",

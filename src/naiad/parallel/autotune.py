@@ -351,35 +351,11 @@ class AutoTuner:
 
         This is how a loader uses the tuner: build the pool with ``decision.num_workers`` and
         ``decision.prefetch``, then iterate ``tuner.drive(pool, pool.imap(tasks))``. The pool
-        must be one ``imap`` can resize during a pass (:meth:`WorkerPool.resize`).
+        must be one ``imap`` can resize during a pass (:meth:`WorkerPool.resize`). A batch's
+        exception passes through and, when ``batches`` goes on after one (a pool's results do,
+        NOTE [ A failed task ]), so does this iterator.
         """
-        it = iter(batches)
-        d = self._decision
-        pool.resize(d.num_workers, prefetch=d.prefetch)
-        yielded_at: float | None = None
-        try:
-            while True:
-                t0 = time.perf_counter()  # the loop just asked: its step ended now
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
-                t1 = time.perf_counter()
-                if yielded_at is not None:
-                    wait_s, step_s = t1 - t0, t0 - yielded_at
-                    if self._window is None:
-                        self.observe(wait_s, step_s)
-                    # Steps while new workers start would measure their start-up, not the setting.
-                    elif pool.workers_ready:
-                        change = self.observe(wait_s, step_s)
-                        if change is not None:
-                            pool.resize(change.num_workers, prefetch=change.prefetch)
-                yielded_at = time.perf_counter()
-                yield batch
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+        return _Driven(self, pool, iter(batches))
 
     def stats(self) -> dict[str, Any]:
         """What was chosen and why, with every measured setting (JSON-able)."""
@@ -392,3 +368,65 @@ class AutoTuner:
             "trials": [t.as_dict() for t in sorted(self.trials.values(), key=lambda x: (x.num_workers, x.prefetch))],
             "since_settled": self._after.as_dict() if d.settled else None,
         }
+
+
+class _Driven(Iterator[Any]):
+    """:meth:`AutoTuner.drive`'s iterator: a class, not a generator, so that a batch's exception
+    can pass through it and the next ``next()`` still goes on."""
+
+    def __init__(self, tuner: AutoTuner, pool: Resizable, batches: Iterator[Any]) -> None:
+        self._tuner = tuner
+        self._pool = pool
+        self._it = batches
+        self._started = False
+        self._closed = False
+        self._yielded_at: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Whether ``next()`` can still give batches (see :class:`~naiad.parallel.PoolResults`)."""
+        return not self._closed and bool(getattr(self._it, "alive", False))
+
+    def __iter__(self) -> _Driven:
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        tuner = self._tuner
+        if not self._started:  # the pool is put in the tuner's setting when the pass starts
+            self._started = True
+            d = tuner.decision
+            self._pool.resize(d.num_workers, prefetch=d.prefetch)
+        t0 = time.perf_counter()  # the loop just asked: its step ended now
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.close()
+            raise
+        except BaseException:
+            self._yielded_at = None  # a failed batch's wait is not a step to measure
+            if not self.alive:
+                self.close()
+            raise
+        t1 = time.perf_counter()
+        if self._yielded_at is not None:
+            wait_s, step_s = t1 - t0, t0 - self._yielded_at
+            if tuner._window is None:
+                tuner.observe(wait_s, step_s)
+            # Steps while new workers start would measure their start-up, not the setting.
+            elif self._pool.workers_ready:
+                change = tuner.observe(wait_s, step_s)
+                if change is not None:
+                    self._pool.resize(change.num_workers, prefetch=change.prefetch)
+        self._yielded_at = time.perf_counter()
+        return batch
+
+    def close(self) -> None:
+        """Stop: close the batches' iterator."""
+        if self._closed:
+            return
+        self._closed = True
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()

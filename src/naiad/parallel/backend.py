@@ -34,6 +34,7 @@ JOIN_TIMEOUT_S = 1.0
 
 Message = tuple[int, str, int, Any, dict]
 InitFn = Callable[[int], None] | None
+PrepareFn = Callable[[WorkerContext], None] | None
 
 
 class Exhausted(Exception):
@@ -81,8 +82,11 @@ class RemoteError:
 
 
 def worker_seed(base_seed: int, worker_id: int) -> int:
-    """The per-worker seed a :class:`WorkerContext` reports (and that seeds a worker at start)."""
-    return int(np.random.SeedSequence([base_seed % 2**63, worker_id]).generate_state(1, np.uint64)[0] >> 1)
+    """The per-worker seed a :class:`WorkerContext` reports (and that seeds a worker at start).
+
+    torch's: ``base_seed + worker_id`` (what its ``get_worker_info().seed`` reports).
+    """
+    return base_seed + worker_id
 
 
 def run_task(handler: Callable[[Any], Any], seq: int, payload: Any) -> tuple:
@@ -101,15 +105,18 @@ def run_task(handler: Callable[[Any], Any], seq: int, payload: Any) -> tuple:
 # Process workers.
 
 
-def _seed_at_start(seed: int) -> None:
-    # As torch does, before worker_init_fn: the set-up code sees seeded generators too.
+def _seed_at_start(context: WorkerContext) -> None:
+    # Exactly as torch seeds its worker processes, before worker_init_fn: set-up code sees
+    # seeded generators, and a worker_init_fn that draws or seeds from them acts as in torch.
     import random
 
     import torch
+    from torch.utils.data._utils.worker import _generate_state
 
+    seed = context.seed
     random.seed(seed)
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed & (2**64 - 1))
+    np.random.seed(_generate_state(context.base_seed & (2**64 - 1), context.worker_id))
 
 
 def _process_worker_main(
@@ -118,6 +125,7 @@ def _process_worker_main(
     task_queue: Any,
     result_conn: mpc.Connection,
     worker_init_fn: InitFn,
+    prepare: PrepareFn = None,
 ) -> None:
     # Ctrl-C goes to the whole process group; the main process decides, and tears us down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -125,8 +133,10 @@ def _process_worker_main(
 
     torch.set_num_threads(1)  # W workers x N intra-op threads would oversubscribe the cores
     parent = os.getppid()
-    _seed_at_start(context.seed)
+    _seed_at_start(context)
     enter(context, None)
+    # NOTE [ Worker randomness ]: a worker_init_fn owns the global generators from then on.
+    reseed = worker_init_fn is None
 
     def send(msg: tuple) -> bool:
         try:
@@ -140,6 +150,8 @@ def _process_worker_main(
         return True
 
     try:
+        if prepare is not None:
+            prepare(context)
         if worker_init_fn is not None:
             worker_init_fn(context.worker_id)
         handler = factory(context)
@@ -164,12 +176,14 @@ def _process_worker_main(
         if len(key) > 2:  # NOTE [ Worker randomness ]: a task with its own seed sequence
             current = None
             enter(context, key[1], fresh=True, entropy=key[2])
-            seed_globals(task_seed_sequence(key[2]))
+            if reseed:
+                seed_globals(task_seed_sequence(key[2]))
         elif key != current:  # fresh generators each pass
             current = key
             epoch = key[1]
             enter(context, epoch, fresh=True)
-            seed_globals(context.seed_sequence(epoch))
+            if reseed:
+                seed_globals(context.seed_sequence(epoch))
         if not send(run_task(handler, seq, payload)):
             return
 
@@ -184,12 +198,14 @@ class ProcessBackend:
         base_seed: int,
         rank: int,
         worker_init_fn: InitFn,
+        prepare: PrepareFn = None,
     ) -> None:
         self._factory = factory
         self._mp = context
         self._base_seed = base_seed
         self._rank = rank
         self._init = worker_init_fn
+        self._prepare = prepare
         self.task_queues: list[Any] = []
         self.conns: list[Any] = []
         self.procs: list[Any] = []
@@ -212,11 +228,19 @@ class ProcessBackend:
         )
         p = self._mp.Process(
             target=_process_worker_main,
-            args=(self._factory, wctx, tq, writer, self._init),
+            args=(self._factory, wctx, tq, writer, self._init, self._prepare),
             name=f"naiad-worker-{w}",
             daemon=True,
         )
-        p.start()
+        try:
+            p.start()
+        except (TypeError, AttributeError, pickle.PicklingError) as exc:
+            # spawn and forkserver pickle what the worker needs; torch warns here too.
+            reader.close()
+            writer.close()
+            tq.close()
+            add_note(exc, _unpicklable_hint(w, self._mp, self._factory, self._init, self._prepare))
+            raise
         writer.close()  # the child holds the only write end: EOF on its death
         if w < len(self.procs):
             self.task_queues[w], self.conns[w], self.procs[w] = tq, reader, p
@@ -287,6 +311,48 @@ class ProcessBackend:
         self._finalizer()
 
 
+def _named_parts(label: str, value: Any) -> list[tuple[str, Any]]:
+    """``value`` and, for a ``functools.partial``, its arguments, named by the function's parameters."""
+    func = getattr(value, "func", None)
+    if func is None:
+        return [(label, value)]
+    try:
+        import inspect
+
+        names = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        names = []
+    parts = [(names[i] if i < len(names) else f"{label}'s argument {i}", arg) for i, arg in enumerate(value.args)]
+    return [*parts, *value.keywords.items()]
+
+
+def _unpicklable_hint(w: int, mp_context: Any, factory: Any, init: InitFn, prepare: PrepareFn) -> str:
+    """What a worker could not be started with, in words: which argument does not pickle, and the fixes."""
+    from multiprocessing.reduction import ForkingPickler
+
+    parts = [*_named_parts("the handler factory", factory), ("worker_init_fn", init),
+             *_named_parts("the worker set-up", prepare)]
+    culprits, seen = [], set()
+    for name, value in parts:
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        try:
+            ForkingPickler.dumps(value)
+        except Exception as err:  # noqa: BLE001 - any failure to pickle is what we look for
+            culprits.append(f"`{name}` ({type(value).__name__}: {err})")
+    what = "; ".join(culprits) if culprits else "an argument of the worker"
+    method = getattr(mp_context, "get_start_method", lambda: "?")()
+    return (
+        f"naiad: could not start worker {w}: with the {method!r} start method everything a "
+        f"worker needs is pickled, and this does not pickle: {what}. Define functions and "
+        "classes at the top level of a module (not lambdas, local functions or classes in an "
+        "interactive __main__); build state that cannot be pickled (open files, sessions, "
+        "locks) inside each worker with naiad.WorkerLocal; or use worker_mode='thread' or the "
+        "'fork' start method, which pickle nothing."
+    )
+
+
 def _shutdown_processes(procs: list[Any], task_queues: list[Any], conns: list[Any]) -> None:
     for tq, p in zip(task_queues, procs):
         if p.is_alive():
@@ -329,11 +395,13 @@ class ThreadBackend:
         base_seed: int,
         rank: int,
         worker_init_fn: InitFn,
+        prepare: PrepareFn = None,
     ) -> None:
         self._factory = factory
         self._base_seed = base_seed
         self._rank = rank
         self._init = worker_init_fn
+        self._prepare = prepare
         self.results: queue.Queue = queue.Queue()
         self.task_queues: list[queue.Queue] = []
         self.threads: list[threading.Thread] = []
@@ -366,6 +434,8 @@ class ThreadBackend:
         w = context.worker_id
         enter(context, None)
         try:
+            if self._prepare is not None:
+                self._prepare(context)
             if self._init is not None:
                 self._init(w)
             handler = self._factory(context)

@@ -55,7 +55,7 @@ class WorkerContext:
 
     def rng(self, *keys: int) -> np.random.Generator:
         """A NumPy generator for this worker and ``keys``, never from the clock."""
-        return np.random.default_rng(np.random.SeedSequence([self.seed, self.worker_id, *keys]))
+        return np.random.default_rng(np.random.SeedSequence([self.seed & _MASK64, self.worker_id, *keys]))
 
     def seed_sequence(self, epoch: int) -> np.random.SeedSequence:
         """``SeedSequence([base_seed, epoch, rank, worker_id])``: this worker's randomness in ``epoch``."""

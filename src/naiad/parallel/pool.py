@@ -10,7 +10,8 @@ with exactly one message:
 
     ("ok", seq, result, stage_seconds)    the handler returned
     ("exhausted", seq, None, {})          the handler raised Exhausted (an iterable ran out)
-    ("error", seq, RemoteError, {})       the handler raised; re-raised in the consumer
+    ("error", seq, RemoteError, {})       the handler raised; re-raised in the consumer, and the
+                                          iteration goes on with the next task (as torch's)
 
 plus one ("ready", -1, None, {}) or ("error", -1, RemoteError, {}) after building its handler.
 The main process waits on the result channels *and* the process sentinels together
@@ -32,6 +33,16 @@ pool built with ``num_workers=0`` starts inline and hands the rest of the pass t
 the first resize. ``imap_until_exhausted`` walks each worker's own iterator, so it cannot
 resize; ``resize`` during one raises ConfigError.
 
+NOTE [ A failed task ]
+An exception from the handler fails its task only. torch's DataLoader iterator re-raises a
+batch's exception from ``next()`` and the following ``next()`` carries on with the next batch,
+so a loop that catches and skips a bad batch sees the rest of the epoch; a pool's iteration
+does the same. The generators that drive a pass never raise a task's exception themselves (a
+generator that raises is finished): they yield it wrapped in ``_Failed``, and
+:class:`PoolResults`, the iterator ``imap`` returns, raises it and stays usable. Everything
+else ends the iteration (``PoolResults.alive`` turns False): a dead worker, a timeout, a
+worker that could not start, a result that could not be received, and ``KeyboardInterrupt``.
+
 Teardown escalates: a ``None`` task asks each worker to return, then join with a timeout, then
 terminate, then kill. Workers ignore SIGINT (Ctrl-C reaches the main process, which tears them
 down) and return when their parent is gone, so no worker outlives the training process.
@@ -46,7 +57,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from naiad.errors import ConfigError, WorkerError
 from naiad.parallel.backend import (
@@ -63,7 +74,9 @@ from naiad.parallel.context import WorkerContext, enter, get_worker_context, lea
 __all__ = [
     "Exhausted",
     "HandlerFactory",
+    "DeferredResults",
     "Pinned",
+    "PoolResults",
     "RemoteError",
     "WorkerContext",
     "WorkerPool",
@@ -76,6 +89,92 @@ HandlerFactory = Callable[[WorkerContext], Callable[[Any], Any]]
 """Builds, inside a worker, the callable that turns one task payload into one result."""
 
 INLINE = -1  # the "worker" of a task run in the calling thread
+
+
+class _Failed:
+    """A task's exception, carried out of a generator without ending it (NOTE [ A failed task ])."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc: BaseException | None = exc
+
+
+class PoolResults(Iterator[Any]):
+    """The results of one ``imap``: ``next()`` raises a failed task's exception and then goes on.
+
+    Attributes:
+        alive: False once the iteration ended (its last task, or an error that ends it: a
+            dead worker, a timeout, ``KeyboardInterrupt``); True after a task's own exception,
+            which the next ``next()`` carries on from (NOTE [ A failed task ]).
+    """
+
+    def __init__(self, results: Iterator[Any]) -> None:
+        self._results = results
+        self.alive = True
+
+    def __iter__(self) -> PoolResults:
+        return self
+
+    def __next__(self) -> Any:
+        if not self.alive:
+            raise StopIteration
+        try:
+            item = next(self._results)
+        except BaseException:
+            self.alive = False  # the generator has finished (its end, or an error it raised)
+            raise
+        if type(item) is _Failed:
+            exc, item.exc = item.exc, None  # the marker must not keep the exception alive
+            raise cast(BaseException, exc)
+        return item
+
+    def close(self) -> None:
+        """End the iteration now; results still owed are dropped when they arrive."""
+        self.alive = False
+        close = getattr(self._results, "close", None)
+        if close is not None:
+            close()
+
+
+class DeferredResults(Iterator[Any]):
+    """An iterator made by ``make()`` at the first ``next()``; it passes a failed task's exception
+    through and goes on after it, as :class:`PoolResults` does (a generator that wraps an
+    iterator would end at the first exception instead: NOTE [ A failed task ])."""
+
+    def __init__(self, make: Callable[[], Iterator[Any]]) -> None:
+        self._make: Callable[[], Iterator[Any]] | None = make
+        self._it: Iterator[Any] | None = None
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        """Whether ``next()`` can still give results (see :class:`PoolResults`)."""
+        if self._closed:
+            return False
+        return self._it is None or bool(getattr(self._it, "alive", False))
+
+    def __iter__(self) -> DeferredResults:
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        if self._it is None:
+            make, self._make = self._make, None
+            try:
+                self._it = iter(cast(Callable[[], Iterator[Any]], make)())
+            except BaseException:
+                self._closed = True  # it could not be made: nothing follows
+                raise
+        return next(self._it)
+
+    def close(self) -> None:
+        """End the iteration; the inner iterator, if made, is closed."""
+        self._closed = True
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
 
 
 @dataclass(frozen=True)
@@ -102,9 +201,13 @@ class WorkerPool:
         mode: "process" or "thread".
         multiprocessing_context: a start method name or a multiprocessing context.
         timeout_s: the longest wait for one result; None or 0 waits as long as the workers live.
-        worker_init_fn: called with the worker id in each worker before the factory.
+        worker_init_fn: called with the worker id in each worker before the factory. When
+            given, naiad leaves the global random generators to it (NOTE [ Worker randomness ]).
         base_seed: seeds each worker's ``random``, ``numpy`` and ``torch`` generators, with the
             epoch and rank (NOTE [ Worker randomness ]).
+        prepare: called with the :class:`WorkerContext` in each worker (and inline) before
+            ``worker_init_fn``: the loader makes ``torch.utils.data.get_worker_info()`` answer
+            there, so ``worker_init_fn`` can use it. Picklable, like ``factory``.
         describe: turns a payload into words for error messages.
         rank: the distributed rank, a key of each worker's seed sequence.
         init_inline: call ``worker_init_fn(0)`` when running inline; False keeps it for real
@@ -129,6 +232,7 @@ class WorkerPool:
         describe: Callable[[Any], str] = lambda payload: f"task {payload!r:.200}",
         rank: int = 0,
         init_inline: bool = True,
+        prepare: Callable[[WorkerContext], None] | None = None,
     ) -> None:
         if num_workers < 0:
             raise ConfigError(f"`num_workers` must be >= 0, got {num_workers}.")
@@ -142,6 +246,7 @@ class WorkerPool:
         self._worker_mode = mode
         self._mp_context = multiprocessing_context
         self._worker_init_fn = worker_init_fn
+        self._prepare = prepare
         self._init_inline = init_inline
         self._base_seed = base_seed
         self._rank = rank
@@ -173,6 +278,8 @@ class WorkerPool:
         if self._inline_handler is None:
             previous = enter(self._inline_context, None)
             try:
+                if self._prepare is not None:
+                    self._prepare(self._inline_context)
                 if self._worker_init_fn is not None and self._init_inline:
                     self._worker_init_fn(0)
                 self._inline_handler = self._factory(self._inline_context)
@@ -183,12 +290,14 @@ class WorkerPool:
     def _ensure_backend(self) -> ProcessBackend | ThreadBackend:
         if self._backend is None:
             if self._worker_mode == "thread":
-                self._backend = ThreadBackend(self._factory, self._base_seed, self._rank, self._worker_init_fn)
+                self._backend = ThreadBackend(
+                    self._factory, self._base_seed, self._rank, self._worker_init_fn, self._prepare
+                )
             else:
                 ctx = self._mp_context
                 mp_ctx = mp.get_context(ctx) if ctx is None or isinstance(ctx, str) else ctx
                 self._backend = ProcessBackend(
-                    self._factory, mp_ctx, self._base_seed, self._rank, self._worker_init_fn
+                    self._factory, mp_ctx, self._base_seed, self._rank, self._worker_init_fn, self._prepare
                 )
         return self._backend
 
@@ -277,25 +386,34 @@ class WorkerPool:
         in_order: bool = True,
         epoch: int | None = None,
         task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
-    ) -> Iterator[Any]:
+    ) -> PoolResults:
         """Yield ``handler(payload)`` for each task, at most ``prefetch`` tasks ahead per worker.
 
-        A task is a payload (sent to workers in turn, task k to worker k mod num_workers, so a
-        worker's sequence of tasks, and its random draws, repeat between runs), or a
-        :class:`Pinned` payload for one given worker. ``epoch`` keys the workers' random
-        generators (NOTE [ Worker randomness ]); by default it counts this pool's passes.
-        ``task_seed(payload)``, when given, names a task's own seed sequence: its random draws
-        then depend on the task alone, not on the worker that runs it.
+        A task is a payload or a :class:`Pinned` payload for one given worker. In order, task k
+        goes to worker k mod num_workers (so a worker's sequence of tasks, and its random draws,
+        repeat between runs); out of order (``in_order=False``), each task goes to the worker
+        with the fewest tasks in hand, so a slow task holds back no others. ``epoch`` keys the
+        workers' random generators (NOTE [ Worker randomness ]); by default it counts this
+        pool's passes. ``task_seed(payload)``, when given, names a task's own seed sequence: its
+        random draws then depend on the task alone, not on the worker that runs it. A task's
+        exception is raised by ``next()``, and the next ``next()`` goes on with the following
+        tasks (NOTE [ A failed task ]).
         """
         if self._closed:
             raise ConfigError("this WorkerPool is closed.")
         key = self._pass_key(epoch)
         it = iter(tasks)
         if self._backend is None:
-            return self._imap_inline(it, prefetch, in_order, key, task_seed)
-        return self._drive(self._assign(it), prefetch, in_order, key, stop_on_exhausted=False, task_seed=task_seed)
+            return PoolResults(self._imap_inline(it, prefetch, in_order, key, task_seed))
+        return PoolResults(self._drive(self._assign(it, in_order), prefetch, in_order, key,
+                                       stop_on_exhausted=False, task_seed=task_seed))
 
-    def _assign(self, tasks: Iterator[Any]) -> Iterator[tuple[int, Any]]:
+    def _least_busy(self, workers: list[int]) -> int:
+        # Out of order: the worker with the fewest tasks in hand (the first on a tie), so work
+        # flows around a slow task instead of queueing behind it, as torch's in_order=False.
+        return min(workers, key=lambda w: self._owed.get(w, 0))
+
+    def _assign(self, tasks: Iterator[Any], in_order: bool = True) -> Iterator[tuple[int, Any]]:
         k = 0
         for task in tasks:
             if isinstance(task, Pinned):
@@ -305,7 +423,7 @@ class WorkerPool:
             if not active:
                 yield INLINE, task
                 continue
-            yield active[k % len(active)], task
+            yield (active[k % len(active)] if in_order else self._least_busy(active)), task
             k += 1
 
     def imap_until_exhausted(
@@ -315,30 +433,34 @@ class WorkerPool:
         prefetch: int = 2,
         in_order: bool = True,
         epoch: int | None = None,
-    ) -> Iterator[Any]:
+    ) -> PoolResults:
         """Ask the workers in turn for results until every one of them raised :class:`Exhausted`.
 
-        Task k goes to the next worker that has not yet reported exhaustion, with payload
-        ``payload_for(worker_id)``; this is how each worker walks its own copy of an iterable.
+        Task k goes to the next worker that has not yet reported exhaustion (out of order: the
+        one of them with the fewest tasks in hand), with payload ``payload_for(worker_id)``;
+        this is how each worker walks its own copy of an iterable.
         """
         if self._closed:
             raise ConfigError("this WorkerPool is closed.")
         key = self._pass_key(epoch)
         if not self._active:
-            return self._imap_inline_until_exhausted(payload_for, key)
+            return PoolResults(self._imap_inline_until_exhausted(payload_for, key))
         workers = list(self._active)
         active = {w: True for w in workers}
         cycle = itertools.cycle(workers)
 
         def assign() -> Iterator[tuple[int, Any]]:
             while any(active.values()):
-                for _ in range(len(workers)):
-                    w = next(cycle)
-                    if active[w]:
-                        break
+                if in_order:
+                    for _ in range(len(workers)):
+                        w = next(cycle)
+                        if active[w]:
+                            break
+                else:
+                    w = self._least_busy([v for v in workers if active[v]])
                 yield w, payload_for(w)
 
-        return self._walk(assign(), prefetch, in_order, key, active)
+        return PoolResults(self._walk(assign(), prefetch, in_order, key, active))
 
     def _walk(
         self,
@@ -378,11 +500,14 @@ class WorkerPool:
         for task in tasks:
             payload = task.payload if isinstance(task, Pinned) else task
             try:
-                yield self._call_inline(payload, key, task_seed(payload) if task_seed else None)
+                result = self._call_inline(payload, key, task_seed(payload) if task_seed else None)
             except Exhausted:
                 return
+            except Exception as exc:  # NOTE [ A failed task ]
+                result = _Failed(exc)
+            yield result
             if self._active:  # resized: the workers take the rest of this pass
-                yield from self._drive(self._assign(tasks), prefetch, in_order, key,
+                yield from self._drive(self._assign(tasks, in_order), prefetch, in_order, key,
                                        stop_on_exhausted=False, task_seed=task_seed)
                 return
 
@@ -392,6 +517,8 @@ class WorkerPool:
                 result = self._call_inline(payload_for(0), key)
             except Exhausted:
                 return
+            except Exception as exc:  # NOTE [ A failed task ]: the iterator decides what follows
+                result = _Failed(exc)
             yield result
 
     def _drive(
@@ -457,12 +584,13 @@ class WorkerPool:
                             active[w] = False
                         elif w == INLINE:
                             return
-                    elif kind == "raise":
-                        raise value
+                    elif kind == "raise":  # NOTE [ A failed task ]
+                        yield _Failed(value)
                     else:  # error
                         exc = value.rebuild()
                         add_note(exc, f"naiad: raised in worker {w} (pid {backend.pid(w)}) while loading {self._describe(payload)}")
-                        raise exc
+                        yield _Failed(exc)
+                        del exc
                     refill()
                 if not pending:
                     break
@@ -507,17 +635,21 @@ class WorkerPool:
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 w, payload = next((t for s, t in pending.items() if s not in done), next(iter(pending.values())))
+                doing = f"while loading {self._describe(payload)}"
+                # torch's words first, so code that matches them keeps working.
                 raise WorkerError(
-                    f"no result from worker {w} within timeout={self.timeout_s} s while loading "
-                    f"{self._describe(payload)}; raise `timeout` or find what blocks the dataset.",
+                    f"DataLoader timed out after {self.timeout_s} seconds: no result from naiad "
+                    f"worker {w} {doing}; raise `timeout` or find what blocks the dataset.",
                     worker_id=w,
+                    task=doing,
                 )
 
     def _death_error(
         self, w: int, backend: Any, exitcode: int | None, pending: dict[int, tuple[int, Any]] | None = None
     ) -> WorkerError:
         held = [p for (wid, p) in (pending or {}).values() if wid == w]
-        doing = f"while loading {self._describe(held[0])}" if held else "while idle"
+        starting = w not in self._ready
+        doing = f"while loading {self._describe(held[0])}" if held else "while starting" if starting else "while idle"
         if exitcode is not None and exitcode < 0:
             try:
                 how = f"killed by signal {signal.Signals(-exitcode).name}"
@@ -528,6 +660,12 @@ class WorkerPool:
         hint = ""
         if exitcode == -signal.SIGKILL:
             hint = " (SIGKILL often means the out-of-memory killer: fewer workers or smaller batches use less memory)"
+        elif starting and self._worker_mode == "process":
+            hint = (
+                ", before it was ready (under the spawn or forkserver start method this is often "
+                "the dataset or a function failing to unpickle in the worker, such as a class "
+                "defined in an interactive __main__; the worker's stderr says why)"
+            )
         return WorkerError(
             f"naiad worker {w} (pid {backend.pid(w)}) {how} {doing}{hint}.",
             worker_id=w,
