@@ -27,5 +27,10 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
     echo "setup: torch is missing; installing torch==$TORCH_VERSION"
     "$VPY" -m pip install -q "torch==$TORCH_VERSION"
 fi
-"$VPY" -m pip install -q -e ".$extras"
+# Lightning and Accelerate (test extras) depend on torch: pin the torch that is there, so pip
+# never replaces it with the newest build.
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+echo "torch==$("$VPY" -c 'import torch; print(torch.__version__)')" > "$constraints"
+"$VPY" -m pip install -q -c "$constraints" -e ".$extras"
 echo "setup: naiad $("$VPY" -c 'import naiad; print(naiad.__version__)') ready in .venv (torch $("$VPY" -c 'import torch; print(torch.__version__)'))"

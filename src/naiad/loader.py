@@ -30,6 +30,7 @@ from naiad.arguments import WorkerMode, resolve_arguments
 from naiad.checkpoint import PassRecord, build_state, pass_position, read_state
 from naiad.device import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
+from naiad.errors import ConfigError
 from naiad.fetch import choose_fetch
 from naiad.parallel import AutoTuner, WorkerPool
 from naiad.pipelines import (
@@ -226,6 +227,35 @@ class DataLoader(TorchDataLoader[T_co]):
         """The pipeline this loader drives (NOTE [ Pipeline seam ])."""
         return self._pipeline
 
+    # -- Hugging Face Accelerate ----------------------------------------------------------------
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        # NOTE [ Accelerate ]: accelerator.prepare() rebuilds every torch DataLoader as its own
+        # torch-based one (a streaming source then fails, a dataset loses naiad's batching),
+        # unless the loader says it is prepared already. naiad's loader says so, and shards by
+        # itself: a stream by torch.distributed, a map-style dataset by `rank`/`world_size`;
+        # an unsharded map-style loader then fails at iter() with the fix, rather than every
+        # process reading every sample (docs/TRAINERS.md).
+        self.__dict__["_given_to_accelerate"] = True
+        return True
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        self.__dict__["_given_to_accelerate"] = bool(value)  # prepare() marks what it returns
+
+    def _check_sharded_for_accelerate(self) -> None:
+        if not getattr(self, "_given_to_accelerate", False) or not isinstance(self._pipeline, MapPipeline):
+            return
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and self.options.rank is None:
+            raise ConfigError(
+                f"this naiad.DataLoader was given to accelerator.prepare() in a job of "
+                f"{dist.get_world_size()} processes but is not sharded, so every process would read "
+                "every sample; make it with rank=accelerator.process_index, "
+                "world_size=accelerator.num_processes (prepare() keeps naiad's loader as it is)."
+            )
+
     # ----------------------------------------------------------------------------------------
 
     @property
@@ -306,6 +336,7 @@ class DataLoader(TorchDataLoader[T_co]):
         return pending
 
     def __iter__(self) -> Any:
+        self._check_sharded_for_accelerate()
         epoch = self._epoch
         self._epoch += 1
         pool, owns_pool, base_seed = self._pool_for_pass()

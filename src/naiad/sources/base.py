@@ -257,6 +257,15 @@ class Source(ABC):
         """Install a block list computed elsewhere (e.g. in parallel, or from a cache)."""
         self._blocks = list(blocks)
 
+    def __getitem__(self, index: Any) -> Any:
+        # A Source is streamed by naiad.DataLoader, never indexed; reaching here means a torch
+        # DataLoader was made over it (Accelerate's prepare() or a trainer rebuilt the loader).
+        raise ConfigError(
+            f"{type(self).__name__} is streamed by naiad.DataLoader, not indexed by a torch DataLoader: "
+            "something rebuilt the loader as torch's. Give the trainer naiad's loader itself: "
+            "accelerator.prepare() keeps it as it is."
+        )
+
     def __len__(self) -> int:
         """Total rows over all files (may trigger the row count)."""
         return sum(b.rows for b in self.blocks())
