@@ -75,6 +75,7 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
         max_epochs=args.epochs, callbacks=callbacks, logger=False, enable_progress_bar=False,
+        default_root_dir=args.out,  # Lightning's own end-of-epoch checkpoints go here, not in the cwd
         enable_model_summary=False, num_sanity_val_steps=0,
     )
     trainer.fit(Model(), ckpt_path=args.resume)
