@@ -31,6 +31,6 @@ fi
 # never replaces it with the newest build.
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
-echo "torch==$("$VPY" -c 'import torch; print(torch.__version__)')" > "$constraints"
+echo "torch==$("$VPY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" > "$constraints"
 "$VPY" -m pip install -q -c "$constraints" -e ".$extras"
 echo "setup: naiad $("$VPY" -c 'import naiad; print(naiad.__version__)') ready in .venv (torch $("$VPY" -c 'import torch; print(torch.__version__)'))"
