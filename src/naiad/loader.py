@@ -229,6 +229,9 @@ class DataLoader(TorchDataLoader[T_co]):
 
     # -- Hugging Face Accelerate ----------------------------------------------------------------
 
+    use_stateful_dataloader = True
+    """Tells Accelerate's ``save_state``/``load_state`` to save and load this loader's state."""
+
     @property
     def _is_accelerate_prepared(self) -> bool:
         # NOTE [ Accelerate ]: accelerator.prepare() rebuilds every torch DataLoader as its own

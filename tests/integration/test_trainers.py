@@ -138,16 +138,34 @@ def _accelerate(jobs: list[Job], out: Path, nproc: int, *args: str, expect: int 
     return _run(jobs, out, cmd, expect)
 
 
-@pytest.mark.timeout(300)
+def _accelerate_steps(out: Path) -> list[list[dict]]:
+    return [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted(out.glob("accelerate-*.jsonl"))]
+
+
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("source", ["map", "stream"])
-def test_accelerate_prepare_keeps_naiads_loader_and_shards(source, csv_data, tmp_path, jobs):
-    _accelerate(jobs, tmp_path, 2, "--source", source, "--data", str(csv_data))
-    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("accelerate-*.json"))]
-    assert len(results) == 2
+def test_accelerate_prepare_keeps_naiads_loader_shards_and_resumes_from_save_state(source, csv_data, tmp_path, jobs):
+    data = ["--source", source, "--data", str(csv_data)]
+    first = tmp_path / "first"
+    _accelerate(jobs, first, 2, *data, "--save-at", "3", "--crash-at", "5", expect=1)  # torchrun: a rank died
+    resumed = tmp_path / "resumed"
+    _accelerate(jobs, resumed, 2, *data, "--resume", str(first / "state"))
+    before = _epochs(_accelerate_steps(first), before_step=4)  # steps 1..3 are in the saved state
+    after = _epochs(_accelerate_steps(resumed))
+    _exactly_once(before[0] + after[0], f"{source}: epoch 0 across the crash")
+    _exactly_once(after[1], f"{source}: epoch 1")
+    per_rank = _accelerate_steps(resumed)
     for epoch in (0, 1):
-        _exactly_once([i for r in results for e, ids in r["batches"] if e == epoch for i in ids], f"epoch {epoch}")
-        assert len({sum(1 for e, _ in r["batches"] if e == epoch) for r in results}) == 1
-    assert results[0]["fetch"] == ("gather" if source == "map" else "stream")  # naiad's batching, kept
+        assert len({sum(1 for s in steps if s["epoch"] == epoch) for steps in per_rank}) == 1
+    assert {s["fetch"] for steps in per_rank for s in steps} == {"gather" if source == "map" else "stream"}
+
+
+@pytest.mark.timeout(200)
+def test_accelerate_single_process_keeps_naiads_loader(tmp_path, jobs):
+    _run(jobs, tmp_path, [sys.executable, str(JOBS / "accelerate_job.py"), "--out", str(tmp_path)])
+    (steps,) = _accelerate_steps(tmp_path)
+    for epoch in (0, 1):
+        _exactly_once([i for s in steps if s["epoch"] == epoch for i in s["ids"]], f"epoch {epoch}")
 
 
 @pytest.mark.timeout(200)

@@ -1,8 +1,10 @@
 """A Hugging Face Accelerate job over a naiad.DataLoader, for tests/integration/test_trainers.py.
 
 Run under ``torchrun --nproc_per_node N`` (or alone): ``accelerator.prepare(model, optimizer,
-loader)`` must hand naiad's loader back as it is; the job trains two epochs and writes, per
-rank, the ids of each batch to ``OUT/accelerate-{rank}.json``.
+loader)`` must hand naiad's loader back as it is; the job trains two epochs and appends, per
+rank and step, ``{"epoch", "step", "ids"}`` to ``OUT/accelerate-{rank}.jsonl``.
+``--save-at K`` saves ``accelerator.save_state()`` (naiad's loader state included) after step K,
+``--crash-at K`` kills the job after step K, ``--resume DIR`` starts from a saved state.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def main() -> None:
     p.add_argument("--data", default=None)
     p.add_argument("--source", choices=["map", "stream"], default="map")
     p.add_argument("--unsharded", action="store_true", help="a map-style loader without rank/world_size")
+    p.add_argument("--save-at", type=int, default=0)
+    p.add_argument("--crash-at", type=int, default=0)
+    p.add_argument("--resume", default=None)
     args = p.parse_args()
     accelerator = Accelerator(cpu=True)
     if args.source == "map":
@@ -41,17 +46,32 @@ def main() -> None:
     model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
     if prepared is not loader:
         raise SystemExit(f"prepare() replaced naiad's loader with {type(prepared).__name__}")
-    seen = []
-    for epoch in range(2):
+    step = 0
+    if args.resume:
+        accelerator.load_state(args.resume)  # naiad's loader state too (use_stateful_dataloader)
+        with open(os.path.join(args.resume, "step.json")) as f:
+            step = json.load(f)["step"]
+    log = open(os.path.join(args.out, f"accelerate-{accelerator.process_index}.jsonl"), "a")
+    for epoch in range(loader.epoch, 2):
+        loader.set_epoch(epoch)
         for batch in prepared:
             x = batch[0] if isinstance(batch, (list, tuple)) else batch["id"]
             loss = model(x.float().unsqueeze(1)).pow(2).mean()
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-            seen.append([epoch, x.tolist()])
-    with open(os.path.join(args.out, f"accelerate-{accelerator.process_index}.json"), "w") as f:
-        json.dump({"batches": seen, "fetch": loader.fetch_strategy}, f)
+            step += 1
+            log.write(json.dumps({"epoch": epoch, "step": step, "ids": x.tolist(), "fetch": loader.fetch_strategy}) + "\n")
+            log.flush()
+            if step == args.save_at:
+                accelerator.save_state(os.path.join(args.out, "state"))
+                if accelerator.is_main_process:
+                    with open(os.path.join(args.out, "state", "step.json"), "w") as f:
+                        json.dump({"step": step}, f)
+                accelerator.wait_for_everyone()
+            if step == args.crash_at:
+                os._exit(3)
+    log.close()
 
 
 if __name__ == "__main__":
