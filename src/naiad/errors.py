@@ -63,16 +63,17 @@ class SourceError(NaiadError):
 
 
 class WorkerError(NaiadError, RuntimeError):
-    """A worker died or stopped answering.
+    """A worker died or stopped answering (a ``RuntimeError``, as torch raises).
 
     Attributes:
-        worker_id: which worker.
+        worker_id: which worker (None when not known: rebuilt from its message alone, as
+            torch's ``ExceptionWrapper`` rebuilds exceptions by type and message).
         exitcode: its exit code (negative: killed by that signal), or None if it is still alive.
         task: what it was doing, in words.
     """
 
     def __init__(
-        self, message: str, *, worker_id: int, exitcode: int | None = None, task: str = ""
+        self, message: str, *, worker_id: int | None = None, exitcode: int | None = None, task: str = ""
     ) -> None:
         super().__init__(message)
         self.worker_id = worker_id

@@ -11,7 +11,13 @@ numbers twice.) Two ways to use it:
 * Process workers reseed Python's ``random``, NumPy's global generator and torch's default
   generator at the first task of each pass, so unmodified augmentation code (``random.random()``,
   ``np.random.rand()``, ``torch.rand()``) differs between workers, differs between epochs and
-  repeats between runs.
+  repeats between runs. (Map-style tasks that run user code carry their own sequence,
+  ``SeedSequence([seed, epoch, rank, leg, batch])``, and are reseeded per task.)
+* Unless the user gave a ``worker_init_fn``: then the global generators are the user's. A
+  worker starts seeded exactly as torch's (``base_seed + worker_id``; NumPy from torch's
+  ``_generate_state``), ``worker_init_fn`` runs, and naiad never reseeds them after it, so the
+  user's seeding stands and draws equal torch's, as in torch. :func:`worker_rng` stays keyed by
+  the task or pass either way.
 * :func:`worker_rng` returns a ``numpy.random.Generator`` for the calling worker and epoch. It
   is the only per-worker stream in thread workers (the global generators are shared by every
   thread of the process, the training loop's included, so naiad never reseeds them from a

@@ -649,25 +649,34 @@ class WorkerPool:
     ) -> WorkerError:
         held = [p for (wid, p) in (pending or {}).values() if wid == w]
         starting = w not in self._ready
-        doing = f"while loading {self._describe(held[0])}" if held else "while starting" if starting else "while idle"
+        if starting:  # it never built its handler: whatever it was sent, it did not begin it
+            doing = "while starting"
+        else:
+            doing = f"while loading {self._describe(held[0])}" if held else "while idle"
+        pid = backend.pid(w)
+        # torch's words first (code that matches "DataLoader worker (pid" keeps working), then naiad's.
         if exitcode is not None and exitcode < 0:
             try:
                 how = f"killed by signal {signal.Signals(-exitcode).name}"
+                described = signal.strsignal(-exitcode) or str(-exitcode)
             except ValueError:
                 how = f"killed by signal {-exitcode}"
+                described = str(-exitcode)
+            torch_words = f"DataLoader worker (pid {pid}) is killed by signal: {described}. "
         else:
             how = f"exited with code {exitcode}"
+            torch_words = f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. "
         hint = ""
         if exitcode == -signal.SIGKILL:
             hint = " (SIGKILL often means the out-of-memory killer: fewer workers or smaller batches use less memory)"
         elif starting and self._worker_mode == "process":
             hint = (
-                ", before it was ready (under the spawn or forkserver start method this is often "
+                " (under the spawn or forkserver start method this is often "
                 "the dataset or a function failing to unpickle in the worker, such as a class "
                 "defined in an interactive __main__; the worker's stderr says why)"
             )
         return WorkerError(
-            f"naiad worker {w} (pid {backend.pid(w)}) {how} {doing}{hint}.",
+            f"{torch_words}naiad worker {w} (pid {pid}) {how} {doing}{hint}.",
             worker_id=w,
             exitcode=exitcode,
             task=doing,
