@@ -211,6 +211,7 @@ class PrefetchIterator(Iterator[T]):
         rows_of: Callable[[Any], int | None],
         timeout_s: float | None,
         sized: Any = None,
+        start_at_first_next: bool = False,
     ) -> None:
         self.delivered = 0
         # Called with the new count after each batch handed over: lets a loader keep the count
@@ -229,6 +230,12 @@ class PrefetchIterator(Iterator[T]):
             daemon=True,  # never blocks interpreter exit; the finalizer stops it before that
         )
         self._finalizer = weakref.finalize(self, _shutdown, self._chan, self._thread)
+        self._started = False
+        if not start_at_first_next:
+            self._start()
+
+    def _start(self) -> None:
+        self._started = True
         self._thread.start()
 
     def __iter__(self) -> PrefetchIterator[T]:
@@ -237,6 +244,8 @@ class PrefetchIterator(Iterator[T]):
     def __next__(self) -> T:
         if self._done:
             raise StopIteration
+        if not self._started:
+            self._start()
         t0 = time.perf_counter()
         kind, value, event, extra = self._get()
         if kind == _END:
@@ -347,6 +356,9 @@ class DevicePrefetcher(Generic[T]):
         rows_of: counts the rows of a batch for telemetry; default: length of the first tensor.
         timeout_s: longest wait for one batch before :class:`~naiad.errors.WorkerError`; None
             waits as long as the background thread lives.
+        start_at_first_next: leave the source untouched until the first ``next()`` (default:
+            start prefetching at ``iter()``). naiad's loader asks for it, so that a pass still
+            takes an epoch set after ``iter()``.
 
     Example:
         >>> batches = [{"x": torch.full((2,), float(i)), "id": i} for i in range(3)]
@@ -368,6 +380,7 @@ class DevicePrefetcher(Generic[T]):
         source_stage: str | None = None,
         rows_of: Callable[[Any], int | None] | None = None,
         timeout_s: float | None = None,
+        start_at_first_next: bool = False,
     ) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ConfigError(f"`depth` must be an int >= 1, got {depth!r}.")
@@ -391,6 +404,7 @@ class DevicePrefetcher(Generic[T]):
         self._source_stage = source_stage
         self._rows_of = rows_of or count_rows
         self._timeout_s = timeout_s
+        self._start_at_first_next = start_at_first_next
 
     @property
     def source(self) -> Iterable[T]:
@@ -426,6 +440,7 @@ class DevicePrefetcher(Generic[T]):
             rows_of=self._rows_of,
             timeout_s=self._timeout_s,
             sized=self._source,
+            start_at_first_next=self._start_at_first_next,
         )
 
     def __len__(self) -> int:

@@ -373,7 +373,8 @@ class DataLoader(TorchDataLoader[T_co]):
         outer: Any = inner
         if self.device is not None:
             outer = iter(
-                DevicePrefetcher(inner, self.device, depth=self.device_prefetch, telemetry=self._telemetry)
+                DevicePrefetcher(inner, self.device, depth=self.device_prefetch, telemetry=self._telemetry,
+                                 start_at_first_next=True)  # the pass takes an epoch set after iter()
             )
             outer.on_delivered = progress.receive
         self._current = weakref.ref(outer)

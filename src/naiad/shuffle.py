@@ -312,6 +312,7 @@ class BufferReplay:
         self.owed = owed if owed is not None else np.zeros(0, np.int64)
         self.slots: dict[str, np.ndarray] | None = None
         self.pending: dict[str, np.ndarray] = {}
+        self.at_held = self.at_owed = np.zeros(0, np.int64)  # set by replay(): rows' places on reading
 
     @classmethod
     def nothing(cls) -> BufferReplay:
@@ -338,7 +339,12 @@ class BufferReplay:
             raise ConfigError("a shuffle buffer is replayed only with seed keys, not a shared generator.")
         held, owed, next_task, draws = _replay_draws(buffer.capacity_rows, buffer.keys, offsets, start)
         buffer.draws = draws  # the restored buffer goes on with the next exchange's draw
-        needed = np.sort(np.concatenate((held, owed)))
+        both = np.concatenate((held, owed))
+        order = np.argsort(both, kind="stable")
+        needed = both[order]
+        # Where each held and owed row lands among the rows read back in ascending position.
+        at = np.empty(len(both), np.int64)
+        at[order] = np.arange(len(both))
         # Only the rows still needed are read again, grouped by the task that yields them.
         which = np.searchsorted(offsets, needed, side="right") - 1
         cuts = np.flatnonzero(np.diff(which)) + 1
@@ -347,7 +353,9 @@ class BufferReplay:
             k = int(which[np.searchsorted(needed, pos[0])])
             window.append(tasks[k].select(pos - int(offsets[k])))
             window_pos.append(pos)
-        return cls(next_task, window, window_pos, held, owed)
+        replay = cls(next_task, window, window_pos, held, owed)
+        replay.at_held, replay.at_owed = at[: len(held)], at[len(held) :]
+        return replay
 
     def put(self, arrays: dict[str, np.ndarray]) -> None:
         """Place the rows of the whole window, read again (one chunk, in window order)."""
@@ -362,10 +370,9 @@ class BufferReplay:
                 f"cannot resume mid-epoch exactly: {len(pos) - n} bad row(s) of {self.window[0].block.path} "
                 "and the other files to restore were skipped; resume at the start of the epoch instead."
             )
-        # The rows arrive in ascending position: each held or owed row is found by search.
-        at_held, at_owed = np.searchsorted(pos, self.held), np.searchsorted(pos, self.owed)
-        self.slots = {k: np.take(v, at_held, axis=0) for k, v in arrays.items()}
-        self.pending = {k: np.take(v, at_owed, axis=0) for k, v in arrays.items()}
+        # The rows arrive in ascending position; replay() noted where each held and owed one is.
+        self.slots = {k: np.take(v, self.at_held, axis=0) for k, v in arrays.items()}
+        self.pending = {k: np.take(v, self.at_owed, axis=0) for k, v in arrays.items()}
 
     def finish(self, buffer: ShuffleBuffer | None) -> dict[str, np.ndarray]:
         """Install the restored rows in the buffer; returns the rows still owed to batches."""
