@@ -177,3 +177,42 @@ def test_an_end_of_epoch_state_resumes_with_the_next_epoch_when_the_epoch_is_set
     it = iter(resumed)
     resumed.set_epoch(1)
     assert [_ids(b) for b in it] == epoch1 != epoch0
+
+
+class SkipsSampleThree:
+    """An iterator object: after it raises for sample 3, it carries on with sample 4."""
+
+    def __init__(self) -> None:
+        self.i = -1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        self.i += 1
+        if self.i >= 12:
+            raise StopIteration
+        if self.i == 3:
+            raise ValueError("bad sample 3")
+        return self.i
+
+
+class SkippingDataset(IterableDataset):
+    def __iter__(self):
+        return SkipsSampleThree()
+
+
+def test_an_iterable_dataset_resumed_past_a_failed_batch_goes_on_after_it() -> None:
+    loader = naiad.DataLoader(SkippingDataset(), batch_size=None)
+    it = iter(loader)
+    seen = []
+    while len(seen) < 5:
+        try:
+            seen.append(int(next(it)))
+        except ValueError:
+            pass  # the training loop skips the bad batch, as with torch
+    state = loader.state_dict()
+    rest = [int(b) for b in it]
+    resumed = naiad.DataLoader(SkippingDataset(), batch_size=None)
+    resumed.load_state_dict(state)
+    assert [int(b) for b in resumed] == rest == list(range(6, 12)) and seen == [0, 1, 2, 4, 5]

@@ -83,8 +83,14 @@ class IterablePass:
         epoch = self.epoch
         it = pool.imap_until_exhausted(lambda _w: epoch, prefetch=prefetch, in_order=in_order, epoch=epoch)
         for _ in range(self.start):  # fast-forward: read and drop what was delivered
-            if next(it, _END) is _END:
-                break
+            try:
+                if next(it, _END) is _END:
+                    break
+            except Exception:
+                # A batch that failed in the interrupted pass fails again here; it was not
+                # delivered then either, and the pass goes on after it, as torch's does.
+                if not getattr(it, "alive", False):
+                    raise
         return it
 
     def state(self, delivered: int) -> dict[str, Any]:
