@@ -28,8 +28,8 @@ from naiad.sources.lines import (
     default_block_bytes,
     detect_compression,
     parse_robust,
+    parse_selected_lines,
     read_block_bytes,
-    read_selected_lines,
     scan_file,
     slice_rows,
 )
@@ -141,19 +141,10 @@ class JsonlSource(Source):
         return self._parse_lines(buf, line0, block, hi - lo, use_threads)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
-        # A resume's scattered rows: scan each block for newlines, parse only the selected
-        # lines, all in one parse. On any problem, the part-by-part path names the exact line.
-        if len(parts) == 1 and len(parts[0][1]) * 2 > int(parts[0][1][-1] - parts[0][1][0]) + 1:
-            return super()._read_rows_many(parts, use_threads)
-        n = sum(len(rows) for _, rows in parts)
-        buf = read_selected_lines(parts, self.compression, keep_blank=False)
-        try:
-            data = self._parse_lines(buf, 0, parts[0][0], n, use_threads)
-        except SourceError:
-            data = BlockData({}, 1)
-        if data.bad_rows:
-            return super()._read_rows_many(parts, use_threads)
-        return data
+        data = parse_selected_lines(
+            parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads),
+        )
+        return data if data is not None else super()._read_rows_many(parts, use_threads)
 
     def _parse_lines(self, buf: bytes, line0: int, block: Block, expected: int, use_threads: bool) -> BlockData:
         """Parse ``buf`` (whole lines, the first at line ``line0`` of the block): ``expected`` rows."""

@@ -28,11 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import SourceError
-from naiad.sources.base import Block, OnBadRows
+from naiad.sources.base import Block, BlockData, OnBadRows
 
 __all__ = [
     "BadRow", "default_block_bytes", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
-    "read_selected_lines", "scan_file", "select_rows", "slice_rows",
+    "parse_selected_lines", "read_selected_lines", "scan_file", "select_rows", "slice_rows",
 ]
 
 _COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".lz4": "lz4"}
@@ -211,6 +211,24 @@ def read_selected_lines(parts: list[tuple[Block, np.ndarray]], compression: str 
     return b"".join(
         select_rows(read_block_bytes(block, compression), rows, block.rows, keep_blank)[0] for block, rows in parts
     )
+
+
+def parse_selected_lines(
+    parts: list[tuple[Block, np.ndarray]], compression: str | None, keep_blank: bool,
+    parse: Callable[[bytes, int], BlockData],
+) -> BlockData | None:
+    """A resume's scattered rows of line-based blocks: scan each block for newlines and parse only
+    the selected lines, all at once with ``parse(buffer, rows)``. None when reading part by part
+    (each part's span, then its rows) is the better way: one dense part, or a problem in the lines,
+    which that path names with its exact line."""
+    if len(parts) == 1 and len(parts[0][1]) * 2 > int(parts[0][1][-1] - parts[0][1][0]) + 1:
+        return None
+    buf = read_selected_lines(parts, compression, keep_blank)
+    try:
+        data = parse(buf, sum(len(rows) for _, rows in parts))
+    except SourceError:
+        return None
+    return None if data.bad_rows else data
 
 
 ParseFn = Callable[[bytes], pa.Table]

@@ -10,8 +10,8 @@ from naiad.errors import ConfigError, SourceError
 from naiad.sources.base import Block, BlockData, OnBadRows, PathLike, Source
 from naiad.sources.lines import (
     default_block_bytes,
+    parse_selected_lines,
     read_block_bytes,
-    read_selected_lines,
     scan_file,
     slice_rows,
 )
@@ -83,18 +83,10 @@ class TextSource(Source):
         return self._split_lines(buf, line0, block)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
-        # A resume's scattered rows: scan each block for newlines, parse only the selected
-        # lines, all in one parse. On any problem, the part-by-part path names the exact line.
-        if len(parts) == 1 and len(parts[0][1]) * 2 > int(parts[0][1][-1] - parts[0][1][0]) + 1:
-            return super()._read_rows_many(parts, use_threads)
-        buf = read_selected_lines(parts, self.compression, keep_blank=True)
-        try:
-            data = self._split_lines(buf, 0, parts[0][0])
-        except SourceError:
-            data = BlockData({}, 1)
-        if data.bad_rows:
-            return super()._read_rows_many(parts, use_threads)
-        return data
+        data = parse_selected_lines(
+            parts, self.compression, True, lambda buf, n: self._split_lines(buf, 0, parts[0][0]),
+        )
+        return data if data is not None else super()._read_rows_many(parts, use_threads)
 
     def _split_lines(self, buf: bytes, line0: int, block: Block) -> BlockData:
         """The lines of ``buf`` (whole lines, the first at line ``line0`` of the block)."""
