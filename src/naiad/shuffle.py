@@ -313,6 +313,8 @@ class BufferReplay:
         self.slots: dict[str, np.ndarray] | None = None
         self.pending: dict[str, np.ndarray] = {}
         self.at_held = self.at_owed = np.zeros(0, np.int64)  # set by replay(): rows' places on reading
+        self.consumed = 0  # stream positions taken in by the buffer (shuffled)
+        self.remainder: ReadTask | None = None  # the rest of a chunk cut inside, read next
 
     @classmethod
     def nothing(cls) -> BufferReplay:
@@ -337,8 +339,14 @@ class BufferReplay:
             return cls(k + 1, [t.without_first(start - int(offsets[k]))], [np.arange(start, int(offsets[k + 1]))])
         if buffer.keys is None:
             raise ConfigError("a shuffle buffer is replayed only with seed keys, not a shared generator.")
-        held, owed, next_task, draws = _replay_draws(buffer.capacity_rows, buffer.keys, offsets, start)
+        held, owed, consumed, draws = _replay_draws(buffer.capacity_rows, buffer.keys, offsets, start)
         buffer.draws = draws  # the restored buffer goes on with the next exchange's draw
+        next_task = int(np.searchsorted(offsets, consumed, side="right")) - 1
+        remainder = None
+        if next_task < len(tasks) and consumed > offsets[next_task]:  # inside a chunk: the rest of it
+            remainder = tasks[next_task].without_first(consumed - int(offsets[next_task]))
+            next_task += 1
+        next_task = min(next_task, len(tasks))
         both = np.concatenate((held, owed))
         order = np.argsort(both, kind="stable")
         needed = both[order]
@@ -355,6 +363,7 @@ class BufferReplay:
             window_pos.append(pos)
         replay = cls(next_task, window, window_pos, held, owed)
         replay.at_held, replay.at_owed = at[: len(held)], at[len(held) :]
+        replay.consumed, replay.remainder = consumed, remainder
         return replay
 
     def put(self, arrays: dict[str, np.ndarray]) -> None:
@@ -404,22 +413,21 @@ def _exchanges(capacity: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def _replay_draws(capacity: int, keys: tuple[int, ...], offsets: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """The rows (stream positions) a keyed buffer holds, and those it owes, once the task whose
-    exchanges emit row ``start`` has been pushed; that task's successor; and the draws made.
+    """The rows (stream positions) a keyed buffer holds, and those it owes, once the exchange
+    that emits row ``start`` is made; the positions taken in by then; and the draws made.
 
-    Walks the draws backwards from that task until every slot's last writer is found (slots
-    never written since the buffer filled hold position = slot), then makes that task's own
-    exchanges forwards, so the work is about ``capacity * ln(capacity)`` rows of draws, never
-    the epoch's.
+    Walks the draws backwards from that exchange until every slot's last writer is found (slots
+    never written since the buffer filled hold position = slot), then makes that exchange, so
+    the work is about ``capacity * ln(capacity)`` rows of draws, never the epoch's. (A chunk
+    holding several exchanges, a big row group, is cut there: the rest of it goes through the
+    buffer as usual.)
     """
     total = int(offsets[-1])
     task, first, size = _exchanges(capacity, offsets)
     emitted = np.cumsum(size)
     i = int(np.searchsorted(emitted, start, side="left"))  # the exchange that emits row `start`
     if i < len(size):
-        k = int(task[i])
-        i0 = int(np.searchsorted(task, k, side="left"))  # that task's first exchange
-        i1 = int(np.searchsorted(task, k, side="right"))
+        k, i0, i1 = int(task[i]), i, i + 1
     else:  # row `start` leaves in the final flush
         k, i0 = len(offsets) - 1, len(size)
         i1 = i0
@@ -445,9 +453,9 @@ def _replay_draws(capacity: int, keys: tuple[int, ...], offsets: np.ndarray, sta
     if i >= len(size):  # the flush: every row held leaves in one permutation
         out.append(content[draw_rng(keys, i1).permutation(len(content))])
         content = np.zeros(0, np.int64)
-        return content, np.concatenate(out)[start - before :], len(offsets) - 1, i1 + 1
+        return content, np.concatenate(out)[start - before :], total, i1 + 1
     owed = np.concatenate(out)[start - before :] if out else np.zeros(0, np.int64)
-    return content, owed, k + 1, i1
+    return content, owed, int(first[i] + size[i]), i1
 
 
 def shuffle_quality(order: np.ndarray) -> dict[str, float]:

@@ -204,8 +204,7 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
             plan = RankPlan(tasks_for(ordered, share), len(share), sizes, total)
             buffer = ShuffleBuffer(leg.buffer_rows, buffer_keys(options.seed, epoch, rank, i))
             restore = BufferReplay.replay(plan, buffer, delivered)
-            consumed = sum(t.rows for t in plan.tasks[: restore.next_task])
-            return np.concatenate((restore.held, restore.owed)), consumed
+            return np.concatenate((restore.held, restore.owed)), restore.consumed
 
         return replay
 
@@ -414,6 +413,8 @@ class BatchStream(Iterator[Batch]):
             return
         restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
         tasks: list[ReadTask | RestoreTask] = list(plan.tasks[restore.next_task :])
+        if restore.remainder is not None:
+            tasks.insert(0, restore.remainder)
         if restore.window:
             tasks.insert(0, RestoreTask(tuple(restore.window)))
         else:

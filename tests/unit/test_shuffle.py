@@ -210,21 +210,28 @@ def test_big_exchanges_split_across_threads_and_drawn_ahead_match_the_plain_exch
 
 
 def _forward_replay(capacity: int, keys: tuple[int, ...], sizes: list[int], start: int):
-    """What a keyed buffer holds and owes once the chunk that emits row ``start`` is pushed, by
-    pushing every chunk of positions (the simple, slow way)."""
+    """What a keyed buffer holds and owes once the exchange that emits row ``start`` is made, by
+    pushing the positions one exchange at a time (the simple, slow way)."""
     buf = ShuffleBuffer(capacity, keys)
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    emitted, owed = 0, []
+    emitted, owed, filled = 0, [], 0
     for k in range(len(sizes)):
-        for chunk in buf.push({"p": np.arange(offsets[k], offsets[k + 1])}):
-            emitted += len(chunk["p"])
+        a, n = int(offsets[k]), int(sizes[k])
+        p = min(capacity - filled, n)
+        filled += p
+        buf.push({"p": np.arange(a, a + p)})
+        while p < n:
+            m = min(capacity, n - p)
+            (chunk,) = buf.push({"p": np.arange(a + p, a + p + m)})
+            p += m
+            emitted += m
             if emitted > start:
-                owed.append(chunk["p"][max(0, len(chunk["p"]) - (emitted - start)):])
-        if emitted >= start:
-            owed_rows = np.concatenate(owed) if owed else np.zeros(0, np.int64)
-            return buf.held().get("p", np.zeros(0, np.int64)), owed_rows, k + 1, buf.draws
+                owed.append(chunk["p"][max(0, m - (emitted - start)):])
+            if emitted >= start:
+                owed_rows = np.concatenate(owed) if owed else np.zeros(0, np.int64)
+                return buf.held().get("p", np.zeros(0, np.int64)), owed_rows, a + p, buf.draws
     flushed = buf.flush().get("p", np.zeros(0, np.int64))
-    return np.zeros(0, np.int64), np.concatenate([*owed, flushed[max(0, start - emitted):]]), len(sizes), buf.draws
+    return np.zeros(0, np.int64), np.concatenate([*owed, flushed[max(0, start - emitted):]]), int(offsets[-1]), buf.draws
 
 
 @settings(max_examples=200, deadline=None)
@@ -235,10 +242,9 @@ def test_backward_replay_of_the_draws_matches_pushing_every_chunk(capacity, size
 
     start = data.draw(st.integers(1, sum(sizes)))
     keys = (seed, 1, 0, 1, 0)
-    held, owed, next_task, draws = _replay_draws(capacity, keys, np.concatenate(([0], np.cumsum(sizes))), start)
-    f_held, f_owed, f_next, f_draws = _forward_replay(capacity, keys, sizes, start)
-    if start < sum(sizes):
-        assert next_task == f_next and draws == f_draws
+    held, owed, consumed, draws = _replay_draws(capacity, keys, np.concatenate(([0], np.cumsum(sizes))), start)
+    f_held, f_owed, f_consumed, f_draws = _forward_replay(capacity, keys, sizes, start)
+    assert consumed == f_consumed and draws == f_draws
     assert held.tolist() == f_held.tolist()
     assert owed.tolist() == f_owed.tolist()
 
