@@ -25,6 +25,7 @@ from naiad.sources.base import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
     default_block_bytes,
@@ -63,6 +64,7 @@ def read_csv(
     newlines_in_values: bool = False,
     on_bad_rows: OnBadRows = "raise",
     block_bytes: int | None = None,
+    index_dir: IndexDir = None,
 ) -> CsvSource:
     """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow.
 
@@ -87,6 +89,10 @@ def read_csv(
             "skip" the row and count it (see ``StreamCounters.bad_rows``).
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
+        index_dir: where the block index (the row-count scan's result) is kept, so a new
+            process, every rank and a resume skip the scan: None (the user cache folder),
+            "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
+            persisted). A file whose size or modification time changed is scanned again.
 
     Example:
         >>> ds = naiad.read_csv("diabetes.csv", dtypes="float32")  # doctest: +SKIP
@@ -96,7 +102,7 @@ def read_csv(
     return CsvSource(
         paths, delimiter=delimiter, header=header, column_names=column_names, columns=columns,
         dtypes=dtypes, compression=compression, quote_char=quote_char,
-        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, block_bytes=block_bytes,
+        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, block_bytes=block_bytes, index_dir=index_dir,
     )
 
 
@@ -117,6 +123,7 @@ class CsvSource(Source):
         newlines_in_values: bool = False,
         on_bad_rows: OnBadRows = "raise",
         block_bytes: int | None = None,
+        index_dir: IndexDir = None,
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows)
         if len(delimiter) != 1:
@@ -128,6 +135,7 @@ class CsvSource(Source):
         self.compression = compression
         self.newlines_in_values = newlines_in_values
         self.block_bytes = block_bytes
+        self.index_dir = check_index_dir(index_dir)
         self._quote = quote_char
         self._dtypes_arg = dtypes
         self._selected = list(columns) if columns is not None else None
@@ -246,7 +254,7 @@ class CsvSource(Source):
             if None not in (first, names) and names != first:
                 raise SourceError(f"the header {names} differs from the first file's {first}.", path=path, line=1)
         blocks = scan_file(
-            path, block_bytes=self.block_bytes or default_block_bytes(path), header_lines=1 if self.header else 0,
+            path, block_bytes=self.block_bytes or default_block_bytes(path), index_dir=self.index_dir, header_lines=1 if self.header else 0,
             compression=self.compression, keep_blank=False, whole=self.newlines_in_values,
         )
         if self.newlines_in_values and blocks:

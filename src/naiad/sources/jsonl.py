@@ -23,6 +23,7 @@ from naiad.sources.base import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
     default_block_bytes,
@@ -47,6 +48,7 @@ def read_jsonl(
     compression: str | None = "infer",
     on_bad_rows: OnBadRows = "raise",
     block_bytes: int | None = None,
+    index_dir: IndexDir = None,
 ) -> JsonlSource:
     """A lazy source over JSON Lines files (a path, a glob or a list), parsed by PyArrow.
 
@@ -62,12 +64,16 @@ def read_jsonl(
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
+        index_dir: where the block index (the row-count scan's result) is kept, so a new
+            process, every rank and a resume skip the scan: None (the user cache folder),
+            "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
+            persisted). A file whose size or modification time changed is scanned again.
 
     Example:
         >>> ds = naiad.read_jsonl("events-*.jsonl.gz", columns=["x", "label"])  # doctest: +SKIP
     """
     return JsonlSource(paths, columns=columns, dtypes=dtypes, compression=compression,
-                       on_bad_rows=on_bad_rows, block_bytes=block_bytes)
+                       on_bad_rows=on_bad_rows, block_bytes=block_bytes, index_dir=index_dir)
 
 
 class JsonlSource(Source):
@@ -82,10 +88,12 @@ class JsonlSource(Source):
         compression: str | None = "infer",
         on_bad_rows: OnBadRows = "raise",
         block_bytes: int | None = None,
+        index_dir: IndexDir = None,
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows)
         self.compression = compression
         self.block_bytes = block_bytes
+        self.index_dir = check_index_dir(index_dir)
         self._dtypes_arg = dtypes
         self._selected = list(columns) if columns is not None else None
         self._full: pa.Schema | None = None
@@ -133,7 +141,7 @@ class JsonlSource(Source):
         return select_columns(self.full_schema(), self._selected, self.paths[0])
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=self.block_bytes or default_block_bytes(path), header_lines=0,
+        return scan_file(path, block_bytes=self.block_bytes or default_block_bytes(path), index_dir=self.index_dir, header_lines=0,
                          compression=self.compression, keep_blank=False, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from naiad.errors import SourceError
 from naiad.sources.base import Block, BlockData, OnBadRows
+from naiad.sources.index import IndexDir, load_index, save_index
 
 __all__ = [
     "BadRow", "default_block_bytes", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
@@ -86,7 +87,9 @@ def count_rows(buf: bytes | memoryview, keep_blank: bool) -> int:
     """Rows in ``buf``: its lines, less blank ones unless ``keep_blank`` (text samples)."""
     data = bytes(buf)
     n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-    if keep_blank or not (data.startswith((b"\n", b"\r\n")) or b"\n\n" in data or b"\n\r\n" in data):
+    if keep_blank or not (
+        data.startswith((b"\n", b"\r\n")) or data in (b"\r",) or data.endswith(b"\n\r") or b"\n\n" in data or b"\n\r\n" in data
+    ):
         return n
     return len(row_spans(data, keep_blank)[0])
 
@@ -108,7 +111,10 @@ def row_spans(buf: bytes, keep_blank: bool) -> tuple[np.ndarray, np.ndarray, np.
     return starts, ends, lines
 
 
-def scan_file(path: str, *, block_bytes: int, header_lines: int, compression: str | None, keep_blank: bool, whole: bool) -> list[Block]:
+def scan_file(
+    path: str, *, block_bytes: int, header_lines: int, compression: str | None, keep_blank: bool, whole: bool,
+    index_dir: IndexDir = False,
+) -> list[Block]:
     """Cut ``path`` into blocks of whole lines of about ``block_bytes``, counting rows.
 
     Args:
@@ -116,6 +122,7 @@ def scan_file(path: str, *, block_bytes: int, header_lines: int, compression: st
         compression: the codec (None: plain); a compressed file is one block.
         keep_blank: count blank lines as rows (text) or not (CSV, JSONL: the parsers skip them).
         whole: one block per file (quoted newlines allowed).
+        index_dir: where the cut is persisted and looked up (NOTE [ Block index ]); False: never.
     """
     codec = detect_compression(path, compression)
     if codec is not None or whole:
@@ -126,31 +133,73 @@ def scan_file(path: str, *, block_bytes: int, header_lines: int, compression: st
                 data = f.read()
         start = _header_end(data, header_lines, path) if header_lines else 0
         return [Block(path, start, -1, count_rows(memoryview(data)[start:], keep_blank), 1 + header_lines)]
-    blocks: list[Block] = []
+    params = {"cut": "lines", "block_bytes": block_bytes, "header_lines": header_lines, "keep_blank": keep_blank}
+    entries = load_index(index_dir, path, params)
+    if entries is None:
+        entries = _scan_plain(path, block_bytes, header_lines, keep_blank)
+        save_index(index_dir, path, params, entries)
+    return [Block(path, a, b, n, line) for a, b, n, line in entries]
+
+
+_SCAN_CHUNK = 16 << 20
+
+
+def _scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool) -> list[tuple[int, int, int, int]]:
+    """The cut of a plain file, as (start, stop, rows, first line) per block: the file is read in
+    steps of ``block_bytes`` after its header, and a block ends at the last newline read so far
+    (a line longer than a step joins the next).
+
+    One vectorized pass over chunks of the file finds its newlines and which of them end a blank
+    line; the cut is then a search per block, not a loop per row.
+    """
+    out: list[tuple[int, int, int, int]] = []
     with open(path, "rb") as f:
         pos = 0
         if header_lines:
             pos = _header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path)
-            f.seek(pos)
+        f.seek(pos)
         line = 1 + header_lines
-        carry = b""
+        scanned, eof = pos, False
+        newlines = np.zeros(0, np.int64)  # positions of the newlines at or after `pos`
+        blank = np.zeros(0, bool)  # whether each ends a blank line (an empty one or a lone CR)
+        last_nl, last_byte = pos - 1, 10
+        end = pos + block_bytes  # how far the steps have read
         while True:
-            chunk = f.read(block_bytes)
-            buf = carry + chunk if carry else chunk
-            if not buf:
-                break
-            if chunk:
-                cut = buf.rfind(b"\n") + 1
-                if cut == 0:  # a line longer than block_bytes: keep reading
-                    carry = buf
+            if end > scanned and not eof:
+                chunk = f.read(max(_SCAN_CHUNK, block_bytes))
+                if not chunk:
+                    eof = True
                     continue
-            else:
-                cut = len(buf)  # the last line has no newline
-            body, carry = buf[:cut], buf[cut:]
-            blocks.append(Block(path, pos, pos + cut, count_rows(body, keep_blank), line))
-            pos += cut
-            line += body.count(b"\n")
-    return blocks
+                arr = np.frombuffer(chunk, np.uint8)
+                local = np.flatnonzero(arr == 10)
+                found = local + scanned
+                if len(found):
+                    gap = np.diff(found, prepend=last_nl)
+                    before = arr[np.maximum(local - 1, 0)]
+                    if local[0] == 0:
+                        before[0] = last_byte
+                    blank = np.concatenate((blank, (gap == 1) | ((gap == 2) & (before == 13))))
+                    newlines = np.concatenate((newlines, found))
+                    last_nl = int(found[-1])
+                last_byte = int(arr[-1])
+                scanned += len(chunk)
+                continue
+            k = int(np.searchsorted(newlines, end, side="left"))  # newlines inside the window
+            if k == 0:
+                if not eof:
+                    end += block_bytes  # a line longer than the step: keep reading
+                    continue
+                if pos < scanned:  # the last line, without a newline
+                    rest = scanned - pos
+                    is_blank = rest == 1 and last_byte == 13
+                    out.append((pos, scanned, int(keep_blank or not is_blank), line))
+                return out
+            cut = int(newlines[k - 1]) + 1
+            rows = k if keep_blank else k - int(np.count_nonzero(blank[:k]))
+            out.append((pos, cut, rows, line))
+            line += k
+            newlines, blank = newlines[k:], blank[k:]
+            pos, end = cut, end + block_bytes
 
 
 def read_block_bytes(block: Block, compression: str | None) -> bytes:

@@ -8,6 +8,7 @@ import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources.base import Block, BlockData, OnBadRows, PathLike, Source
+from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     default_block_bytes,
     parse_selected_lines,
@@ -27,6 +28,7 @@ def read_text(
     compression: str | None = "infer",
     on_bad_rows: OnBadRows = "raise",
     block_bytes: int | None = None,
+    index_dir: IndexDir = None,
 ) -> TextSource:
     """A lazy source over text files: each line (without its newline) is one sample.
 
@@ -38,6 +40,10 @@ def read_text(
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
+        index_dir: where the block index (the row-count scan's result) is kept, so a new
+            process, every rank and a resume skip the scan: None (the user cache folder),
+            "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
+            persisted). A file whose size or modification time changed is scanned again.
 
     Example:
         >>> ds = naiad.read_text("corpus/*.txt")  # doctest: +SKIP
@@ -45,7 +51,7 @@ def read_text(
         ['first line', 'second line']
     """
     return TextSource(paths, column=column, encoding=encoding, compression=compression,
-                      on_bad_rows=on_bad_rows, block_bytes=block_bytes)
+                      on_bad_rows=on_bad_rows, block_bytes=block_bytes, index_dir=index_dir)
 
 
 class TextSource(Source):
@@ -60,6 +66,7 @@ class TextSource(Source):
         compression: str | None = "infer",
         on_bad_rows: OnBadRows = "raise",
         block_bytes: int | None = None,
+        index_dir: IndexDir = None,
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
@@ -68,12 +75,13 @@ class TextSource(Source):
         self.utf8 = encoding.lower().startswith("utf")
         self.compression = compression
         self.block_bytes = block_bytes
+        self.index_dir = check_index_dir(index_dir)
 
     def _read_schema(self) -> pa.Schema:
         return pa.schema([(self.column, pa.string())])
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=self.block_bytes or default_block_bytes(path), header_lines=0,
+        return scan_file(path, block_bytes=self.block_bytes or default_block_bytes(path), index_dir=self.index_dir, header_lines=0,
                          compression=self.compression, keep_blank=True, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:

@@ -1,0 +1,129 @@
+"""The persisted block index of line-based files: the newline scan, done once per file.
+
+NOTE [ Block index ]
+Exactly-once across ranks needs every block's exact row count before the plan is made, and for
+CSV, JSONL and text the only way to know it is to scan the file for newlines (about 0.1 s per
+100 MB from the page cache, much longer from a cold disk or a network mount). The scan's result
+is small (per block: its byte offset, its rows and its first line), so it is written as JSON to
+the user's cache folder (``naiad.datasets.cache_dir()/index``, or beside the data when asked),
+and a new process, every rank of a job and a resume load it instead of scanning again.
+
+An entry is keyed by the file's real path and everything that shapes the cut (block size,
+header lines, blank-line rule, codec); it stores the file's size and modification time, and is
+used only when both still match, so a changed file is rescanned. Entries are written to a
+temporary file and renamed into place, so ranks that scan the same file at once each write a
+whole entry and a reader never sees half of one. A missing, unreadable or malformed entry is a
+cache miss, never an error; a folder that cannot be written to is skipped (the scan still works).
+JSON only: an index is data, never code (no pickle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from naiad.errors import ConfigError
+
+__all__ = ["INDEX_VERSION", "IndexDir", "index_folder", "load_index", "save_index"]
+
+INDEX_VERSION = 1
+
+IndexDir = Union[str, "os.PathLike[str]", Literal["beside"], bool, None]
+"""Where block indexes live: None or True (the user cache), "beside" (next to each file), a
+folder, or False (never persisted)."""
+
+Entry = tuple[int, int, int, int]
+"""One block as stored: (start, stop, rows, first_line)."""
+
+
+def check_index_dir(index_dir: IndexDir) -> IndexDir:
+    """``index_dir`` if it is a valid setting, else a ConfigError naming the choices."""
+    if index_dir is None or isinstance(index_dir, (bool, str, os.PathLike)):
+        return index_dir
+    raise ConfigError(
+        f"`index_dir` must be None (the user cache), 'beside', a folder or False, got {index_dir!r}."
+    )
+
+
+def index_folder(index_dir: IndexDir, path: str) -> Path | None:
+    """The folder that holds ``path``'s index under ``index_dir`` (None: not persisted)."""
+    if index_dir is False:
+        return None
+    if index_dir is None or index_dir is True:
+        from naiad.datasets import cache_dir
+
+        return cache_dir() / "index"
+    if index_dir == "beside":
+        return Path(os.path.dirname(os.path.abspath(path))) / ".naiad-index"
+    return Path(os.fspath(index_dir))
+
+
+def _entry_name(real: str, params: Mapping[str, Any]) -> str:
+    key = json.dumps({"path": real, **params}, sort_keys=True)
+    stem = os.path.basename(real)[:40]
+    return f"{stem}.{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
+
+
+def _identity(path: str) -> tuple[str, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return os.path.realpath(path), st.st_size, st.st_mtime_ns
+
+
+def load_index(index_dir: IndexDir, path: str, params: Mapping[str, Any]) -> list[Entry] | None:
+    """The stored blocks of ``path`` cut with ``params``, or None when there is no valid entry
+    (none yet, another cut, or the file changed since: size or modification time differ)."""
+    folder = index_folder(index_dir, path)
+    ident = _identity(path)
+    if folder is None or ident is None:
+        return None
+    real, size, mtime = ident
+    try:
+        with open(folder / _entry_name(real, params), encoding="utf-8") as f:
+            doc = json.load(f)
+        if not isinstance(doc, dict) or (
+            doc.get("version") != INDEX_VERSION or doc.get("path") != real or doc.get("size") != size
+            or doc.get("mtime_ns") != mtime or doc.get("params") != dict(params)
+        ):
+            return None
+        starts, rows, lines = doc["starts"], doc["rows"], doc["first_lines"]
+        stops = [*starts[1:], doc["end"]]
+        entries = [(int(a), int(b), int(n), int(ln)) for a, b, n, ln in zip(starts, stops, rows, lines, strict=True)]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or malformed: scan again
+    return entries
+
+
+def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entries: Sequence[Entry]) -> None:
+    """Store the blocks of ``path`` (contiguous byte ranges) for the next process; best effort."""
+    folder = index_folder(index_dir, path)
+    ident = _identity(path)
+    if folder is None or ident is None or not entries:
+        return
+    if any(entries[i][1] != entries[i + 1][0] for i in range(len(entries) - 1)):
+        return  # only contiguous cuts are stored (compressed files are one block: nothing to save)
+    real, size, mtime = ident
+    doc = {
+        "version": INDEX_VERSION, "path": real, "size": size, "mtime_ns": mtime, "params": dict(params),
+        "starts": [e[0] for e in entries], "end": entries[-1][1],
+        "rows": [e[2] for e in entries], "first_lines": [e[3] for e in entries],
+    }
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, separators=(",", ":"))
+            os.replace(tmp, folder / _entry_name(real, params))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass  # a read-only or full disk: the next process scans again
