@@ -27,8 +27,8 @@ from naiad.errors import ConfigError
 from naiad.sources.base import Block
 
 __all__ = [
-    "RankPlan", "ReadTask", "RestoreTask", "batch_sizes", "block_permutation", "make_plan", "rank_bounds", "rng_for",
-    "tasks_for",
+    "GroupTask", "RankPlan", "ReadTask", "RestoreTask", "Task", "batch_sizes", "block_permutation", "group_rows",
+    "group_tasks", "make_plan", "rank_bounds", "rng_for", "tasks_for",
 ]
 
 # Stream tags, so the block permutation and the shuffle buffer draw independent numbers.
@@ -71,6 +71,46 @@ class ReadTask(NamedTuple):
         return _take_task(self.block, self.lo + self.take[k:])
 
 
+class GroupTask(NamedTuple):
+    """Consecutive reads of the plan done as one task (NOTE [ Read groups ]): their rows come
+    back as one chunk, in order."""
+
+    reads: tuple[ReadTask, ...]
+
+    @property
+    def rows(self) -> int:
+        """Rows this task yields (before any bad row is skipped)."""
+        return sum(t.rows for t in self.reads)
+
+    @property
+    def block(self) -> Block:
+        """The first read's block (for messages)."""
+        return self.reads[0].block
+
+    def parts(self, rows: np.ndarray) -> list[ReadTask]:
+        """The reads that yield the group's output rows ``rows`` (ascending), one per block."""
+        ends = np.cumsum([t.rows for t in self.reads])
+        which = np.searchsorted(ends, rows, side="right")
+        out = []
+        for k in np.unique(which).tolist():
+            mine = rows[which == k] - (int(ends[k - 1]) if k else 0)
+            out.append(self.reads[k].select(mine))
+        return out
+
+    def without_first(self, k: int) -> GroupTask:
+        """The same reads less the group's first ``k`` rows."""
+        reads = list(self.reads)
+        while reads and k >= reads[0].rows:
+            k -= reads.pop(0).rows
+        if reads and k:
+            reads[0] = reads[0].without_first(k)
+        return GroupTask(tuple(reads))
+
+
+Task = ReadTask | GroupTask
+"""One step of a plan: a read, or a group of them."""
+
+
 class RestoreTask(NamedTuple):
     """The reads of a resume's window as one task: the scattered rows a shuffle buffer held and
     owed, from many blocks, read (and for line formats parsed) at once."""
@@ -94,7 +134,7 @@ class RankPlan:
         total_rows: rows over all ranks.
     """
 
-    tasks: list[ReadTask]
+    tasks: list[Task]
     rows: int
     batch_sizes: np.ndarray
     total_rows: int
@@ -160,8 +200,10 @@ def make_plan(
     world_size: int,
     batch_size: int,
     drop_last: bool,
+    group_rows: int = 0,
 ) -> RankPlan:
-    """The plan of one rank for one epoch (see NOTE [ Exactly once across ranks ]).
+    """The plan of one rank for one epoch (see NOTE [ Exactly once across ranks ]); consecutive
+    small reads are grouped up to ``group_rows`` rows (NOTE [ Read groups ]; 0: never).
 
     Example:
         >>> from naiad.sources import Block
@@ -181,7 +223,7 @@ def make_plan(
     ordered = [blocks[int(i)] for i in order]
     total = sum(b.rows for b in ordered)
     share, sizes = rank_share(Segments([(0, total)]), Leg(world_size, batch_size, drop_last, 0), rank)
-    return RankPlan(tasks_for(ordered, share), len(share), sizes, total)
+    return RankPlan(group_tasks(tasks_for(ordered, share), group_rows), len(share), sizes, total)
 
 
 def tasks_for(ordered: Sequence[Block], share: Any) -> list[ReadTask]:
@@ -216,3 +258,66 @@ def _take_task(block: Block, rel: np.ndarray) -> ReadTask:
     if hi - lo == len(rel):
         return ReadTask(block, lo, hi)
     return ReadTask(block, lo, hi, rel - lo)
+
+
+def group_rows(buffer_rows: int) -> int:
+    """How many rows a read group holds at most, for a shuffle buffer of ``buffer_rows`` (0: the
+    stream is not shuffled): a quarter of the buffer, so each exchange still mixes a chunk into
+    four times as many rows, or 32 Ki rows in order."""
+    return max(1, (buffer_rows or 1 << 17) // 4)
+
+
+GROUP_MAX_BYTES = 4 << 20
+"""The most bytes of a byte-range file one read group parses at once (a wide text row is big)."""
+
+
+def group_tasks(tasks: Sequence[ReadTask], max_rows: int, max_bytes: int = GROUP_MAX_BYTES) -> list[Task]:
+    """Runs of consecutive small reads joined into groups of at most ``max_rows`` rows and, for
+    byte-range blocks, about ``max_bytes`` bytes; a read that is big enough stays alone.
+
+    NOTE [ Read groups ]
+    Small blocks shuffle well (the permutation scatters many of them and the buffer holds rows
+    of many), but every read costs a parser call, a task and a buffer exchange, which for a
+    CSV block of 2,000 rows is as much as parsing it. So the plan keeps its small blocks and
+    joins consecutive reads into one task: the worker reads each block's bytes and parses them
+    all in one call (line formats) or reads them one after another (others), and the shuffle
+    buffer takes the group as one chunk. The grouping is part of the plan, a pure function of
+    its reads and of the buffer's capacity (``group_rows``), so a resume and an elastic replay
+    see the same chunks.
+    """
+    if max_rows <= 1:
+        return list(tasks)
+    out: list[Task] = []
+    run: list[ReadTask] = []
+    rows = nbytes = 0
+
+    def close() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            out.append(GroupTask(tuple(run)))
+
+    for t in tasks:
+        size = _bytes_of(t)
+        if run and (rows + t.rows > max_rows or nbytes + size > max_bytes):
+            close()
+            run, rows, nbytes = [], 0, 0
+        run.append(t)
+        rows += t.rows
+        nbytes += size
+    close()
+    return out
+
+
+def _bytes_of(task: ReadTask) -> int:
+    """About how many bytes ``task`` reads: its share of a byte-range block (row groups, record
+    batches and row ranges count as one byte: grouped by rows only)."""
+    b = task.block
+    if b.stop < 0:
+        return _WHOLE_FILE
+    if b.rows == 0 or b.stop - b.start <= 1 or b.stop - b.start == b.rows:
+        return 0
+    return (b.stop - b.start) * task.rows // b.rows
+
+
+_WHOLE_FILE = 1 << 62  # a compressed file, read whole: never grouped with another read

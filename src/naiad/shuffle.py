@@ -50,7 +50,7 @@ import numpy as np
 
 from naiad.errors import ConfigError, StateError
 from naiad.parallel.threads import run_beside
-from naiad.plan import RankPlan, ReadTask
+from naiad.plan import GroupTask, RankPlan, ReadTask, Task
 
 __all__ = ["BufferReplay", "ShuffleBuffer", "as_array", "shuffle_quality"]
 
@@ -314,7 +314,7 @@ class BufferReplay:
         self.pending: dict[str, np.ndarray] = {}
         self.at_held = self.at_owed = np.zeros(0, np.int64)  # set by replay(): rows' places on reading
         self.consumed = 0  # stream positions taken in by the buffer (shuffled)
-        self.remainder: ReadTask | None = None  # the rest of a chunk cut inside, read next
+        self.remainder: Task | None = None  # the rest of a chunk cut inside, read next
 
     @classmethod
     def nothing(cls) -> BufferReplay:
@@ -335,8 +335,8 @@ class BufferReplay:
             return cls(len(tasks), [], [])
         if buffer is None:  # no shuffle: rows leave in stream order; continue at row `start`
             k = int(np.searchsorted(offsets, start, side="right")) - 1
-            t = tasks[k]
-            return cls(k + 1, [t.without_first(start - int(offsets[k]))], [np.arange(start, int(offsets[k + 1]))])
+            rest = tasks[k].without_first(start - int(offsets[k]))
+            return cls(k + 1, list(rest.reads) if isinstance(rest, GroupTask) else [rest], [np.arange(start, int(offsets[k + 1]))])
         if buffer.keys is None:
             raise ConfigError("a shuffle buffer is replayed only with seed keys, not a shared generator.")
         held, owed, consumed, draws = _replay_draws(buffer.capacity_rows, buffer.keys, offsets, start)
@@ -359,8 +359,10 @@ class BufferReplay:
         window, window_pos = [], []
         for pos in np.split(needed, cuts) if len(needed) else []:
             k = int(which[np.searchsorted(needed, pos[0])])
-            window.append(tasks[k].select(pos - int(offsets[k])))
-            window_pos.append(pos)
+            t = tasks[k]
+            rel = pos - int(offsets[k])
+            window.extend(t.parts(rel) if isinstance(t, GroupTask) else [t.select(rel)])
+            window_pos.append(pos)  # the positions of those reads' rows, in the same order
         replay = cls(next_task, window, window_pos, held, owed)
         replay.at_held, replay.at_owed = at[: len(held)], at[len(held) :]
         replay.consumed, replay.remainder = consumed, remainder

@@ -37,10 +37,13 @@ from naiad.errors import ConfigError, StateError
 from naiad.parallel import HandlerFactory, WorkerContext
 from naiad.plan import (
     TAG_BUFFER,
+    GroupTask,
     RankPlan,
-    ReadTask,
     RestoreTask,
+    Task,
     block_permutation,
+    group_rows,
+    group_tasks,
     make_plan,
     tasks_for,
 )
@@ -62,8 +65,9 @@ __all__ = [
 DEFAULT_SHUFFLE_BUFFER_ROWS = 1 << 17
 """131,072 rows: about 9 MB for ten float64 columns; raise it for better mixing on big data."""
 
-STREAM_STATE_VERSION = 2
-"""Version 2 added the data's fingerprint and the epoch's legs (elastic resume)."""
+STREAM_STATE_VERSION = 3
+"""Version 2 added the data's fingerprint and the epoch's legs (elastic resume); version 3 the
+read groups (NOTE [ Read groups ]), which change the shuffle buffer's chunks."""
 
 Batch = dict[str, Any]
 Imap = Callable[[Iterable[Any]], Iterator[Any]]
@@ -168,9 +172,11 @@ def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tu
     return functools.partial(_read_task, source, context.num_workers == 0)
 
 
-def _read_task(source: Source, use_threads: bool, task: ReadTask | RestoreTask) -> tuple[dict[str, Any], int]:
+def _read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> tuple[dict[str, Any], int]:
     if isinstance(task, RestoreTask):  # a resume's window: only the rows it restores
         data = source.read_rows_many([(t.block, t.row_numbers()) for t in task.reads], use_threads=use_threads)
+    elif isinstance(task, GroupTask):  # consecutive small reads, in one go (NOTE [ Read groups ])
+        data = source.read_group([(t.block, t.lo, t.hi, t.take) for t in task.reads], use_threads=use_threads)
     elif task.take is None:
         data = source.read_block(task.block, task.lo, task.hi, use_threads=use_threads)
     else:  # the scattered rows an elastic leg owes
@@ -189,6 +195,7 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
         return make_plan(
             source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,
             world_size=world_size, batch_size=options.batch_size, drop_last=options.drop_last,
+            group_rows=group_rows(current_leg(options).buffer_rows),
         )
     blocks = source.blocks()
     order = block_permutation(len(blocks), seed=options.seed, epoch=epoch, shuffle=options.shuffle)
@@ -201,7 +208,7 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
             return no_buffer
 
         def replay(rank: int, share: Segments, sizes: np.ndarray, delivered: int) -> tuple[np.ndarray, int]:
-            plan = RankPlan(tasks_for(ordered, share), len(share), sizes, total)
+            plan = RankPlan(group_tasks(tasks_for(ordered, share), group_rows(leg.buffer_rows)), len(share), sizes, total)
             buffer = ShuffleBuffer(leg.buffer_rows, buffer_keys(options.seed, epoch, rank, i))
             restore = BufferReplay.replay(plan, buffer, delivered)
             return np.concatenate((restore.held, restore.owed)), restore.consumed
@@ -209,8 +216,9 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
         return replay
 
     sequence = epoch_sequence(total, legs, leftovers_for)
-    share, sizes = rank_share(sequence, current_leg(options), rank)
-    return RankPlan(tasks_for(ordered, share), len(share), sizes, total)
+    leg = current_leg(options)
+    share, sizes = rank_share(sequence, leg, rank)
+    return RankPlan(group_tasks(tasks_for(ordered, share), group_rows(leg.buffer_rows)), len(share), sizes, total)
 
 
 def current_leg(options: StreamOptions, batches: int = 0) -> Leg:
@@ -412,7 +420,7 @@ class BatchStream(Iterator[Batch]):
         if batcher.done:
             return
         restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
-        tasks: list[ReadTask | RestoreTask] = list(plan.tasks[restore.next_task :])
+        tasks: list[Task | RestoreTask] = list(plan.tasks[restore.next_task :])
         if restore.remainder is not None:
             tasks.insert(0, restore.remainder)
         if restore.window:
@@ -443,9 +451,9 @@ class BatchStream(Iterator[Batch]):
             if close is not None:
                 close()
 
-    def _count(self, task: ReadTask | RestoreTask, columns: dict[str, Any], bad: int) -> None:
+    def _count(self, task: Task | RestoreTask, columns: dict[str, Any], bad: int) -> None:
         c = self.counters
-        c.blocks_read += len(task.reads) if isinstance(task, RestoreTask) else 1
+        c.blocks_read += len(task.reads) if isinstance(task, (RestoreTask, GroupTask)) else 1
         c.rows_read += len(next(iter(columns.values()))) if columns else 0
         if bad:
             path = task.reads[0].block.path if isinstance(task, RestoreTask) else task.block.path

@@ -8,7 +8,7 @@ from typing import Any
 
 from naiad.errors import StateError
 from naiad.parallel import HandlerFactory, WorkerPool
-from naiad.plan import RestoreTask
+from naiad.plan import GroupTask, RestoreTask
 from naiad.sources.base import Source
 from naiad.stream import (
     STREAM_STATE_VERSION,
@@ -40,6 +40,10 @@ class StreamPipeline:
         if isinstance(task, RestoreTask):
             files = sorted({t.block.path for t in task.reads})
             return f"the {task.rows} rows a resume restores from {len(task.reads)} block(s) of {', '.join(files[:3])}"
+        if isinstance(task, GroupTask):
+            first, last = task.reads[0], task.reads[-1]
+            return (f"{len(task.reads)} blocks read as one group, from {first.block.path} (block from {first.block.start}) "
+                    f"to {last.block.path} (block from {last.block.start})")
         block = getattr(task, "block", None)
         if block is None:
             return f"block {task!r:.300}"

@@ -28,6 +28,7 @@ __all__ = [
     "BlockData",
     "Columns",
     "DTypes",
+    "GroupPart",
     "PathLike",
     "Source",
     "expand_paths",
@@ -63,6 +64,10 @@ class Block(NamedTuple):
     stop: int
     rows: int
     first_line: int
+
+
+GroupPart = tuple[Block, int, int, "np.ndarray | None"]
+"""One read of a group: (block, lo, hi, take) as in :class:`~naiad.plan.ReadTask`."""
 
 
 class BlockData(NamedTuple):
@@ -280,6 +285,30 @@ class Source(ABC):
         if not 0 <= lo <= hi <= block.rows:
             raise ConfigError(f"rows {lo}:{hi} are outside block {block}.")
         return self._read(block, lo, hi, use_threads)
+
+    def read_group(self, parts: Sequence[GroupPart], *, use_threads: bool = False) -> BlockData:
+        """The rows of several reads as one chunk, in order: a read group of the plan (NOTE [ Read
+        groups ] in plan.py). Each part is ``(block, lo, hi, take)``: rows ``lo:hi`` of the block,
+        or only the offsets ``take`` from ``lo`` when it is given. Line-based readers parse every
+        part's lines in one call; others read the parts one after another.
+
+        Raises:
+            SourceError: naming the file, the line or row, and the problem.
+        """
+        for block, lo, hi, _ in parts:
+            if not 0 <= lo <= hi <= block.rows:
+                raise ConfigError(f"rows {lo}:{hi} are outside block {block}.")
+        return self._read_group(list(parts), use_threads)
+
+    def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
+        """The parts read one by one, their columns joined."""
+        datas = [
+            self._read(block, lo, hi, use_threads) if take is None else self.read_rows(block, lo + take, use_threads=use_threads)
+            for block, lo, hi, take in parts
+        ]
+        if len(datas) == 1:
+            return datas[0]
+        return BlockData(concat_columns([d.columns for d in datas]), sum(d.bad_rows for d in datas))
 
     def read_rows(self, block: Block, rows: np.ndarray, *, use_threads: bool = False) -> BlockData:
         """Read only the rows ``rows`` of ``block`` (ascending row numbers within the block).

@@ -13,6 +13,7 @@ from naiad.sources.base import (
     Block,
     BlockData,
     DTypes,
+    GroupPart,
     OnBadRows,
     PathLike,
     Source,
@@ -28,6 +29,7 @@ from naiad.sources.lines import (
     BadRow,
     default_block_bytes,
     detect_compression,
+    parse_group_lines,
     parse_robust,
     parse_selected_lines,
     read_block_bytes,
@@ -147,6 +149,10 @@ class JsonlSource(Source):
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
         return self._parse_lines(buf, line0, block, hi - lo, use_threads)
+
+    def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
+        data = parse_group_lines(parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads))
+        return data if data is not None else super()._read_group(parts, use_threads)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
         data = parse_selected_lines(

@@ -28,11 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import SourceError
-from naiad.sources.base import Block, BlockData, OnBadRows
+from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows
 from naiad.sources.index import IndexDir, load_index, save_index
 
 __all__ = [
-    "BadRow", "default_block_bytes", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
+    "BadRow", "default_block_bytes", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
     "parse_selected_lines", "read_selected_lines", "scan_file", "select_rows", "slice_rows",
 ]
 
@@ -275,6 +275,32 @@ def parse_selected_lines(
     buf = read_selected_lines(parts, compression, keep_blank)
     try:
         data = parse(buf, sum(len(rows) for _, rows in parts))
+    except SourceError:
+        return None
+    return None if data.bad_rows else data
+
+
+def parse_group_lines(
+    parts: list[GroupPart], compression: str | None, keep_blank: bool, parse: Callable[[bytes, int], BlockData],
+) -> BlockData | None:
+    """A read group of line-based blocks (NOTE [ Read groups ] in plan.py): each part's lines
+    cut from its block's bytes, all parsed at once with ``parse(buffer, rows)``. None when
+    reading part by part is the better way: a compressed file, or a problem in the lines, which
+    that path names with its exact line (and skips with its exact count)."""
+    pieces = []
+    for block, lo, hi, take in parts:
+        if block.stop < 0:
+            return None
+        buf = read_block_bytes(block, compression)
+        if take is None:
+            piece = slice_rows(buf, lo, hi, block.rows, keep_blank)[0]
+        else:
+            piece = select_rows(buf, lo + take, block.rows, keep_blank)[0]
+        if piece and not piece.endswith(b"\n"):
+            piece += b"\n"  # a file's last line: the next part's first line must not join it
+        pieces.append(piece)
+    try:
+        data = parse(b"".join(pieces), sum(hi - lo if take is None else len(take) for _, lo, hi, take in parts))
     except SourceError:
         return None
     return None if data.bad_rows else data

@@ -7,10 +7,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.base import Block, BlockData, OnBadRows, PathLike, Source
+from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, PathLike, Source
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     default_block_bytes,
+    parse_group_lines,
     parse_selected_lines,
     read_block_bytes,
     scan_file,
@@ -89,6 +90,10 @@ class TextSource(Source):
         if hi == lo:
             return BlockData({self.column: []}, 0)
         return self._split_lines(buf, line0, block)
+
+    def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
+        data = parse_group_lines(parts, self.compression, True, lambda buf, n: self._split_lines(buf, 0, parts[0][0]))
+        return data if data is not None else super()._read_group(parts, use_threads)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
         data = parse_selected_lines(

@@ -1,0 +1,138 @@
+"""Read groups: consecutive small reads of the plan done as one task (NOTE [ Read groups ])."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import naiad
+from naiad.plan import GroupTask, ReadTask, group_tasks
+from naiad.sources import Block
+from naiad.testing import check_resume
+
+
+def reads_strategy() -> st.SearchStrategy[list[ReadTask]]:
+    def build(spec: list[tuple[int, int, int]]) -> list[ReadTask]:
+        out = []
+        for i, (rows, lo, width) in enumerate(spec):
+            lo = min(lo, rows - 1)
+            hi = min(rows, lo + width)
+            out.append(ReadTask(Block(f"f{i % 3}", i * 1000, i * 1000 + rows * 10, rows, 1), lo, hi))
+        return out
+
+    return st.lists(st.tuples(st.integers(1, 50), st.integers(0, 49), st.integers(1, 50)), max_size=30).map(build)
+
+
+@settings(max_examples=200, deadline=None)
+@given(reads_strategy(), st.integers(1, 120), st.integers(1, 2000))
+def test_groups_keep_the_reads_in_order_within_limits(reads: list[ReadTask], max_rows: int, max_bytes: int) -> None:
+    tasks = group_tasks(reads, max_rows, max_bytes)
+    flat = [r for t in tasks for r in (t.reads if isinstance(t, GroupTask) else (t,))]
+    assert flat == reads
+    for t in tasks:
+        if isinstance(t, GroupTask):
+            assert len(t.reads) > 1 and t.rows <= max_rows
+            assert sum(r.rows * 10 for r in t.reads) <= max_bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(reads_strategy(), st.data())
+def test_parts_and_without_first_address_the_groups_rows(reads: list[ReadTask], data: st.DataObject) -> None:
+    if len(reads) < 2:
+        return
+    group = GroupTask(tuple(reads))
+    rows = [(r.block.path, r.block.start, int(n)) for r in reads for n in r.row_numbers()]
+    k = data.draw(st.integers(0, group.rows - 1))
+    rest = group.without_first(k)
+    assert [(r.block.path, r.block.start, int(n)) for r in rest.reads for n in r.row_numbers()] == rows[k:]
+    picked = np.array(sorted(data.draw(st.sets(st.integers(0, group.rows - 1), min_size=1))), np.int64)
+    parts = group.parts(picked)
+    assert [(r.block.path, r.block.start, int(n)) for r in parts for n in r.row_numbers()] == [rows[i] for i in picked]
+
+
+def write_csvs(folder: Path, sizes: list[int], *, last_newline: bool = True) -> list[Path]:
+    paths, start = [], 0
+    for i, n in enumerate(sizes):
+        body = "".join(f"{j},{j * 0.25},w{j % 7}\n" for j in range(start, start + n))
+        if not last_newline:
+            body = body.rstrip("\n")
+        p = folder / f"part-{i}.csv"
+        p.write_text("id,x,s\n" + body)
+        paths.append(p)
+        start += n
+    return paths
+
+
+def ids_of(loader: naiad.DataLoader) -> np.ndarray:
+    return np.concatenate([b["id"].numpy() for b in loader])
+
+
+def test_groups_span_files_without_a_final_newline(tmp_path: Path) -> None:
+    paths = write_csvs(tmp_path, [300, 1, 250, 90], last_newline=False)
+    source = naiad.read_csv([str(p) for p in paths], block_bytes=300)
+    loader = naiad.DataLoader(source, batch_size=32, shuffle=True, seed=1, shuffle_buffer=400)
+    tasks = loader._pipeline.open_pass(0, 0, None).stream.plan.tasks  # the plan, not its data
+    assert any(isinstance(t, GroupTask) and len({r.block.path for r in t.reads}) > 1 for t in tasks)
+    got = ids_of(loader)
+    assert sorted(got.tolist()) == list(range(641))
+    unshuffled = naiad.DataLoader(source, batch_size=50, shuffle_buffer=400)
+    assert ids_of(unshuffled).tolist() == list(range(641))
+
+
+def test_a_group_reads_what_its_parts_read(tmp_path: Path) -> None:
+    (path,) = write_csvs(tmp_path, [500])
+    source = naiad.read_csv(path, block_bytes=200)
+    blocks = source.blocks()[:6]
+    parts = [(b, 1, b.rows, None) for b in blocks[:3]] + [(b, 0, b.rows, np.array([0, 2])) for b in blocks[3:]]
+    group = source.read_group(parts)
+    one_by_one = [source.read_block(b, lo, hi) if take is None else source.read_rows(b, lo + take) for b, lo, hi, take in parts]
+    assert group.columns["id"].tolist() == [v for d in one_by_one for v in d.columns["id"].tolist()]
+    assert group.columns["s"] == [v for d in one_by_one for v in d.columns["s"]]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+def test_line_formats_group_too(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / f"d.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(f'{{"id": {i}}}\n' for i in range(700)))
+        source: naiad.Source = naiad.read_jsonl(path, block_bytes=120)
+    else:
+        path.write_text("".join(f"{i}\n" if i % 50 else "\n" for i in range(700)))
+        source = naiad.read_text(path, block_bytes=120)
+    loader = naiad.DataLoader(source, batch_size=16, shuffle=True, seed=0, shuffle_buffer=300)
+    batches = list(loader)
+    if fmt == "jsonl":
+        assert sorted(np.concatenate([b["id"].numpy() for b in batches]).tolist()) == list(range(700))
+    else:
+        lines = [x for b in batches for x in b["text"]]
+        assert sorted(lines) == sorted(f"{i}" if i % 50 else "" for i in range(700))
+
+
+def test_a_bad_row_in_a_group_is_named_exactly(tmp_path: Path) -> None:
+    (path,) = write_csvs(tmp_path, [400])
+    lines = path.read_text().splitlines(keepends=True)
+    lines[237] = "236,not-a-number,w\n"  # file line 238
+    path.write_text("".join(lines))
+    loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=200), batch_size=64, shuffle_buffer=400)
+    with pytest.raises(naiad.SourceError, match=r"line 238"):
+        list(loader)
+    skipping = naiad.DataLoader(naiad.read_csv(path, block_bytes=200, on_bad_rows="skip"), batch_size=64, shuffle_buffer=400)
+    got = ids_of(skipping)
+    assert sorted(got.tolist()) == [i for i in range(400) if i != 236]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_with_groups(tmp_path: Path, workers: int) -> None:
+    paths = write_csvs(tmp_path, [900, 37, 600])
+    files = [str(p) for p in paths]
+
+    def make() -> naiad.DataLoader:
+        return naiad.DataLoader(naiad.read_csv(files, block_bytes=250), batch_size=40, shuffle=True, seed=5,
+                                shuffle_buffer=500, num_workers=workers)
+
+    check_resume(make, epochs=2, positions=[0.0, 0.3, 0.61, 1.0])
