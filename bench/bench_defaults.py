@@ -1,0 +1,212 @@
+"""Do naiad's defaults come close to the best setting, on every format and size?
+
+For each format and data size, one shuffled epoch (batch 1024, seed 0) through
+``naiad.DataLoader(naiad.read(path), batch_size=1024, shuffle=True, seed=0)`` with nothing else
+set, against a sweep of the settings a user could tune (worker count and mode, and for the text
+formats the block size), in one process, settings alternating round after round, medians of
+the epochs after a first one. Also, per format, the defaults' shuffle quality (correlation of
+position in the epoch with row number; batch span, the median over batches of
+(max row - min row) / N), and for CSV: PyArrow's multi-threaded whole-file read (the parser's
+ceiling) in the same run, the first epoch of a fresh process (it scans the file for row
+counts), and the time to the first batch of a new process without and with the block index.
+
+The table: ten columns (an int64 row id and nine floats with four decimals, about 74 bytes a
+row as CSV). ``--sizes`` are CSV megabytes; every format gets the same rows.
+
+    python bench/bench_defaults.py --sizes 10,150,1000 --formats csv,jsonl,parquet,arrow,npy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import header  # noqa: E402
+
+import naiad  # noqa: E402
+
+BYTES_PER_ROW = 74
+
+
+def make_table(rows: int) -> pa.Table:
+    rng = np.random.default_rng(0)
+    cols: dict[str, Any] = {"id": np.arange(rows, dtype=np.int64)}
+    for i in range(9):
+        cols[f"f{i}"] = np.round(rng.standard_normal(rows), 4)
+    return pa.table(cols)
+
+
+def write(table: pa.Table, fmt: str, folder: Path, files: int) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, table.num_rows, files + 1).astype(int)
+    paths = []
+    for i in range(files):
+        part = table.slice(bounds[i], bounds[i + 1] - bounds[i])
+        p = folder / f"part-{i:03d}.{fmt}"
+        if not p.exists():
+            if fmt == "csv":
+                pacsv.write_csv(part, p)
+            elif fmt == "jsonl":
+                with open(p, "w") as f:
+                    for chunk in part.to_batches(100_000):
+                        d = chunk.to_pydict()
+                        keys = list(d)
+                        f.writelines(json.dumps(dict(zip(keys, vals))) + "\n" for vals in zip(*d.values()))
+            elif fmt == "parquet":
+                pq.write_table(part, p)  # PyArrow's defaults, as a user writes it
+            elif fmt == "arrow":
+                with pa.ipc.new_file(p, part.schema) as w:
+                    w.write_table(part, max_chunksize=65536)
+            elif fmt == "npy":
+                arr = np.stack([part.column(n).to_numpy().astype(np.float64) for n in part.column_names], axis=1)
+                np.save(p, arr)
+        paths.append(str(p))
+    return paths
+
+
+def settings_for(fmt: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(label, loader kwargs, reader kwargs): the defaults first."""
+    out: list[tuple[str, dict[str, Any], dict[str, Any]]] = [("defaults", {}, {})]
+    blocks = [None, 1 << 20, 4 << 20] if fmt in ("csv", "jsonl") else [None]
+    for bb in blocks:
+        for label, kw in (("0 workers", {"num_workers": 0}), ("2 threads", {"num_workers": 2, "worker_mode": "thread"}),
+                          ("2 processes", {"num_workers": 2, "worker_mode": "process"})):
+            rkw = {} if bb is None else {"block_bytes": bb}
+            name = label + ("" if bb is None else f", {bb >> 20} MiB blocks")
+            out.append((name, kw, rkw))
+    return out
+
+
+def ids_column(batch: Any) -> np.ndarray:
+    if isinstance(batch, dict):
+        return batch["id"].numpy()
+    return batch[:, 0].numpy().astype(np.int64)  # npy: the whole row, the id first
+
+
+def epoch(paths: list[str], kw: dict[str, Any], rkw: dict[str, Any], ep: int, keep_ids: bool = False) -> tuple[float, int, list[np.ndarray]]:
+    loader = naiad.DataLoader(naiad.read(paths, **rkw), batch_size=1024, shuffle=True, seed=0, **kw)
+    loader.set_epoch(ep)
+    t = time.perf_counter()
+    n, ids = 0, []
+    for b in loader:
+        i = ids_column(b)
+        n += len(i)
+        if keep_ids:
+            ids.append(i)
+    dt = time.perf_counter() - t
+    loader.close()
+    return dt, n, ids
+
+
+def quality(ids: list[np.ndarray], total: int) -> tuple[float, float]:
+    order = np.concatenate(ids)
+    assert len(order) == total and len(np.unique(order)) == total, "an epoch lost or repeated a row"
+    corr = float(np.corrcoef(np.arange(total), order)[0, 1])
+    span = float(np.median([(b.max() - b.min()) / total for b in ids if len(b) > 1]))
+    return corr, span
+
+
+def fresh_first_batch(paths: list[str], index_dir: str) -> dict[str, float]:
+    code = (
+        "import time, json, sys, naiad\n"
+        "t = time.perf_counter()\n"
+        f"src = naiad.read({paths!r}, index_dir={index_dir!r})\n"
+        "loader = naiad.DataLoader(src, batch_size=1024, shuffle=True, seed=0)\n"
+        "it = iter(loader); next(it); first = time.perf_counter() - t\n"
+        "n = 1024\n"
+        "for b in it: n += len(b['id'])\n"
+        "print(json.dumps({'first': first, 'epoch': time.perf_counter() - t, 'rows': n}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def arrow_ceiling(paths: list[str]) -> float:
+    t = time.perf_counter()
+    n = 0
+    for p in paths:
+        table = pacsv.read_csv(p)
+        cols = [c.to_numpy() for c in table.columns]
+        n += len(cols[0])
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="10,150", help="CSV megabytes, comma-separated")
+    p.add_argument("--files", default="1", help="file counts, comma-separated (the data split evenly)")
+    p.add_argument("--formats", default="csv,jsonl,parquet,arrow,npy")
+    p.add_argument("--repeats", type=int, default=3, help="epochs per setting after a first one (median)")
+    p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "naiad-bench" / "defaults"))
+    args = p.parse_args()
+    print(header(f"python bench/bench_defaults.py {' '.join(sys.argv[1:])}"))
+    cache = Path(args.cache_dir)
+    for size in [int(s) for s in args.sizes.split(",")]:
+        rows = size * 1_000_000 // BYTES_PER_ROW
+        table = None
+        for files in [int(f) for f in args.files.split(",")]:
+            for fmt in args.formats.split(","):
+                folder = cache / f"{size}MB-{files}" / fmt
+                if not folder.exists() or len(list(folder.iterdir())) < files:
+                    table = table if table is not None else make_table(rows)
+                paths = write(table if table is not None else make_table(0), fmt, folder, files) if table is not None else sorted(str(x) for x in folder.iterdir())
+                report(fmt, size, files, rows, paths, args.repeats)
+
+
+def report(fmt: str, size: int, files: int, rows: int, paths: list[str], repeats: int) -> None:
+    mb = sum(os.path.getsize(x) for x in paths) / 1e6
+    print(f"\n#### {fmt}, {size} MB as CSV ({rows:,} rows; {mb:.0f} MB as {fmt}), {files} file(s)\n")
+    extra: list[str] = []
+    if fmt == "csv":
+        with tempfile.TemporaryDirectory() as idx:
+            fresh = fresh_first_batch(paths, idx)
+            again = fresh_first_batch(paths, idx)
+        ceiling = statistics.median(arrow_ceiling(paths) for _ in range(3))
+        extra.append(f"- new process, no block index: first batch {fresh['first']:.3f} s, first epoch {rows / fresh['epoch'] / 1e6:.2f} M rows/s "
+                     f"= {ceiling / fresh['epoch']:.2f}x PyArrow's whole-file read ({rows / ceiling / 1e6:.2f} M rows/s, median of 3)")
+        extra.append(f"- new process, block index kept: first batch {again['first']:.3f} s, epoch {rows / again['epoch'] / 1e6:.2f} M rows/s")
+    runs = settings_for(fmt)
+    times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+    ids: list[np.ndarray] = []
+    for name, kw, rkw in runs:  # a first epoch each: scans, caches, starts
+        epoch(paths, kw, rkw, 0)
+    for r in range(repeats):
+        for name, kw, rkw in runs:
+            dt, n, got = epoch(paths, kw, rkw, 1 + r, keep_ids=(name == "defaults" and r == 0))
+            assert n == rows, f"{name}: {n} rows, expected {rows}"
+            times[name].append(dt)
+            if got:
+                ids = got
+    rates = {name: rows / statistics.median(ts) / 1e6 for name, ts in times.items()}
+    best = max((v, k) for k, v in rates.items() if k != "defaults")
+    print("| setting | M rows/s (median) | vs defaults |")
+    print("|---|---|---|")
+    for name, rate in rates.items():
+        print(f"| {name} | {rate:.2f} | {rate / rates['defaults']:.2f}x |")
+    corr, span = quality(ids, rows)
+    print(f"\n- defaults / best setting ({best[1]}): **{rates['defaults'] / best[0]:.2f}x**")
+    print(f"- defaults' shuffle quality: corr(position, row) {corr:+.3f}, batch span {span:.3f}")
+    if fmt == "csv":
+        ceiling = statistics.median(arrow_ceiling(paths) for _ in range(3))
+        print(f"- later epochs, defaults: {rates['defaults'] / (rows / ceiling / 1e6):.2f}x PyArrow's whole-file read in this run")
+    for line in extra:
+        print(line)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
