@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -11,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from naiad.errors import ConfigError, SourceError
+from naiad.sources import storage
 from naiad.sources.base import (
     Block,
     BlockData,
@@ -35,6 +37,7 @@ from naiad.sources.lines import (
     scan_file,
     slice_rows,
 )
+from naiad.sources.storage import RetryPolicy
 
 __all__ = ["CsvSource", "read_csv"]
 
@@ -63,6 +66,8 @@ def read_csv(
     newlines_in_values: bool = False,
     on_bad_rows: OnBadRows = "raise",
     block_bytes: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> CsvSource:
     """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow.
 
@@ -87,6 +92,9 @@ def read_csv(
             "skip" the row and count it (see ``StreamCounters.bad_rows``).
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
+        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
+            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
+        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
 
     Example:
         >>> ds = naiad.read_csv("diabetes.csv", dtypes="float32")  # doctest: +SKIP
@@ -97,6 +105,7 @@ def read_csv(
         paths, delimiter=delimiter, header=header, column_names=column_names, columns=columns,
         dtypes=dtypes, compression=compression, quote_char=quote_char,
         newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, block_bytes=block_bytes,
+        storage_options=storage_options, retry=retry,
     )
 
 
@@ -117,8 +126,10 @@ class CsvSource(Source):
         newlines_in_values: bool = False,
         on_bad_rows: OnBadRows = "raise",
         block_bytes: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
         if len(delimiter) != 1:
             raise ConfigError(f"`delimiter` must be one character, got {delimiter!r}.")
         if block_bytes is not None and block_bytes < 1:
@@ -145,7 +156,7 @@ class CsvSource(Source):
     def _head(self, path: str, nbytes: int) -> bytes:
         codec = detect_compression(path, self.compression)
         try:
-            with pa.input_stream(path, compression=codec) as stream:
+            with storage.input_stream(path, compression=codec) as stream:
                 return bytes(stream.read(nbytes))
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"cannot read: {exc}", path=path) from None

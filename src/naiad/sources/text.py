@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,6 +18,7 @@ from naiad.sources.lines import (
     scan_file,
     slice_rows,
 )
+from naiad.sources.storage import RetryPolicy
 
 __all__ = ["TextSource", "read_text"]
 
@@ -27,6 +31,8 @@ def read_text(
     compression: str | None = "infer",
     on_bad_rows: OnBadRows = "raise",
     block_bytes: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> TextSource:
     """A lazy source over text files: each line (without its newline) is one sample.
 
@@ -38,6 +44,9 @@ def read_text(
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
+        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
+            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
+        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
 
     Example:
         >>> ds = naiad.read_text("corpus/*.txt")  # doctest: +SKIP
@@ -45,7 +54,7 @@ def read_text(
         ['first line', 'second line']
     """
     return TextSource(paths, column=column, encoding=encoding, compression=compression,
-                      on_bad_rows=on_bad_rows, block_bytes=block_bytes)
+                      on_bad_rows=on_bad_rows, block_bytes=block_bytes, storage_options=storage_options, retry=retry)
 
 
 class TextSource(Source):
@@ -60,8 +69,10 @@ class TextSource(Source):
         compression: str | None = "infer",
         on_bad_rows: OnBadRows = "raise",
         block_bytes: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
             raise ConfigError(f"`encoding` must be 'utf-8' or 'latin-1', got {encoding!r}.")
         self.column = column
