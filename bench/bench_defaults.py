@@ -182,7 +182,7 @@ def report(fmt: str, size: int, files: int, rows: int, paths: list[str], repeats
     runs = settings_for(fmt)
     times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     ids: list[np.ndarray] = []
-    for name, kw, rkw in runs:  # a first epoch each: scans, caches, starts
+    for _name, kw, rkw in runs:  # a first epoch each: scans, caches, starts
         epoch(paths, kw, rkw, 0)
     for r in range(repeats):
         for name, kw, rkw in runs:

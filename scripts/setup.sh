@@ -27,8 +27,8 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
     echo "setup: torch is missing; installing torch==$TORCH_VERSION"
     "$VPY" -m pip install -q "torch==$TORCH_VERSION"
 fi
-# Lightning and Accelerate (test extras) depend on torch: pin the torch that is there, so pip
-# never replaces it with the newest build.
+# Lightning and Accelerate (test extras) depend on torch, and s3fs pins the fsspec torch also
+# uses: pin the torch that is there, so pip never replaces it with the newest build.
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 echo "torch==$("$VPY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" > "$constraints"

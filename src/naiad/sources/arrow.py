@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from naiad.errors import SourceError
+from naiad.sources import storage
 from naiad.sources.base import (
     Block,
     BlockData,
@@ -24,6 +26,8 @@ from naiad.sources.base import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.ipc_footer import ipc_batch_rows
+from naiad.sources.storage import RetryPolicy
 
 __all__ = ["ArrowSource", "read_arrow"]
 
@@ -33,6 +37,8 @@ def read_arrow(
     columns: Sequence[str] | None = None,
     dtypes: DTypes = None,
     on_bad_rows: OnBadRows = "raise",
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> ArrowSource:
     """A lazy source over Arrow IPC *file* format (Feather v2) files; a block is a record batch.
 
@@ -44,15 +50,25 @@ def read_arrow(
         columns: read only these columns (output keeps file order).
         dtypes: a mapping column -> dtype, or one dtype for every numeric column.
         on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).
+        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
+            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
+        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
 
     Example:
         >>> ds = naiad.read_arrow("train.arrow")  # doctest: +SKIP
     """
-    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows)
+    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
+
+
+def _open(path: str) -> pa.ipc.RecordBatchFileReader:
+    if storage.is_remote(path):
+        # The footer now; each record batch later with range reads of that batch alone.
+        return pa.ipc.open_file(storage.RangeFile(path))
+    return pa.ipc.open_file(pa.memory_map(path, "r"))
 
 
 _READERS = ReaderCache(
-    lambda path: pa.ipc.open_file(pa.memory_map(path, "r")),
+    _open,
     "Arrow IPC file",
     "is it truncated, or in the stream format?",
 )
@@ -73,8 +89,10 @@ class ArrowSource(Source):
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
         on_bad_rows: OnBadRows = "raise",
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
         self.schema()  # the schema is metadata: check columns and dtypes now
@@ -86,6 +104,10 @@ class ArrowSource(Source):
     def _file_blocks(self, path: str) -> list[Block]:
         reader = open_ipc(path)
         check_columns_present(self.schema().names, reader.schema.names, path, self.paths[0])
+        if storage.is_remote(path):
+            # Fetching each batch to count its rows would download the file: read the counts
+            # from the footer and each batch's metadata instead.
+            return indexed_blocks(path, ipc_batch_rows(path))
         # Memory-mapped: reading a batch's header touches no column data.
         return indexed_blocks(path, [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)])
 

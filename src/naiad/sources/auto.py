@@ -13,6 +13,7 @@ from naiad.sources.csv import read_csv
 from naiad.sources.jsonl import read_jsonl
 from naiad.sources.npy import read_npy
 from naiad.sources.parquet import read_parquet
+from naiad.sources.storage import Storage
 from naiad.sources.text import read_text
 
 __all__ = ["READERS", "read", "reader_name"]
@@ -39,7 +40,8 @@ def read(paths: PathLike, **options: Any) -> Source:
 
     ``.csv``/``.tsv`` (also compressed: ``.csv.gz``, ``.csv.zst``), ``.parquet``,
     ``.arrow``/``.feather``/``.ipc``, ``.jsonl``/``.ndjson``, ``.npy`` and ``.txt``. ``options``
-    go to that reader (``columns=``, ``dtypes=``, ...).
+    go to that reader (``columns=``, ``dtypes=``, ``storage_options=``, ...). ``paths`` may be
+    URLs (``s3://bucket/train-*.parquet``; docs/STORAGE.md).
 
     Raises:
         SourceError: no file matches.
@@ -48,7 +50,9 @@ def read(paths: PathLike, **options: Any) -> Source:
     Example:
         >>> ds = naiad.read("train-*.parquet", columns=["x", "y"])  # doctest: +SKIP
     """
-    files = expand_paths(paths)
+    # Listed once: the reader gets the files and the Storage that recorded them.
+    storage = Storage(options.pop("storage_options", None), options.pop("retry", None))
+    files = expand_paths(paths, storage)
     suffixes = {_suffix(f) for f in files}
     if len(suffixes) > 1:
         raise ConfigError(f"`paths` mix formats ({', '.join(sorted(suffixes))}); read each format on its own.")
@@ -59,7 +63,7 @@ def read(paths: PathLike, **options: Any) -> Source:
             f"{', '.join(sorted(READERS))} (or call a reader such as naiad.read_csv directly)."
         )
     reader, implied = READERS[suffix]
-    return reader(paths, **{**implied, **options})
+    return reader(files, **{**implied, **options}, storage_options=storage)
 
 
 def reader_name(paths: PathLike) -> str:

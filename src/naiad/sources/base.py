@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError, StateError
+from naiad.sources.storage import RetryPolicy, Storage, is_remote, local_path
 
 __all__ = [
     "Block",
@@ -77,11 +78,15 @@ class BlockData(NamedTuple):
     bad_rows: int
 
 
-def expand_paths(paths: PathLike) -> list[str]:
+def expand_paths(paths: PathLike, storage: Storage | None = None) -> list[str]:
     """Turn a path, a glob or a list of them into a sorted-per-pattern list of existing files.
 
+    URLs (``s3://bucket/train-*.csv``) are listed through ``storage`` (its ``storage_options``);
+    ``file://`` URLs become local paths.
+
     Raises:
-        SourceError: a named file does not exist, or a pattern matches nothing.
+        SourceError: a named file or object does not exist, or a pattern matches nothing.
+        ConfigError: the URL's filesystem is not installed (naming the extra to install).
     """
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
@@ -89,6 +94,10 @@ def expand_paths(paths: PathLike) -> list[str]:
     out: list[str] = []
     for item in items:
         text = os.fspath(item)
+        if is_remote(text):
+            out.extend((storage or Storage()).expand(text))
+            continue
+        text = local_path(text)
         if glob.has_magic(text):
             matches = sorted(p for p in glob.glob(text, recursive=True) if os.path.isfile(p))
             if not matches:
@@ -213,14 +222,19 @@ class Source(ABC):
     sequential scan for newlines; for Parquet, Arrow IPC and npy it is metadata only).
 
     Attributes:
-        paths: the files, in the order they are planned.
+        paths: the files (local paths or URLs), in the order they are planned.
         on_bad_rows: "raise" (a :class:`~naiad.SourceError`) or "skip" (counted, reported).
+        storage: how remote files are reached (options, retries; docs/STORAGE.md).
     """
 
-    def __init__(self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise") -> None:
+    def __init__(
+        self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise",
+        storage_options: Mapping[str, Any] | Storage | None = None, retry: RetryPolicy | None = None,
+    ) -> None:
         if on_bad_rows not in ("raise", "skip"):
             raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {on_bad_rows!r}.")
-        self.paths: list[str] = expand_paths(paths)
+        self.storage = Storage.of(storage_options, retry)
+        self.paths: list[str] = expand_paths(paths, self.storage)
         self.on_bad_rows: OnBadRows = on_bad_rows
         self._schema: pa.Schema | None = None
         self._blocks: list[Block] | None = None

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -11,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from naiad.errors import ConfigError, SourceError
+from naiad.sources import storage
 from naiad.sources.base import (
     Block,
     BlockData,
@@ -38,6 +40,7 @@ from naiad.sources.lines import (
     scan_file,
     slice_rows,
 )
+from naiad.sources.storage import RetryPolicy
 
 __all__ = ["CsvSource", "read_csv"]
 
@@ -67,6 +70,8 @@ def read_csv(
     on_bad_rows: OnBadRows = "raise",
     block_bytes: int | None = None,
     index_dir: IndexDir = None,
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> CsvSource:
     """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow.
 
@@ -95,6 +100,9 @@ def read_csv(
             process, every rank and a resume skip the scan: None (the user cache folder),
             "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
             persisted). A file whose size or modification time changed is scanned again.
+        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
+            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
+        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
 
     Example:
         >>> ds = naiad.read_csv("diabetes.csv", dtypes="float32")  # doctest: +SKIP
@@ -104,7 +112,8 @@ def read_csv(
     return CsvSource(
         paths, delimiter=delimiter, header=header, column_names=column_names, columns=columns,
         dtypes=dtypes, compression=compression, quote_char=quote_char,
-        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, block_bytes=block_bytes, index_dir=index_dir,
+        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, block_bytes=block_bytes,
+        storage_options=storage_options, retry=retry, index_dir=index_dir,
     )
 
 
@@ -126,8 +135,10 @@ class CsvSource(Source):
         on_bad_rows: OnBadRows = "raise",
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
         if len(delimiter) != 1:
             raise ConfigError(f"`delimiter` must be one character, got {delimiter!r}.")
         if block_bytes is not None and block_bytes < 1:
@@ -155,7 +166,7 @@ class CsvSource(Source):
     def _head(self, path: str, nbytes: int) -> bytes:
         codec = detect_compression(path, self.compression)
         try:
-            with pa.input_stream(path, compression=codec) as stream:
+            with storage.input_stream(path, compression=codec) as stream:
                 return bytes(stream.read(nbytes))
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"cannot read: {exc}", path=path) from None

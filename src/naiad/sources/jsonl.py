@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
 from naiad.errors import SourceError
+from naiad.sources import storage
 from naiad.sources.base import (
     Block,
     BlockData,
@@ -36,6 +38,7 @@ from naiad.sources.lines import (
     scan_file,
     slice_rows,
 )
+from naiad.sources.storage import RetryPolicy
 
 __all__ = ["JsonlSource", "read_jsonl"]
 
@@ -51,6 +54,8 @@ def read_jsonl(
     on_bad_rows: OnBadRows = "raise",
     block_bytes: int | None = None,
     index_dir: IndexDir = None,
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> JsonlSource:
     """A lazy source over JSON Lines files (a path, a glob or a list), parsed by PyArrow.
 
@@ -70,12 +75,15 @@ def read_jsonl(
             process, every rank and a resume skip the scan: None (the user cache folder),
             "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
             persisted). A file whose size or modification time changed is scanned again.
+        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
+            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
+        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
 
     Example:
         >>> ds = naiad.read_jsonl("events-*.jsonl.gz", columns=["x", "label"])  # doctest: +SKIP
     """
     return JsonlSource(paths, columns=columns, dtypes=dtypes, compression=compression,
-                       on_bad_rows=on_bad_rows, block_bytes=block_bytes, index_dir=index_dir)
+                       on_bad_rows=on_bad_rows, block_bytes=block_bytes, storage_options=storage_options, retry=retry, index_dir=index_dir)
 
 
 class JsonlSource(Source):
@@ -91,8 +99,10 @@ class JsonlSource(Source):
         on_bad_rows: OnBadRows = "raise",
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
         self.compression = compression
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)
@@ -110,7 +120,7 @@ class JsonlSource(Source):
         for path in self.paths:
             codec = detect_compression(path, self.compression)
             try:
-                with pa.input_stream(path, compression=codec) as stream:
+                with storage.input_stream(path, compression=codec) as stream:
                     head = bytes(stream.read(_SAMPLE_BYTES))
             except (OSError, pa.ArrowException) as exc:
                 raise SourceError(f"cannot read: {exc}", path=path) from None

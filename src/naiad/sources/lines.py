@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import SourceError
+from naiad.sources import storage
 from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows
 from naiad.sources.index import IndexDir, load_index, save_index
 
@@ -52,7 +53,7 @@ def detect_compression(path: str, compression: str | None) -> str | None:
 
 def _decompress(path: str, codec: str) -> bytes:
     try:
-        with pa.input_stream(path, compression=codec) as stream:
+        with storage.input_stream(path, compression=codec) as stream:
             return bytes(stream.read())
     except (OSError, pa.ArrowException) as exc:
         raise SourceError(f"cannot decompress ({codec}): {exc}; is the file truncated?", path=path) from None
@@ -77,7 +78,7 @@ def default_block_bytes(path: str) -> int:
     in 1 MiB blocks would hardly be shuffled), while each costs one parser call and one task.
     """
     try:
-        size = os.path.getsize(path)
+        size = storage.size(path)
     except OSError:
         size = 0
     return int(min(4 << 20, max(64 << 10, size // 1024)))
@@ -129,8 +130,7 @@ def scan_file(
         if codec is not None:
             data = _decompress(path, codec)
         else:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = storage.read_range(path, 0, -1)
         start = _header_end(data, header_lines, path) if header_lines else 0
         return [Block(path, start, -1, count_rows(memoryview(data)[start:], keep_blank), 1 + header_lines)]
     params = {"cut": "lines", "block_bytes": block_bytes, "header_lines": header_lines, "keep_blank": keep_blank}
@@ -153,7 +153,7 @@ def _scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool
     line; the cut is then a search per block, not a loop per row.
     """
     out: list[tuple[int, int, int, int]] = []
-    with open(path, "rb") as f:
+    with storage.open_input(path) as f:
         pos = 0
         if header_lines:
             pos = _header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path)
@@ -208,11 +208,9 @@ def read_block_bytes(block: Block, compression: str | None) -> bytes:
     try:
         if codec is not None:
             return _decompress(block.path, codec)[block.start :]
-        with open(block.path, "rb") as f:
-            f.seek(block.start)
-            if block.stop < 0:
-                return f.read()
-            data = f.read(block.stop - block.start)
+        data = storage.read_range(block.path, block.start, block.stop)
+        if block.stop < 0:
+            return data
     except FileNotFoundError:
         raise SourceError("file not found (was it deleted after the source was made?).", path=block.path) from None
     if len(data) != block.stop - block.start:

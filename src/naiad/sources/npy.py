@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
+from naiad.sources import storage
 from naiad.sources.base import (
     Block,
     BlockData,
@@ -21,6 +22,7 @@ from naiad.sources.base import (
     expand_paths,
     to_arrow_type,
 )
+from naiad.sources.storage import RetryPolicy, Storage
 
 __all__ = ["NpySource", "read_npy"]
 
@@ -31,6 +33,8 @@ def read_npy(
     column: str = "x",
     dtypes: DTypes = None,
     block_rows: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> NpySource:
     """A lazy source over memory-mapped ``.npy`` files; a block is ``block_rows`` rows.
 
@@ -44,14 +48,55 @@ def read_npy(
         dtypes: a mapping column -> dtype, or one dtype for every column (cast per block).
         block_rows: rows per block, the unit of reading and of block shuffling (None: about
             1/1024 of each file, between 4,096 and 65,536 rows).
+        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
+            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
+        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
 
     Example:
         >>> ds = naiad.read_npy({"x": "features.npy", "y": "labels.npy"})  # doctest: +SKIP
     """
-    return NpySource(paths, column=column, dtypes=dtypes, block_rows=block_rows)
+    return NpySource(paths, column=column, dtypes=dtypes, block_rows=block_rows, storage_options=storage_options, retry=retry)
 
 
-def _load(path: str) -> np.ndarray:
+class RemoteNpy:
+    """A remote ``.npy`` object read by row ranges: the header once, then one range request
+    per slice of rows (what a memory map gives for a local file)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        with storage.open_input(url, 1 << 16) as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(f)
+            except ValueError as exc:
+                raise SourceError(f"not a readable .npy file ({exc}); is it truncated?", path=url) from None
+            self.offset = f.tell()
+        if dtype.hasobject:
+            raise SourceError("object arrays are not read (they would need pickle).", path=url)
+        if fortran and len(shape) > 1:
+            raise SourceError("a Fortran-order array cannot be read by row ranges; save it in C order.", path=url)
+        if not shape:
+            raise SourceError("expected an array with a first (row) axis, got a scalar or an archive.", path=url)
+        self.shape: tuple[int, ...] = tuple(shape)
+        self.dtype: np.dtype = dtype
+        self._row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        a, b, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise IndexError("rows are read as contiguous ranges")
+        b = max(a, b)
+        data = storage.read_range(self.url, self.offset + a * self._row_bytes, self.offset + b * self._row_bytes)
+        return np.frombuffer(data, self.dtype).reshape((b - a, *self.shape[1:]))
+
+
+def _load(path: str) -> np.ndarray | RemoteNpy:
+    if storage.is_remote(path):
+        return RemoteNpy(path)
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
@@ -68,9 +113,9 @@ def _load(path: str) -> np.ndarray:
 _MAPS = ReaderCache(_load, ".npy file", "is it truncated?")
 
 
-def _open(path: str) -> np.ndarray:
-    """The memory-mapped array of ``path`` (cached per thread), or a SourceError."""
-    arr: np.ndarray = _MAPS.get(path)
+def _open(path: str) -> np.ndarray | RemoteNpy:
+    """The memory-mapped array of ``path`` (or a remote one; cached per thread), or a SourceError."""
+    arr: np.ndarray | RemoteNpy = _MAPS.get(path)
     return arr
 
 
@@ -85,20 +130,23 @@ class NpySource(Source):
         dtypes: DTypes = None,
         block_rows: int | None = None,
         on_bad_rows: OnBadRows = "raise",
+        storage_options: Mapping[str, Any] | Storage | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if block_rows is not None and block_rows < 1:
             raise ConfigError(f"`block_rows` must be >= 1, got {block_rows}.")
+        store = Storage.of(storage_options, retry)
         if isinstance(paths, Mapping):
-            groups = {name: expand_paths(p) for name, p in paths.items()}
+            groups = {name: expand_paths(p, store) for name, p in paths.items()}
             counts = {name: len(ps) for name, ps in groups.items()}
             if len(set(counts.values())) != 1:
                 raise ConfigError(f"each column needs as many files as the others, got {counts}.")
             first = next(iter(groups))
-            super().__init__(groups[first], on_bad_rows=on_bad_rows)
+            super().__init__(groups[first], on_bad_rows=on_bad_rows, storage_options=store)
             # file of the first column -> the aligned files of every column
             self._aligned = {p: {n: groups[n][i] for n in groups} for i, p in enumerate(groups[first])}
         else:
-            super().__init__(paths, on_bad_rows=on_bad_rows)
+            super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=store)
             self._aligned = {p: {column: p} for p in self.paths}
         self.block_rows = block_rows
         self._dtypes_arg = dtypes
@@ -110,7 +158,7 @@ class NpySource(Source):
             arr = _open(path)
             if arr.dtype.names and len(self._aligned[self.paths[0]]) == 1:
                 for field in arr.dtype.names:
-                    fields.append(pa.field(field, _arrow_type(arr[field][:0])))
+                    fields.append(pa.field(field, _arrow_type(arr[:0][field])))
             else:
                 fields.append(pa.field(name, _arrow_type(arr[:0])))
         if self._dtypes_arg is not None:
@@ -153,7 +201,7 @@ class NpySource(Source):
             arr = _open(path)
             if arr.dtype.names and len(self._aligned[self.paths[0]]) == 1:
                 for field in arr.dtype.names:
-                    out[field] = np.zeros((0, *arr[field].shape[1:]), _np(schema.field(field).type))
+                    out[field] = np.zeros((0, *arr[:0][field].shape[1:]), _np(schema.field(field).type))
             else:
                 out[name] = np.zeros((0, *arr.shape[1:]), _np(schema.field(name).type))
         return out

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from naiad.errors import SourceError
+from naiad.sources import storage
 from naiad.sources.base import (
     Block,
     BlockData,
@@ -25,6 +27,7 @@ from naiad.sources.base import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.storage import RetryPolicy
 
 __all__ = ["ParquetSource", "read_parquet"]
 
@@ -34,6 +37,8 @@ def read_parquet(
     columns: Sequence[str] | None = None,
     dtypes: DTypes = None,
     on_bad_rows: OnBadRows = "raise",
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> ParquetSource:
     """A lazy source over Parquet files (a path, a glob or a list); a block is a row group.
 
@@ -45,15 +50,26 @@ def read_parquet(
         columns: read only these columns (output keeps file order).
         dtypes: a mapping column -> dtype, or one dtype for every numeric column.
         on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).
+        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
+            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
+        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
 
     Example:
         >>> ds = naiad.read_parquet("train/*.parquet", columns=["x", "y"])  # doctest: +SKIP
     """
-    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows)
+    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
+
+
+def _open(path: str) -> pq.ParquetFile:
+    if storage.is_remote(path):
+        # The footer now (range reads from the end); a row group later fetches only the column
+        # chunks asked for, coalesced into few requests by pre_buffer.
+        return pq.ParquetFile(storage.RangeFile(path), pre_buffer=True)
+    return pq.ParquetFile(path, memory_map=True)
 
 
 # Opening a Parquet file parses its footer, which is not free for wide files: keep it open.
-_READERS = ReaderCache(lambda path: pq.ParquetFile(path, memory_map=True), "Parquet file", "is it truncated?")
+_READERS = ReaderCache(_open, "Parquet file", "is it truncated?")
 
 
 def open_parquet(path: str) -> pq.ParquetFile:
@@ -71,8 +87,10 @@ class ParquetSource(Source):
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
         on_bad_rows: OnBadRows = "raise",
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
         self.schema()  # the footer is metadata: check columns and dtypes now

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,6 +20,7 @@ from naiad.sources.lines import (
     scan_file,
     slice_rows,
 )
+from naiad.sources.storage import RetryPolicy
 
 __all__ = ["TextSource", "read_text"]
 
@@ -30,6 +34,8 @@ def read_text(
     on_bad_rows: OnBadRows = "raise",
     block_bytes: int | None = None,
     index_dir: IndexDir = None,
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> TextSource:
     """A lazy source over text files: each line (without its newline) is one sample.
 
@@ -45,6 +51,9 @@ def read_text(
             process, every rank and a resume skip the scan: None (the user cache folder),
             "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
             persisted). A file whose size or modification time changed is scanned again.
+        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
+            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
+        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
 
     Example:
         >>> ds = naiad.read_text("corpus/*.txt")  # doctest: +SKIP
@@ -52,7 +61,7 @@ def read_text(
         ['first line', 'second line']
     """
     return TextSource(paths, column=column, encoding=encoding, compression=compression,
-                      on_bad_rows=on_bad_rows, block_bytes=block_bytes, index_dir=index_dir)
+                      on_bad_rows=on_bad_rows, block_bytes=block_bytes, storage_options=storage_options, retry=retry, index_dir=index_dir)
 
 
 class TextSource(Source):
@@ -68,8 +77,10 @@ class TextSource(Source):
         on_bad_rows: OnBadRows = "raise",
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
             raise ConfigError(f"`encoding` must be 'utf-8' or 'latin-1', got {encoding!r}.")
         self.column = column

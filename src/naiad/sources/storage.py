@@ -1,0 +1,466 @@
+"""Where the bytes live: local files, or objects behind fsspec URLs (``s3://``, ``gs://``, ...).
+
+Every reader goes through this seam for three things: finding files (a path, a glob, a URL or a
+URL glob), reading a byte range, and opening a file for PyArrow. A local path keeps the exact
+code path it had before (``open``/``seek``/``read``, memory maps); a URL goes to the fsspec
+filesystem of its protocol, one range request per read.
+
+NOTE [ Remote files in workers ]
+A source crosses into each worker by pickle, and a live filesystem holds sockets, an event loop
+thread and credentials caches that must not cross. So a source keeps a :class:`Storage`: plain
+data (the ``storage_options``, the retry policy, each object's size and ETag). Unpickling it in
+a worker registers its URLs in this module's table, and the first read there builds the
+filesystem for that process from (protocol, options); filesystems are cached per process id, so
+a forked worker never reuses its parent's connections.
+
+NOTE [ Retries ]
+Object stores fail transiently: a connection reset, a timeout, an HTTP 5xx, throttling. Every
+remote call (a range read, a listing, a HEAD) is retried with exponential backoff and full
+jitter, within a bounded number of attempts and a time budget (:class:`RetryPolicy`); then a
+:class:`~naiad.SourceError` names the URL, the byte range and the cause. A missing object,
+a refused credential or a glob that matches nothing is not transient: it fails at once, at
+construction when it can be seen there. A read is idempotent (a range of an object whose size
+and ETag were recorded), so a retried block yields the same rows: exactly-once holds.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
+
+import pyarrow as pa
+
+from naiad.errors import ConfigError, SourceError
+
+__all__ = [
+    "ObjectInfo", "RangeFile", "RetryPolicy", "Storage", "input_stream", "is_remote", "is_url",
+    "open_input", "read_range", "size", "stat",
+]
+
+T = TypeVar("T")
+
+_URL_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
+
+# protocol -> the extra that installs its filesystem
+EXTRAS = {
+    "s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
+    "abfss": "azure", "adl": "azure", "http": "http", "https": "http",
+}
+
+
+def is_url(path: str) -> bool:
+    """True for ``proto://...`` (``file://`` included)."""
+    return _URL_RE.match(path) is not None
+
+
+def is_remote(path: str) -> bool:
+    """True when ``path`` is a URL that is not a local file (``file://`` is local)."""
+    m = _URL_RE.match(path)
+    return m is not None and m.group(1).lower() not in ("file", "local")
+
+
+def local_path(url: str) -> str:
+    """``file:///data/x.csv`` -> ``/data/x.csv`` (other paths unchanged)."""
+    m = _URL_RE.match(url)
+    return url[m.end():] if m and m.group(1).lower() in ("file", "local") else url
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient errors of remote reads are retried (see NOTE [ Retries ]).
+
+    Attributes:
+        attempts: tries in all, the first included (1: no retry).
+        base_s: the first backoff; each next one doubles, up to ``max_wait_s``, with full jitter.
+        max_wait_s: the longest single wait.
+        budget_s: no retry starts after this many seconds since the first try.
+    """
+
+    attempts: int = 8
+    base_s: float = 0.1
+    max_wait_s: float = 5.0
+    budget_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ConfigError(f"`RetryPolicy.attempts` must be >= 1, got {self.attempts}.")
+        if min(self.base_s, self.max_wait_s, self.budget_s) < 0:
+            raise ConfigError("`RetryPolicy` times must be >= 0.")
+
+
+class ObjectInfo(NamedTuple):
+    """What identifies one version of an object: its size and ETag (or modification time)."""
+
+    size: int
+    etag: str | None
+    mtime: str | None
+
+
+# url -> the Storage that opens it (filled by Storage.expand and on unpickling, per process)
+_BOUND: dict[str, Storage] = {}
+# (pid, protocol, options as JSON) -> filesystem
+_FILESYSTEMS: dict[tuple[int, str, str], Any] = {}
+_LOCK = threading.Lock()
+
+
+class Storage:
+    """How a source reaches its remote files: ``storage_options``, retries, objects' identities.
+
+    Plain data, so it pickles; the filesystem is rebuilt in each process (NOTE [ Remote files
+    in workers ]).
+
+    Args:
+        storage_options: passed to the fsspec filesystem (``key``/``secret``, ``anon``,
+            ``endpoint_url``, ``client_kwargs``...); None: credentials from the usual places.
+        retry: the retry policy for transient errors.
+    """
+
+    def __init__(self, storage_options: Mapping[str, Any] | None = None, retry: RetryPolicy | None = None) -> None:
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ConfigError(f"`storage_options` must be a dict, got {type(storage_options).__name__}.")
+        self.options: dict[str, Any] = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
+        self.infos: dict[str, ObjectInfo] = {}
+        try:
+            self._key = json.dumps(self.options, sort_keys=True, default=repr)
+        except (TypeError, ValueError):
+            self._key = repr(sorted(self.options.items()))
+
+    @classmethod
+    def of(cls, storage_options: Mapping[str, Any] | Storage | None, retry: RetryPolicy | None = None) -> Storage:
+        """A Storage from a reader's arguments (one already made, by ``naiad.read``, is kept)."""
+        return storage_options if isinstance(storage_options, Storage) else cls(storage_options, retry)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind(self.infos)
+
+    def _bind(self, urls: Iterable[str]) -> None:
+        with _LOCK:
+            for url in urls:
+                _BOUND[url] = self
+
+    # -- filesystems -------------------------------------------------------------------------
+
+    def filesystem(self, url: str) -> Any:
+        """The fsspec filesystem for ``url``'s protocol in this process (built once per process)."""
+        protocol = _protocol(url)
+        key = (os.getpid(), protocol, self._key)
+        fs = _FILESYSTEMS.get(key)
+        if fs is None:
+            fs = _make_filesystem(protocol, self.options, url)
+            with _LOCK:
+                fs = _FILESYSTEMS.setdefault(key, fs)
+        return fs
+
+    # -- finding files -----------------------------------------------------------------------
+
+    def expand(self, url: str) -> list[str]:
+        """The objects a URL or URL glob names, sorted, with their size and ETag recorded.
+
+        Raises:
+            SourceError: the object or bucket does not exist, the glob matches nothing, or the
+                credentials were refused.
+        """
+        fs = self.filesystem(url)
+        path = fs._strip_protocol(url)
+        if _has_magic(path):
+            found = self.call(url, None, lambda: fs.glob(path, detail=True))
+            entries = {p: i for p, i in found.items() if i.get("type", "file") == "file"}
+            if not entries:
+                raise SourceError("the pattern matches no object.", path=url)
+            urls = []
+            for p in sorted(entries):
+                u = _unstrip(fs, url, p)
+                self.infos[u] = _object_info(entries[p])
+                urls.append(u)
+        elif url in self.infos:  # listed already (naiad.read hands its reader the files it found)
+            urls = [url]
+        else:
+            info = self.call(url, None, lambda: fs.info(path))
+            if info.get("type", "file") != "file":
+                raise SourceError("is a directory (a prefix), not an object; use a glob such as "
+                                  f"{url.rstrip('/')}/*.csv.", path=url)
+            self.infos[url] = _object_info(info)
+            urls = [url]
+        self._bind(urls)
+        return urls
+
+    def stat(self, url: str) -> ObjectInfo:
+        """Size, ETag and modification time of ``url`` (recorded at expansion, else a HEAD)."""
+        info = self.infos.get(url)
+        if info is None:
+            fs = self.filesystem(url)
+            info = self.infos[url] = _object_info(self.call(url, None, lambda: fs.info(fs._strip_protocol(url))))
+        return info
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read_range(self, url: str, start: int, stop: int) -> bytes:
+        """Bytes ``start:stop`` of the object (one range request, retried; see NOTE [ Retries ])."""
+        if stop <= start:
+            return b""
+        fs = self.filesystem(url)
+        path = fs._strip_protocol(url)
+        data: bytes = self.call(url, (start, stop), lambda: fs.cat_file(path, start=start, end=stop))
+        if len(data) != stop - start:
+            raise SourceError(
+                f"expected {stop - start} bytes at offset {start}, read {len(data)}: the object "
+                "changed after it was listed.", path=url,
+            )
+        return data
+
+    def call(self, url: str, byte_range: tuple[int, int] | None, op: Callable[[], T]) -> T:
+        """``op()``, retried on transient errors; other errors become a SourceError naming ``url``."""
+        policy = self.retry
+        began = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return op()
+            except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
+                if not is_transient(exc):
+                    raise _remote_error(exc, url, byte_range) from exc
+                wait = random.uniform(0, min(policy.max_wait_s, policy.base_s * 2 ** (attempt - 1)))
+                if attempt >= policy.attempts or time.monotonic() - began + wait > policy.budget_s:
+                    where = f" bytes {byte_range[0]}-{byte_range[1]}" if byte_range else ""
+                    raise SourceError(
+                        f"reading{where} failed after {attempt} attempt(s) in {time.monotonic() - began:.1f} s: "
+                        f"{_describe(exc)}", path=url,
+                    ) from exc
+                time.sleep(wait)
+
+
+def _protocol(url: str) -> str:
+    m = _URL_RE.match(url)
+    return m.group(1).lower() if m else "file"
+
+
+def _has_magic(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def _unstrip(fs: Any, url: str, path: str) -> str:
+    """The URL of a listed ``path``, with the protocol the user wrote (``s3a``, ``abfss``...)."""
+    protocol = _protocol(url)
+    full = str(fs.unstrip_protocol(path))
+    m = _URL_RE.match(full)
+    return f"{protocol}://{full[m.end():]}" if m else f"{protocol}://{path}"
+
+
+def _object_info(info: Mapping[str, Any]) -> ObjectInfo:
+    etag = info.get("ETag") or info.get("etag")
+    mtime = info.get("LastModified") or info.get("last_modified") or info.get("mtime") or info.get("created")
+    return ObjectInfo(int(info.get("size") or 0), str(etag).strip('"') if etag else None,
+                      str(mtime) if mtime is not None else None)
+
+
+def _make_filesystem(protocol: str, options: Mapping[str, Any], url: str) -> Any:
+    try:
+        import fsspec
+    except ImportError:
+        raise ConfigError(f"reading {url} needs fsspec: pip install 'naiad[{EXTRAS.get(protocol, 's3')}]'.") from None
+    try:
+        # Not fsspec's instance cache: ours is keyed by process id (NOTE [ Remote files in workers ]).
+        return fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+    except ImportError as exc:
+        extra = EXTRAS.get(protocol)
+        fix = f"pip install 'naiad[{extra}]'" if extra else "install the fsspec implementation for it"
+        raise ConfigError(f"reading {url} needs a package that is not installed ({exc}): {fix}.") from None
+    except ValueError as exc:
+        raise ConfigError(f"no filesystem for the protocol {protocol!r} of {url} ({exc}).") from None
+    except TypeError as exc:
+        raise ConfigError(f"`storage_options` {sorted(options)} do not fit the {protocol!r} filesystem: {exc}") from None
+
+
+_TRANSIENT_NAMES = {
+    "ClientConnectionError", "ClientOSError", "ServerDisconnectedError", "ClientPayloadError",
+    "ServerTimeoutError", "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
+    "ConnectTimeoutError", "IncompleteRead", "ResponseStreamingError", "ProtocolError",
+    "ContentLengthError", "TransferEncodingError", "ClientResponseError",
+}
+_TRANSIENT_CODES = (
+    "SlowDown", "Throttl", "RequestTimeout", "InternalError", "ServiceUnavailable", "TooManyRequests",
+    "RequestLimitExceeded", "BandwidthLimitExceeded",
+)
+_TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.EPIPE, errno.ETIMEDOUT,
+                     errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETRESET}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is worth a retry: a dropped connection, a timeout,
+    a 5xx, throttling. A missing object or a refused credential is not."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 8:
+        seen += 1
+        if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+            return False
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+            return True
+        if any(t.__name__ in _TRANSIENT_NAMES for t in type(e).__mro__):
+            status = getattr(e, "status", None)
+            return not (isinstance(status, int) and 400 <= status < 500 and status not in (408, 429))
+        status = _http_status(e)
+        if status is not None and (status >= 500 or status in (408, 429)):
+            return True
+        if any(code in str(e) for code in _TRANSIENT_CODES):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _http_status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if isinstance(status, int) else None
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    return status if isinstance(status, int) and 100 <= status < 600 else None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip() or "(no message)"
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _remote_error(exc: BaseException, url: str, byte_range: tuple[int, int] | None) -> BaseException:
+    """A non-transient failure in words (or the error itself when it is already naiad's)."""
+    if isinstance(exc, (SourceError, ConfigError)):
+        return exc
+    where = f" (bytes {byte_range[0]}-{byte_range[1]})" if byte_range else ""
+    if isinstance(exc, FileNotFoundError):
+        return SourceError(f"object or bucket not found{where}.", path=url)
+    if isinstance(exc, PermissionError) or _http_status(exc) in (401, 403):
+        return SourceError(
+            f"access refused{where} ({_describe(exc)}): check the credentials (storage_options= "
+            "or the environment) and the permissions on the bucket.", path=url,
+        )
+    return SourceError(f"cannot read{where}: {_describe(exc)}", path=url)
+
+
+# -- the module-level seam the readers call: local paths keep their code path ---------------
+
+
+def storage_for(url: str) -> Storage:
+    """The Storage bound to ``url`` (a plain one, credentials from the environment, if none)."""
+    found = _BOUND.get(url)
+    if found is None:
+        found = Storage()
+        found._bind([url])
+    return found
+
+
+def stat(url: str) -> ObjectInfo:
+    """Size, ETag and modification time of a remote object."""
+    return storage_for(url).stat(url)
+
+
+def size(path: str) -> int:
+    """The size of a file or object in bytes."""
+    if is_remote(path):
+        return stat(path).size
+    return os.path.getsize(path)
+
+
+def read_range(path: str, start: int, stop: int) -> bytes:
+    """Bytes ``start:stop`` of a file or object (``stop`` < 0: to the end)."""
+    if is_remote(path):
+        if stop < 0:
+            stop = size(path)
+        return storage_for(path).read_range(path, start, stop)
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read() if stop < 0 else f.read(stop - start)
+
+
+def open_input(path: str, buffer_bytes: int = 8 << 20) -> io.BufferedIOBase:
+    """A sequential binary file: ``open(path, "rb")`` locally, range reads of ``buffer_bytes``
+    at a time for an object (a scan for newlines reads a whole file this way)."""
+    if is_remote(path):
+        return io.BufferedReader(RangeFile(path), buffer_size=buffer_bytes)
+    return open(path, "rb")
+
+
+def input_stream(path: str, compression: str | None = None, buffer_bytes: int = 1 << 20) -> pa.NativeFile:
+    """``pyarrow.input_stream`` over a file or an object, decompressing ``compression``.
+
+    An object that is not compressed is read unbuffered (a header's 64 KiB is one request of
+    64 KiB); a compressed one through ``buffer_bytes`` requests (the codec reads 64 KiB at a time).
+    """
+    if is_remote(path):
+        raw: io.RawIOBase | io.BufferedIOBase = RangeFile(path) if compression is None else open_input(path, buffer_bytes)
+        return pa.input_stream(raw, compression=compression)
+    return pa.input_stream(path, compression=compression)
+
+
+class RangeFile(io.RawIOBase):
+    """A seekable, read-only object whose every read is one range request (retried).
+
+    What PyArrow opens for Parquet and Arrow IPC objects: it reads the footer, then only the
+    row groups' column chunks or the record batches asked for.
+    """
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self._storage = storage_for(url)
+        self._size = self._storage.stat(url).size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        """Always true."""
+        return True
+
+    def seekable(self) -> bool:
+        """Always true."""
+        return True
+
+    def tell(self) -> int:
+        """The current offset."""
+        return self._pos
+
+    def size(self) -> int:
+        """The object's size in bytes."""
+        return self._size
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Move to ``offset`` (from the start, the current offset or the end)."""
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        """Fill ``buffer`` from the current offset with one range request."""
+        view = memoryview(buffer).cast("B")
+        stop = min(self._size, self._pos + len(view))
+        if stop <= self._pos:
+            return 0
+        data = self._storage.read_range(self.url, self._pos, stop)
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left when negative), with one range request."""
+        stop = self._size if size is None or size < 0 else min(self._size, self._pos + size)
+        if stop <= self._pos:
+            return b""
+        data = self._storage.read_range(self.url, self._pos, stop)
+        self._pos += len(data)
+        return data
