@@ -1,4 +1,6 @@
-"""Conformance checks to run on your own loaders: does a saved position resume exactly?
+"""Conformance checks to run on your own loaders: does a saved position resume exactly? Does a
+streaming configuration deliver every row exactly once (:func:`check_coverage`, from
+:mod:`naiad.coverage`; ``naiad check`` on the command line)?
 
 :func:`check_resume` is the check naiad runs on every source and mode of its own (the project's
 ``tests/integration/test_resume_conformance.py``); run it on your dataset and configuration,
@@ -42,9 +44,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from naiad.coverage import CoverageReport, EpochCoverage, ShuffleQuality, check_coverage
 from naiad.errors import ConfigError
 
-__all__ = ["ResumeReport", "SavePoint", "check_resume", "first_difference"]
+__all__ = [
+    "CoverageReport", "EpochCoverage", "ResumeReport", "SavePoint", "ShuffleQuality", "check_coverage", "check_resume",
+    "first_difference",
+]
 
 
 @dataclass(frozen=True)

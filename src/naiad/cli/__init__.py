@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 # Subcommands in the order `naiad --help` lists them.
-_COMMANDS = ("demo", "bench", "tune")
+_COMMANDS = ("demo", "bench", "tune", "check")
 
 
 def build_parser() -> argparse.ArgumentParser:
