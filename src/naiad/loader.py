@@ -65,6 +65,8 @@ class LoaderOptions:
         shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
         rank: the rank a map-style dataset is sharded for (None: not sharded).
         world_size: the number of ranks it is sharded over.
+        read_ahead: threads that read a streaming source ahead when ``num_workers=0`` (None:
+            :func:`default_read_ahead`).
     """
 
     seed: int | None = None
@@ -75,6 +77,17 @@ class LoaderOptions:
     shuffle_buffer: int | None = None
     rank: int | None = None
     world_size: int | None = None
+    read_ahead: int | None = None
+
+
+def default_read_ahead() -> int:
+    """Read-ahead threads of a streaming source with ``num_workers=0``: two where there are two
+    cores or more (one parses while the other's block is handed over), none on one core."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        cores = os.cpu_count() or 1
+    return 2 if cores >= 2 else 0
 
 
 class DataLoader(TorchDataLoader[T_co]):
@@ -100,6 +113,10 @@ class DataLoader(TorchDataLoader[T_co]):
             PyArrow, torch ops). Default: processes (torch's behaviour) for datasets, threads for
             streaming sources, whose parsing is PyArrow's and releases the GIL (and results then
             need no copy through shared memory).
+        read_ahead: for a streaming source left at ``num_workers=0``: threads that read and
+            parse its blocks ahead of the training loop, in this process (they run no user
+            code). None: two on a machine with two or more cores, none on one
+            (:func:`default_read_ahead`); 0 reads between batches, on PyArrow's own threads.
 
     Example:
         >>> import torch
@@ -137,7 +154,10 @@ class DataLoader(TorchDataLoader[T_co]):
         rank: int | None = None,
         world_size: int | None = None,
         transform: Callable[[Any], Any] | None = None,
+        read_ahead: int | None = None,
     ) -> None:
+        if read_ahead is not None and (not isinstance(read_ahead, int) or read_ahead < 0):
+            raise ConfigError(f"`read_ahead` must be an int >= 0 or None, got {read_ahead!r}.")
         args = resolve_arguments(
             dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
             num_workers=num_workers, collate_fn=collate_fn, drop_last=drop_last, generator=generator,
@@ -167,6 +187,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self.options = LoaderOptions(
             seed=args.seed, worker_mode=args.worker_mode, device=device, device_prefetch=device_prefetch,
             transform=transform, shuffle_buffer=shuffle_buffer, rank=args.rank, world_size=args.world_size,
+            read_ahead=read_ahead,
         )
         self._tuner = args.tuner
         self._stream_counters = StreamCounters()
@@ -289,12 +310,17 @@ class DataLoader(TorchDataLoader[T_co]):
         """How many workers run and why: the user's setting, or what ``"auto"`` chose and measured."""
         if self._tuner is not None:
             return {"setting": "auto", **self._tuner.stats()}
-        return {
+        info = {
             "setting": self.num_workers,
             "num_workers": self.num_workers,
             "mode": self.worker_mode if self.num_workers else "inline",
             "reason": "set by the user",
         }
+        read_ahead = self.read_ahead_threads()
+        if read_ahead:
+            info["read_ahead"] = read_ahead
+            info["reason"] = f"set by the user; {read_ahead} thread(s) read the stream ahead (`read_ahead=`)"
+        return info
 
     @property
     def bad_rows(self) -> dict[str, int]:
@@ -466,12 +492,21 @@ class DataLoader(TorchDataLoader[T_co]):
             self._pool, self._pool_base_seed = pool, base_seed
         return pool, not persistent, base_seed
 
+    def read_ahead_threads(self) -> int:
+        """Threads that read a streaming source ahead of the loop while ``num_workers=0`` (the
+        pass's own pool; they run no user code), else 0."""
+        if self._pipeline.kind != "stream" or self.num_workers or self._tuner is not None:
+            return 0
+        return default_read_ahead() if self.options.read_ahead is None else self.options.read_ahead
+
     def _make_pool(self, base_seed: int) -> WorkerPool:
         tuner = self._tuner
+        workers = self.num_workers if tuner is None else tuner.decision.num_workers
+        read_ahead = self.read_ahead_threads()
         return WorkerPool(
             self._pipeline.handler_factory(),
-            num_workers=self.num_workers if tuner is None else tuner.decision.num_workers,
-            mode=self.worker_mode,
+            num_workers=read_ahead or workers,
+            mode="thread" if read_ahead else self.worker_mode,
             multiprocessing_context=self.multiprocessing_context,
             timeout_s=self.timeout or None,
             worker_init_fn=self.worker_init_fn if self.num_workers > 0 or tuner is not None else None,

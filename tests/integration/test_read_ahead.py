@@ -1,0 +1,84 @@
+"""A streaming source left at num_workers=0 is read ahead on threads (`read_ahead=`)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import naiad
+from naiad.loader import default_read_ahead
+
+
+def make_csv(path: Path, n: int = 5000) -> str:
+    path.write_text("id,x\n" + "".join(f"{i},{i % 17}.5\n" for i in range(n)))
+    return str(path)
+
+
+def batches(loader: naiad.DataLoader) -> list[np.ndarray]:
+    return [b["id"].numpy().copy() for b in loader]
+
+
+@pytest.mark.timeout(120)
+def test_read_ahead_changes_nothing_but_where_blocks_are_read(tmp_path: Path) -> None:
+    path = make_csv(tmp_path / "d.csv")
+    seen: set[str] = set()
+
+    class Spy:
+        def __call__(self, batch: dict) -> dict:
+            seen.add(threading.current_thread().name)
+            return batch
+
+    runs = {}
+    for ahead in (0, 1, 2, 3):
+        loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=2000), batch_size=100, shuffle=True, seed=4,
+                                  shuffle_buffer=700, read_ahead=ahead, transform=Spy())
+        runs[ahead] = batches(loader)
+        info = loader.stats().workers
+        assert info["num_workers"] == 0 and info.get("read_ahead", 0) == ahead
+    for ahead in (1, 2, 3):
+        assert len(runs[ahead]) == len(runs[0])
+        assert all(np.array_equal(a, b) for a, b in zip(runs[ahead], runs[0]))
+    assert seen == {threading.current_thread().name}  # the transform stays in the training thread
+
+
+def test_the_default(tmp_path: Path) -> None:
+    path = make_csv(tmp_path / "d.csv", 100)
+    loader = naiad.DataLoader(naiad.read_csv(path), batch_size=10)
+    assert loader.read_ahead_threads() == default_read_ahead()
+    assert loader.stats().workers.get("read_ahead", 0) == default_read_ahead()
+    # Workers of their own, a tuner, or a map-style dataset: no read-ahead threads.
+    assert naiad.DataLoader(naiad.read_csv(path), batch_size=10, num_workers=2).read_ahead_threads() == 0
+    assert naiad.DataLoader(torch.arange(10), batch_size=2).read_ahead_threads() == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2"])
+def test_bad_values(tmp_path: Path, bad: object) -> None:
+    path = make_csv(tmp_path / "d.csv", 10)
+    with pytest.raises(naiad.ConfigError, match="read_ahead"):
+        naiad.DataLoader(naiad.read_csv(path), batch_size=2, read_ahead=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(120)
+def test_break_and_errors_leave_no_thread(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text("id,x\n" + "".join(f"{i},1.0\n" for i in range(3000)) + "oops,1.0\n")
+    clean = make_csv(tmp_path / "clean.csv", 3000)
+    before = threading.active_count()
+    loader = naiad.DataLoader(naiad.read_csv(clean, block_bytes=500), batch_size=50, read_ahead=2)
+    for i, _ in enumerate(loader):
+        if i == 3:
+            break
+    with pytest.raises(naiad.SourceError, match="line 3002"):
+        list(naiad.DataLoader(naiad.read_csv(path, block_bytes=500), batch_size=50, read_ahead=2))
+    import gc
+    import time
+
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before
