@@ -33,6 +33,7 @@ from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
 from naiad.fetch import choose_fetch
 from naiad.parallel import AutoTuner, WorkerPool
+from naiad.parallel.restart import RestartBudget
 from naiad.pipelines import (
     IterablePipeline,
     LazyPass,
@@ -65,6 +66,8 @@ class LoaderOptions:
         shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
         rank: the rank a map-style dataset is sharded for (None: not sharded).
         world_size: the number of ranks it is sharded over.
+        max_worker_restarts: process workers that may die and be replaced over the loader's
+            life (NOTE [ Worker restarts ]); 0: a dead worker is a WorkerError.
     """
 
     seed: int | None = None
@@ -75,6 +78,7 @@ class LoaderOptions:
     shuffle_buffer: int | None = None
     rank: int | None = None
     world_size: int | None = None
+    max_worker_restarts: int = 0
 
 
 class DataLoader(TorchDataLoader[T_co]):
@@ -100,6 +104,12 @@ class DataLoader(TorchDataLoader[T_co]):
             PyArrow, torch ops). Default: processes (torch's behaviour) for datasets, threads for
             streaming sources, whose parsing is PyArrow's and releases the GIL (and results then
             need no copy through shared memory).
+        max_worker_restarts: how many times over the loader's life a process worker that dies
+            (SIGKILL, the out-of-memory killer, a segfault, ``os._exit``) is replaced, the tasks
+            it owed run again: the epoch's batches stay those of an uninterrupted run, in the
+            same order. 0 (the default): a dead worker is a :class:`~naiad.WorkerError`, as it
+            is once the restarts are spent or when one task ends its worker twice.
+            ``stats().workers["restarts"]`` counts them (docs/WORKERS.md, "Restarts").
 
     Example:
         >>> import torch
@@ -137,13 +147,14 @@ class DataLoader(TorchDataLoader[T_co]):
         rank: int | None = None,
         world_size: int | None = None,
         transform: Callable[[Any], Any] | None = None,
+        max_worker_restarts: int = 0,
     ) -> None:
         args = resolve_arguments(
             dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
             num_workers=num_workers, collate_fn=collate_fn, drop_last=drop_last, generator=generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, worker_mode=worker_mode,
             seed=seed, device_prefetch=device_prefetch, shuffle_buffer=shuffle_buffer, rank=rank,
-            world_size=world_size,
+            world_size=world_size, max_worker_restarts=max_worker_restarts,
         )
         # By keyword: a subclass or a trainer that re-instantiates the loader from its
         # attributes must not depend on the order of torch's positional parameters.
@@ -167,6 +178,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self.options = LoaderOptions(
             seed=args.seed, worker_mode=args.worker_mode, device=device, device_prefetch=device_prefetch,
             transform=transform, shuffle_buffer=shuffle_buffer, rank=args.rank, world_size=args.world_size,
+            max_worker_restarts=int(max_worker_restarts),
         )
         self._tuner = args.tuner
         self._stream_counters = StreamCounters()
@@ -188,6 +200,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self._pool: WorkerPool | None = None  # kept across epochs with persistent_workers
         self._pool_base_seed = 0  # the base seed the kept pool was started with
         self._epoch = 0
+        self._restarts = RestartBudget(self.options.max_worker_restarts)  # shared by the loader's pools
         self._telemetry = Telemetry()
         self._current: weakref.ReferenceType[Any] | None = None  # the pass in progress
         self._current_inner: weakref.ReferenceType[EpochIterator] | None = None
@@ -286,14 +299,17 @@ class DataLoader(TorchDataLoader[T_co]):
         return dataclasses.replace(self._telemetry.stats(), workers=self.workers_info(), bad_rows=self.bad_rows)
 
     def workers_info(self) -> dict[str, Any]:
-        """How many workers run and why: the user's setting, or what ``"auto"`` chose and measured."""
+        """How many workers run and why (the user's setting, or what ``"auto"`` chose and
+        measured), and the workers restarted: ``restarts`` (a count), ``max_restarts`` and
+        ``restart_log`` (per restart: ``worker``, ``pid``, ``exitcode``, ``task``, ``epoch``)."""
         if self._tuner is not None:
-            return {"setting": "auto", **self._tuner.stats()}
+            return {"setting": "auto", **self._tuner.stats(), **self._restarts.stats()}
         return {
             "setting": self.num_workers,
             "num_workers": self.num_workers,
             "mode": self.worker_mode if self.num_workers else "inline",
             "reason": "set by the user",
+            **self._restarts.stats(),
         }
 
     @property
@@ -480,6 +496,7 @@ class DataLoader(TorchDataLoader[T_co]):
             rank=0 if self.options.rank is None else int(self.options.rank),
             init_inline=tuner is None,  # with "auto", only real workers run worker_init_fn
             prepare=functools.partial(prepare_worker, getattr(self._pipeline, "dataset", self.dataset)),
+            restarts=self._restarts,
         )
 
     # -- pickling: Lightning's ddp_spawn and copy.deepcopy send the loader, not its workers -----
@@ -491,6 +508,7 @@ class DataLoader(TorchDataLoader[T_co]):
         for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending"):
             state[runtime] = None
         state["_telemetry"] = None
+        state["_restarts"] = RestartBudget(self.options.max_worker_restarts)  # a copy's own count
         if self._tuner is not None:
             state["_tuner"] = self._tuner.base_prefetch  # a fresh tuner measures again
         return state

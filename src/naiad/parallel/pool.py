@@ -38,7 +38,7 @@ An exception from the handler fails its task only. torch's DataLoader iterator r
 batch's exception from ``next()`` and the following ``next()`` carries on with the next batch,
 so a loop that catches and skips a bad batch sees the rest of the epoch; a pool's iteration
 does the same. The generators that drive a pass never raise a task's exception themselves (a
-generator that raises is finished): they yield it wrapped in ``_Failed``, and
+generator that raises is finished): they yield it wrapped in ``Failed``, and
 :class:`PoolResults`, the iterator ``imap`` returns, raises it and stays usable. Everything
 else ends the iteration (``PoolResults.alive`` turns False): a dead worker, a timeout, a
 worker that could not start, a result that could not be received, and ``KeyboardInterrupt``.
@@ -52,12 +52,11 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from naiad.errors import ConfigError, WorkerError
 from naiad.parallel.backend import (
@@ -70,6 +69,15 @@ from naiad.parallel.backend import (
     worker_seed,
 )
 from naiad.parallel.context import WorkerContext, enter, get_worker_context, leave, worker_rng
+from naiad.parallel.restart import (
+    DEATHS_PER_TASK,
+    RestartBudget,
+    TaskLedger,
+    death_error,
+    doing_words,
+    repeated_death_error,
+)
+from naiad.parallel.results import DeferredResults, Failed, PoolResults
 
 __all__ = [
     "Exhausted",
@@ -78,6 +86,7 @@ __all__ = [
     "Pinned",
     "PoolResults",
     "RemoteError",
+    "RestartBudget",
     "WorkerContext",
     "WorkerPool",
     "add_note",
@@ -89,92 +98,6 @@ HandlerFactory = Callable[[WorkerContext], Callable[[Any], Any]]
 """Builds, inside a worker, the callable that turns one task payload into one result."""
 
 INLINE = -1  # the "worker" of a task run in the calling thread
-
-
-class _Failed:
-    """A task's exception, carried out of a generator without ending it (NOTE [ A failed task ])."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc: BaseException | None = exc
-
-
-class PoolResults(Iterator[Any]):
-    """The results of one ``imap``: ``next()`` raises a failed task's exception and then goes on.
-
-    Attributes:
-        alive: False once the iteration ended (its last task, or an error that ends it: a
-            dead worker, a timeout, ``KeyboardInterrupt``); True after a task's own exception,
-            which the next ``next()`` carries on from (NOTE [ A failed task ]).
-    """
-
-    def __init__(self, results: Iterator[Any]) -> None:
-        self._results = results
-        self.alive = True
-
-    def __iter__(self) -> PoolResults:
-        return self
-
-    def __next__(self) -> Any:
-        if not self.alive:
-            raise StopIteration
-        try:
-            item = next(self._results)
-        except BaseException:
-            self.alive = False  # the generator has finished (its end, or an error it raised)
-            raise
-        if type(item) is _Failed:
-            exc, item.exc = item.exc, None  # the marker must not keep the exception alive
-            raise cast(BaseException, exc)
-        return item
-
-    def close(self) -> None:
-        """End the iteration now; results still owed are dropped when they arrive."""
-        self.alive = False
-        close = getattr(self._results, "close", None)
-        if close is not None:
-            close()
-
-
-class DeferredResults(Iterator[Any]):
-    """An iterator made by ``make()`` at the first ``next()``; it passes a failed task's exception
-    through and goes on after it, as :class:`PoolResults` does (a generator that wraps an
-    iterator would end at the first exception instead: NOTE [ A failed task ])."""
-
-    def __init__(self, make: Callable[[], Iterator[Any]]) -> None:
-        self._make: Callable[[], Iterator[Any]] | None = make
-        self._it: Iterator[Any] | None = None
-        self._closed = False
-
-    @property
-    def alive(self) -> bool:
-        """Whether ``next()`` can still give results (see :class:`PoolResults`)."""
-        if self._closed:
-            return False
-        return self._it is None or bool(getattr(self._it, "alive", False))
-
-    def __iter__(self) -> DeferredResults:
-        return self
-
-    def __next__(self) -> Any:
-        if self._closed:
-            raise StopIteration
-        if self._it is None:
-            make, self._make = self._make, None
-            try:
-                self._it = iter(cast(Callable[[], Iterator[Any]], make)())
-            except BaseException:
-                self._closed = True  # it could not be made: nothing follows
-                raise
-        return next(self._it)
-
-    def close(self) -> None:
-        """End the iteration; the inner iterator, if made, is closed."""
-        self._closed = True
-        close = getattr(self._it, "close", None)
-        if close is not None:
-            close()
 
 
 @dataclass(frozen=True)
@@ -212,6 +135,8 @@ class WorkerPool:
         rank: the distributed rank, a key of each worker's seed sequence.
         init_inline: call ``worker_init_fn(0)`` when running inline; False keeps it for real
             workers only, as torch does (a loader whose worker count is tuned starts inline).
+        restarts: the budget of worker restarts (shared between pools to count them together);
+            None allows none: a dead worker is a WorkerError (NOTE [ Worker restarts ]).
 
     Example:
         >>> pool = WorkerPool(lambda ctx: (lambda x: x * x), num_workers=0)
@@ -233,6 +158,7 @@ class WorkerPool:
         rank: int = 0,
         init_inline: bool = True,
         prepare: Callable[[WorkerContext], None] | None = None,
+        restarts: RestartBudget | None = None,
     ) -> None:
         if num_workers < 0:
             raise ConfigError(f"`num_workers` must be >= 0, got {num_workers}.")
@@ -259,7 +185,10 @@ class WorkerPool:
         self._inline_rng_key: tuple[int, int] | None = None
         self._active: list[int] = []  # workers that take new tasks, in round-robin order
         self._retiring: set[int] = set()  # out of the rotation, still owing results
-        self._owed: dict[int, int] = {}  # tasks submitted to each worker and not yet answered
+        self._ledger = TaskLedger()  # tasks sent to each worker and not yet answered
+        self._started_with: dict[int, int] = {}  # the worker count each worker was started with
+        self.restarts = restarts if restarts is not None else RestartBudget(0)
+        self._walk_payload: Callable[[int], Any] | None = None
         self._stale: set[int] = set()  # seqs of abandoned iterations, still owed by workers
         self._ready: set[int] = set()
         self._passes = 0
@@ -310,7 +239,8 @@ class WorkerPool:
             else:
                 self._ready.discard(w)
                 backend.start(w, target)
-                self._owed[w] = 0
+                self._started_with[w] = target
+                self._ledger.take(w)
             self._active.append(w)
         self._active.sort()
 
@@ -353,7 +283,7 @@ class WorkerPool:
     def _reap(self) -> None:
         # Retiring workers that owe nothing may go (NOTE [ Resizing ]).
         for w in sorted(self._retiring):
-            if self._owed.get(w, 0) == 0 and self._backend is not None:
+            if self._ledger.owed(w) == 0 and self._backend is not None:
                 self._backend.stop(w)
                 self._retiring.discard(w)
 
@@ -411,7 +341,7 @@ class WorkerPool:
     def _least_busy(self, workers: list[int]) -> int:
         # Out of order: the worker with the fewest tasks in hand (the first on a tie), so work
         # flows around a slow task instead of queueing behind it, as torch's in_order=False.
-        return min(workers, key=lambda w: self._owed.get(w, 0))
+        return min(workers, key=self._ledger.owed)
 
     def _assign(self, tasks: Iterator[Any], in_order: bool = True) -> Iterator[tuple[int, Any]]:
         k = 0
@@ -460,7 +390,7 @@ class WorkerPool:
                     w = self._least_busy([v for v in workers if active[v]])
                 yield w, payload_for(w)
 
-        return PoolResults(self._walk(assign(), prefetch, in_order, key, active))
+        return PoolResults(self._walk(assign(), prefetch, in_order, key, active, payload_for))
 
     def _walk(
         self,
@@ -469,12 +399,17 @@ class WorkerPool:
         in_order: bool,
         key: tuple[int, int],
         active: dict[int, bool],
+        payload_for: Callable[[int], Any],
     ) -> Iterator[Any]:
         self._walking_iterators = True
+        self._walk_payload = payload_for
+        self._ledger.start_walk(key)  # a restarted worker walks its iterator again to here
         try:
             yield from self._drive(assign, prefetch, in_order, key, stop_on_exhausted=True, active=active)
         finally:
             self._walking_iterators = False
+            self._walk_payload = None
+            self._ledger.start_walk(None)
 
     def _call_inline(self, payload: Any, key: tuple[int, int], entropy: tuple[int, ...] | None = None) -> Any:
         handler = self._build_inline_handler()
@@ -504,7 +439,7 @@ class WorkerPool:
             except Exhausted:
                 return
             except Exception as exc:  # NOTE [ A failed task ]
-                result = _Failed(exc)
+                result = Failed(exc)
             yield result
             if self._active:  # resized: the workers take the rest of this pass
                 yield from self._drive(self._assign(tasks, in_order), prefetch, in_order, key,
@@ -518,7 +453,7 @@ class WorkerPool:
             except Exhausted:
                 return
             except Exception as exc:  # NOTE [ A failed task ]: the iterator decides what follows
-                result = _Failed(exc)
+                result = Failed(exc)
             yield result
 
     def _drive(
@@ -561,13 +496,14 @@ class WorkerPool:
                         done[seq] = ("raise", exc)
                 else:
                     if w in backend.dead:
-                        raise self._death_error(w, backend, None)
-                    backend.submit(w, seq, payload, key if entropy is None else (*key, entropy))
-                    self._owed[w] = self._owed.get(w, 0) + 1
+                        raise self._death_error(w, backend, None, [])
+                    self._send(backend, w, seq, payload, key if entropy is None else (*key, entropy))
                 pending[seq] = (w, payload)
                 order.append(seq)
 
         try:
+            if self.restarts.limit:  # a worker that died between passes is replaced before it is sent work
+                self._receive(backend, backend.poll(0), pending, done)
             refill()
             while pending or done:
                 # Deliver what is deliverable.
@@ -585,11 +521,11 @@ class WorkerPool:
                         elif w == INLINE:
                             return
                     elif kind == "raise":  # NOTE [ A failed task ]
-                        yield _Failed(value)
+                        yield Failed(value)
                     else:  # error
                         exc = value.rebuild()
                         add_note(exc, f"naiad: raised in worker {w} (pid {backend.pid(w)}) while loading {self._describe(payload)}")
-                        yield _Failed(exc)
+                        yield Failed(exc)
                         del exc
                     refill()
                 if not pending:
@@ -600,38 +536,42 @@ class WorkerPool:
             # Results still owed for this iteration are dropped when they arrive.
             self._stale.update(s for s, (w, _) in pending.items() if s not in done and w != INLINE)
 
+    def _receive(self, backend: Any, messages: list, pending: dict[int, tuple[int, Any]],
+                 done: dict[int, tuple[str, Any]]) -> bool:
+        """Take the backend's messages in; whether a result of ``pending`` came."""
+        got = False
+        for w, kind, seq, value, stages in messages:
+            if kind == "ready":
+                self._ready.add(w)
+                continue
+            if kind == "retired":
+                continue
+            if kind == "died":
+                self._on_death(w, backend, value, pending, done)
+                continue
+            if seq == -1:  # the worker could not build its handler
+                exc = value.rebuild()
+                add_note(exc, f"naiad: raised in worker {w} while starting (worker_init_fn or dataset set-up)")
+                raise exc
+            if seq >= 0:
+                self._ledger.answered(w, seq)
+            for name, s in stages.items():
+                self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + s
+            if seq in self._stale:
+                self._stale.discard(seq)
+                continue
+            if seq in pending:
+                done[seq] = (kind, value)
+                got = True
+            elif seq == -2:
+                raise value.rebuild()
+        return got
+
     def _collect(self, backend: Any, pending: dict[int, tuple[int, Any]], done: dict[int, tuple[str, Any]]) -> None:
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
             wait_s = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-            messages = backend.poll(wait_s)
-            got = False
-            for w, kind, seq, value, stages in messages:
-                if kind == "ready":
-                    self._ready.add(w)
-                    continue
-                if kind == "retired":
-                    continue
-                if kind == "died":
-                    owed = {s: t for s, t in pending.items() if s not in done}
-                    raise self._death_error(w, backend, value, owed)
-                if seq == -1:  # the worker could not build its handler
-                    exc = value.rebuild()
-                    add_note(exc, f"naiad: raised in worker {w} while starting (worker_init_fn or dataset set-up)")
-                    raise exc
-                if seq >= 0:
-                    self._owed[w] = self._owed.get(w, 0) - 1
-                for name, s in stages.items():
-                    self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + s
-                if seq in self._stale:
-                    self._stale.discard(seq)
-                    continue
-                if seq in pending:
-                    done[seq] = (kind, value)
-                    got = True
-                elif seq == -2:
-                    raise value.rebuild()
-            if got:
+            if self._receive(backend, backend.poll(wait_s), pending, done):
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 w, payload = next((t for s, t in pending.items() if s not in done), next(iter(pending.values())))
@@ -644,43 +584,47 @@ class WorkerPool:
                     task=doing,
                 )
 
-    def _death_error(
-        self, w: int, backend: Any, exitcode: int | None, pending: dict[int, tuple[int, Any]] | None = None
-    ) -> WorkerError:
-        held = [p for (wid, p) in (pending or {}).values() if wid == w]
+    def _send(self, backend: Any, w: int, seq: int, payload: Any, key: tuple) -> None:
+        backend.submit(w, seq, payload, key)
+        self._ledger.sent(w, seq, payload, key)
+
+    def _death_error(self, w: int, backend: Any, exitcode: int | None, held: list[Any]) -> WorkerError:
         starting = w not in self._ready
-        if starting:  # it never built its handler: whatever it was sent, it did not begin it
-            doing = "while starting"
-        else:
-            doing = f"while loading {self._describe(held[0])}" if held else "while idle"
+        doing = doing_words(self._describe, held, starting)
+        return death_error(w, backend.pid(w), exitcode, doing, starting=starting,
+                           process=self._worker_mode == "process", budget=self.restarts)
+
+    def _on_death(
+        self, w: int, backend: Any, exitcode: int | None, pending: dict[int, tuple[int, Any]],
+        done: dict[int, tuple[str, Any]],
+    ) -> None:
+        # NOTE [ Worker restarts ]: start it again and send it what it owed, or say why not.
+        owed = self._ledger.take(w)
+        self._stale.difference_update(seq for seq, _, _ in owed)  # an abandoned pass's: dropped
+        owed = [t for t in owed if t[0] in pending and t[0] not in done]
+        starting = w not in self._ready
+        if self.restarts.limit and w not in self._active and w not in self._retiring and not owed:
+            return  # it was asked to leave and owed nothing: nothing to replace
+        if not self.restarts.left:
+            raise self._death_error(w, backend, exitcode, [p for s, (v, p) in pending.items() if v == w and s not in done])
+        doing = doing_words(self._describe, [owed[0][1]] if owed else [], starting)
         pid = backend.pid(w)
-        # torch's words first (code that matches "DataLoader worker (pid" keeps working), then naiad's.
-        if exitcode is not None and exitcode < 0:
-            try:
-                how = f"killed by signal {signal.Signals(-exitcode).name}"
-                described = signal.strsignal(-exitcode) or str(-exitcode)
-            except ValueError:
-                how = f"killed by signal {-exitcode}"
-                described = str(-exitcode)
-            torch_words = f"DataLoader worker (pid {pid}) is killed by signal: {described}. "
-        else:
-            how = f"exited with code {exitcode}"
-            torch_words = f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. "
-        hint = ""
-        if exitcode == -signal.SIGKILL:
-            hint = " (SIGKILL often means the out-of-memory killer: fewer workers or smaller batches use less memory)"
-        elif starting and self._worker_mode == "process":
-            hint = (
-                " (under the spawn or forkserver start method this is often "
-                "the dataset or a function failing to unpickle in the worker, such as a class "
-                "defined in an interactive __main__; the worker's stderr says why)"
-            )
-        return WorkerError(
-            f"{torch_words}naiad worker {w} (pid {pid}) {how} {doing}{hint}.",
-            worker_id=w,
-            exitcode=exitcode,
-            task=doing,
-        )
+        if owed and not starting:
+            deaths = self._ledger.charge(owed[0][0])
+            if deaths >= DEATHS_PER_TASK:
+                raise repeated_death_error(w, pid, exitcode, doing, deaths)
+        epoch = owed[0][2][1] if owed else None
+        self.restarts.spend({"worker": w, "pid": pid, "exitcode": exitcode, "task": doing, "epoch": epoch})
+        self._ready.discard(w)
+        backend.start(w, self._started_with.get(w, self.num_workers))
+        walk_key = self._ledger.walk_key
+        if walk_key is not None and self._walk_payload is not None:  # its iterator, walked again to where it was
+            for _ in range(self._ledger.walked(w)):
+                seq = next(self._seq)
+                self._stale.add(seq)
+                self._send(backend, w, seq, self._walk_payload(w), walk_key)
+        for seq, payload, key in owed:
+            self._send(backend, w, seq, payload, key)
 
     def close(self) -> None:
         """Stop the workers: ask, wait, then terminate and kill. Safe to call more than once."""
