@@ -17,9 +17,13 @@ plus one ("ready", -1, None, {}) or ("error", -1, RemoteError, {}) after buildin
 The main process waits on the result channels *and* the process sentinels together
 (``multiprocessing.connection.wait``), so a worker that dies is seen at once, not after a
 timeout; its buffered results are drained first, then a WorkerError names the worker, its exit
-code and the task it held. Tasks go through ``multiprocessing.Queue`` (a feeder thread), so the
-main process never blocks on a full pipe while a worker blocks on sending its result. Results
-travel inline or through shared memory by size (NOTE [ Batch transport ]).
+code and the task it held, or, within a restart budget, the worker is replaced and sent again
+the tasks it owed (NOTE [ Worker restarts ] in :mod:`naiad.parallel.restart`). A failed task
+fails only itself (NOTE [ A failed task ] in :mod:`naiad.parallel.results`). Tasks go through
+``multiprocessing.Queue`` (a feeder thread), so the main process never blocks on a full pipe
+while a worker blocks on sending its result. Results travel inline or through shared memory by
+size (NOTE [ Batch transport ]). :class:`~naiad.parallel.workers.WorkerSet` keeps the workers
+and what each owes; the pool keeps the passes.
 
 NOTE [ Resizing ]
 ``resize(n)`` changes the number of workers while an ``imap`` runs, and ordered delivery stays
@@ -32,16 +36,6 @@ active worker the pool runs tasks inline, in submit order, between the workers' 
 pool built with ``num_workers=0`` starts inline and hands the rest of the pass to workers at
 the first resize. ``imap_until_exhausted`` walks each worker's own iterator, so it cannot
 resize; ``resize`` during one raises ConfigError.
-
-NOTE [ A failed task ]
-An exception from the handler fails its task only. torch's DataLoader iterator re-raises a
-batch's exception from ``next()`` and the following ``next()`` carries on with the next batch,
-so a loop that catches and skips a bad batch sees the rest of the epoch; a pool's iteration
-does the same. The generators that drive a pass never raise a task's exception themselves (a
-generator that raises is finished): they yield it wrapped in ``Failed``, and
-:class:`PoolResults`, the iterator ``imap`` returns, raises it and stays usable. Everything
-else ends the iteration (``PoolResults.alive`` turns False): a dead worker, a timeout, a
-worker that could not start, a result that could not be received, and ``KeyboardInterrupt``.
 
 Teardown escalates: a ``None`` task asks each worker to return, then join with a timeout, then
 terminate, then kill. Workers ignore SIGINT (Ctrl-C reaches the main process, which tears them
@@ -69,15 +63,9 @@ from naiad.parallel.backend import (
     worker_seed,
 )
 from naiad.parallel.context import WorkerContext, enter, get_worker_context, leave, worker_rng
-from naiad.parallel.restart import (
-    DEATHS_PER_TASK,
-    RestartBudget,
-    TaskLedger,
-    death_error,
-    doing_words,
-    repeated_death_error,
-)
+from naiad.parallel.restart import RestartBudget
 from naiad.parallel.results import DeferredResults, Failed, PoolResults
+from naiad.parallel.workers import Done, Pending, WorkerSet
 
 __all__ = [
     "Exhausted",
@@ -167,7 +155,6 @@ class WorkerPool:
         self.num_workers = num_workers
         self.mode = mode if num_workers > 0 else "inline"
         self.timeout_s = timeout_s or None
-        self.stage_seconds: dict[str, float] = {}
         self._factory = factory
         self._worker_mode = mode
         self._mp_context = multiprocessing_context
@@ -177,20 +164,13 @@ class WorkerPool:
         self._base_seed = base_seed
         self._rank = rank
         self._describe = describe
-        self._seq = itertools.count()
-        self._backend: ProcessBackend | ThreadBackend | None = None
         self._inline_handler: Callable[[Any], Any] | None = None
         self._inline_context = WorkerContext(0, 0, worker_seed(base_seed, 0), "inline", base_seed, rank)
         self._inline_rng: Any = None
         self._inline_rng_key: tuple[int, int] | None = None
-        self._active: list[int] = []  # workers that take new tasks, in round-robin order
-        self._retiring: set[int] = set()  # out of the rotation, still owing results
-        self._ledger = TaskLedger()  # tasks sent to each worker and not yet answered
-        self._started_with: dict[int, int] = {}  # the worker count each worker was started with
-        self.restarts = restarts if restarts is not None else RestartBudget(0)
-        self._walk_payload: Callable[[int], Any] | None = None
-        self._stale: set[int] = set()  # seqs of abandoned iterations, still owed by workers
-        self._ready: set[int] = set()
+        self._workers = WorkerSet(self._make_backend, process=mode == "process", describe=describe,
+                                  restarts=restarts)
+        self._active = self._workers.active  # the same list: workers that take new tasks
         self._passes = 0
         self._pass_ids = itertools.count()
         self._prefetch: int | None = None  # set by resize(); overrides imap's argument
@@ -199,7 +179,17 @@ class WorkerPool:
         if num_workers == 0:
             self._build_inline_handler()
         else:
-            self._start_workers(num_workers)
+            self._workers.grow(num_workers)
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds the workers reported per stage (``"worker"``: running handlers), summed."""
+        return self._workers.stage_seconds
+
+    @property
+    def restarts(self) -> RestartBudget:
+        """The restart budget: allowed, done, and each restart (NOTE [ Worker restarts ])."""
+        return self._workers.restarts
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -216,33 +206,12 @@ class WorkerPool:
                 leave(previous)
         return self._inline_handler
 
-    def _ensure_backend(self) -> ProcessBackend | ThreadBackend:
-        if self._backend is None:
-            if self._worker_mode == "thread":
-                self._backend = ThreadBackend(
-                    self._factory, self._base_seed, self._rank, self._worker_init_fn, self._prepare
-                )
-            else:
-                ctx = self._mp_context
-                mp_ctx = mp.get_context(ctx) if ctx is None or isinstance(ctx, str) else ctx
-                self._backend = ProcessBackend(
-                    self._factory, mp_ctx, self._base_seed, self._rank, self._worker_init_fn, self._prepare
-                )
-        return self._backend
-
-    def _start_workers(self, target: int) -> None:
-        backend = self._ensure_backend()
-        while len(self._active) < target:
-            w = min(set(range(target + len(self._retiring) + 1)) - set(self._active))
-            if w in self._retiring:  # still running and owing: back into the rotation
-                self._retiring.discard(w)
-            else:
-                self._ready.discard(w)
-                backend.start(w, target)
-                self._started_with[w] = target
-                self._ledger.take(w)
-            self._active.append(w)
-        self._active.sort()
+    def _make_backend(self) -> ProcessBackend | ThreadBackend:
+        if self._worker_mode == "thread":
+            return ThreadBackend(self._factory, self._base_seed, self._rank, self._worker_init_fn, self._prepare)
+        ctx = self._mp_context
+        mp_ctx = mp.get_context(ctx) if ctx is None or isinstance(ctx, str) else ctx
+        return ProcessBackend(self._factory, mp_ctx, self._base_seed, self._rank, self._worker_init_fn, self._prepare)
 
     def resize(self, num_workers: int, *, prefetch: int | None = None) -> None:
         """Change the number of workers (and tasks in flight per worker), also during a pass.
@@ -271,33 +240,21 @@ class WorkerPool:
                 "own iterator. Resize between passes."
             )
         if num_workers > len(self._active):
-            self._start_workers(num_workers)
+            self._workers.grow(num_workers)
         else:
-            for w in self._active[num_workers:]:
-                self._retiring.add(w)
-            del self._active[num_workers:]
-            self._reap()
+            self._workers.shrink(num_workers)
         self.num_workers = num_workers
         self.mode = self._worker_mode if num_workers > 0 else "inline"
-
-    def _reap(self) -> None:
-        # Retiring workers that owe nothing may go (NOTE [ Resizing ]).
-        for w in sorted(self._retiring):
-            if self._ledger.owed(w) == 0 and self._backend is not None:
-                self._backend.stop(w)
-                self._retiring.discard(w)
 
     @property
     def workers_ready(self) -> bool:
         """True once every active worker has built its handler (always True inline)."""
-        return all(w in self._ready for w in self._active)
+        return all(w in self._workers.ready for w in self._active)
 
     @property
     def worker_pids(self) -> list[int | None]:
         """Process ids of the active workers (the main process's for threads; empty inline)."""
-        if self._backend is None:
-            return []
-        return [self._backend.pid(w) for w in self._active]
+        return self._workers.pids()
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -333,15 +290,10 @@ class WorkerPool:
             raise ConfigError("this WorkerPool is closed.")
         key = self._pass_key(epoch)
         it = iter(tasks)
-        if self._backend is None:
+        if self._workers.backend is None:
             return PoolResults(self._imap_inline(it, prefetch, in_order, key, task_seed))
         return PoolResults(self._drive(self._assign(it, in_order), prefetch, in_order, key,
                                        stop_on_exhausted=False, task_seed=task_seed))
-
-    def _least_busy(self, workers: list[int]) -> int:
-        # Out of order: the worker with the fewest tasks in hand (the first on a tie), so work
-        # flows around a slow task instead of queueing behind it, as torch's in_order=False.
-        return min(workers, key=self._ledger.owed)
 
     def _assign(self, tasks: Iterator[Any], in_order: bool = True) -> Iterator[tuple[int, Any]]:
         k = 0
@@ -353,7 +305,7 @@ class WorkerPool:
             if not active:
                 yield INLINE, task
                 continue
-            yield (active[k % len(active)] if in_order else self._least_busy(active)), task
+            yield (active[k % len(active)] if in_order else self._workers.least_busy(active)), task
             k += 1
 
     def imap_until_exhausted(
@@ -387,7 +339,7 @@ class WorkerPool:
                         if active[w]:
                             break
                 else:
-                    w = self._least_busy([v for v in workers if active[v]])
+                    w = self._workers.least_busy([v for v in workers if active[v]])
                 yield w, payload_for(w)
 
         return PoolResults(self._walk(assign(), prefetch, in_order, key, active, payload_for))
@@ -402,14 +354,14 @@ class WorkerPool:
         payload_for: Callable[[int], Any],
     ) -> Iterator[Any]:
         self._walking_iterators = True
-        self._walk_payload = payload_for
-        self._ledger.start_walk(key)  # a restarted worker walks its iterator again to here
+        self._workers.walk_payload = payload_for
+        self._workers.ledger.start_walk(key)  # a restarted worker walks its iterator again to here
         try:
             yield from self._drive(assign, prefetch, in_order, key, stop_on_exhausted=True, active=active)
         finally:
             self._walking_iterators = False
-            self._walk_payload = None
-            self._ledger.start_walk(None)
+            self._workers.walk_payload = None
+            self._workers.ledger.start_walk(None)
 
     def _call_inline(self, payload: Any, key: tuple[int, int], entropy: tuple[int, ...] | None = None) -> Any:
         handler = self._build_inline_handler()
@@ -467,10 +419,11 @@ class WorkerPool:
         active: dict[int, bool] | None = None,
         task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
     ) -> Iterator[Any]:
-        backend = self._ensure_backend()
-        pending: dict[int, tuple[int, Any]] = {}  # seq -> (worker, payload), in submit order
+        workers = self._workers
+        backend = workers.ensure_backend()
+        pending: Pending = {}
         order: deque[int] = deque()
-        done: dict[int, tuple[str, Any]] = {}
+        done: Done = {}
         exhausted_input = False
 
         def capacity() -> int:
@@ -485,7 +438,7 @@ class WorkerPool:
                 except StopIteration:
                     exhausted_input = True
                     return
-                seq = next(self._seq)
+                seq = next(workers.seq)
                 entropy = task_seed(payload) if task_seed is not None else None
                 if w == INLINE:
                     try:
@@ -495,15 +448,13 @@ class WorkerPool:
                     except Exception as exc:  # raised in turn, after the results before it
                         done[seq] = ("raise", exc)
                 else:
-                    if w in backend.dead:
-                        raise self._death_error(w, backend, None, [])
-                    self._send(backend, w, seq, payload, key if entropy is None else (*key, entropy))
+                    workers.send(w, seq, payload, key if entropy is None else (*key, entropy))
                 pending[seq] = (w, payload)
                 order.append(seq)
 
         try:
-            if self.restarts.limit:  # a worker that died between passes is replaced before it is sent work
-                self._receive(backend, backend.poll(0), pending, done)
+            if workers.restarts.limit:  # a worker that died between passes is replaced before it is sent work
+                workers.receive(backend.poll(0), pending, done)
             refill()
             while pending or done:
                 # Deliver what is deliverable.
@@ -531,47 +482,16 @@ class WorkerPool:
                 if not pending:
                     break
                 self._collect(backend, pending, done)
-                self._reap()
+                workers.reap()
         finally:
             # Results still owed for this iteration are dropped when they arrive.
-            self._stale.update(s for s, (w, _) in pending.items() if s not in done and w != INLINE)
+            workers.stale.update(s for s, (w, _) in pending.items() if s not in done and w != INLINE)
 
-    def _receive(self, backend: Any, messages: list, pending: dict[int, tuple[int, Any]],
-                 done: dict[int, tuple[str, Any]]) -> bool:
-        """Take the backend's messages in; whether a result of ``pending`` came."""
-        got = False
-        for w, kind, seq, value, stages in messages:
-            if kind == "ready":
-                self._ready.add(w)
-                continue
-            if kind == "retired":
-                continue
-            if kind == "died":
-                self._on_death(w, backend, value, pending, done)
-                continue
-            if seq == -1:  # the worker could not build its handler
-                exc = value.rebuild()
-                add_note(exc, f"naiad: raised in worker {w} while starting (worker_init_fn or dataset set-up)")
-                raise exc
-            if seq >= 0:
-                self._ledger.answered(w, seq)
-            for name, s in stages.items():
-                self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + s
-            if seq in self._stale:
-                self._stale.discard(seq)
-                continue
-            if seq in pending:
-                done[seq] = (kind, value)
-                got = True
-            elif seq == -2:
-                raise value.rebuild()
-        return got
-
-    def _collect(self, backend: Any, pending: dict[int, tuple[int, Any]], done: dict[int, tuple[str, Any]]) -> None:
+    def _collect(self, backend: Any, pending: Pending, done: Done) -> None:
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
             wait_s = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-            if self._receive(backend, backend.poll(wait_s), pending, done):
+            if self._workers.receive(backend.poll(wait_s), pending, done):
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 w, payload = next((t for s, t in pending.items() if s not in done), next(iter(pending.values())))
@@ -584,53 +504,10 @@ class WorkerPool:
                     task=doing,
                 )
 
-    def _send(self, backend: Any, w: int, seq: int, payload: Any, key: tuple) -> None:
-        backend.submit(w, seq, payload, key)
-        self._ledger.sent(w, seq, payload, key)
-
-    def _death_error(self, w: int, backend: Any, exitcode: int | None, held: list[Any]) -> WorkerError:
-        starting = w not in self._ready
-        doing = doing_words(self._describe, held, starting)
-        return death_error(w, backend.pid(w), exitcode, doing, starting=starting,
-                           process=self._worker_mode == "process", budget=self.restarts)
-
-    def _on_death(
-        self, w: int, backend: Any, exitcode: int | None, pending: dict[int, tuple[int, Any]],
-        done: dict[int, tuple[str, Any]],
-    ) -> None:
-        # NOTE [ Worker restarts ]: start it again and send it what it owed, or say why not.
-        owed = self._ledger.take(w)
-        self._stale.difference_update(seq for seq, _, _ in owed)  # an abandoned pass's: dropped
-        owed = [t for t in owed if t[0] in pending and t[0] not in done]
-        starting = w not in self._ready
-        if self.restarts.limit and w not in self._active and w not in self._retiring and not owed:
-            return  # it was asked to leave and owed nothing: nothing to replace
-        if not self.restarts.left:
-            raise self._death_error(w, backend, exitcode, [p for s, (v, p) in pending.items() if v == w and s not in done])
-        doing = doing_words(self._describe, [owed[0][1]] if owed else [], starting)
-        pid = backend.pid(w)
-        if owed and not starting:
-            deaths = self._ledger.charge(owed[0][0])
-            if deaths >= DEATHS_PER_TASK:
-                raise repeated_death_error(w, pid, exitcode, doing, deaths)
-        epoch = owed[0][2][1] if owed else None
-        self.restarts.spend({"worker": w, "pid": pid, "exitcode": exitcode, "task": doing, "epoch": epoch})
-        self._ready.discard(w)
-        backend.start(w, self._started_with.get(w, self.num_workers))
-        walk_key = self._ledger.walk_key
-        if walk_key is not None and self._walk_payload is not None:  # its iterator, walked again to where it was
-            for _ in range(self._ledger.walked(w)):
-                seq = next(self._seq)
-                self._stale.add(seq)
-                self._send(backend, w, seq, self._walk_payload(w), walk_key)
-        for seq, payload, key in owed:
-            self._send(backend, w, seq, payload, key)
-
     def close(self) -> None:
         """Stop the workers: ask, wait, then terminate and kill. Safe to call more than once."""
         self._closed = True
-        if self._backend is not None:
-            self._backend.close()
+        self._workers.close()
 
     def __enter__(self) -> WorkerPool:
         return self

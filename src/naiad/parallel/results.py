@@ -1,6 +1,14 @@
 """The iterators a WorkerPool's passes return: a failed task raises and the iteration goes on.
 
-See NOTE [ A failed task ] in :mod:`naiad.parallel.pool`.
+NOTE [ A failed task ]
+An exception from the handler fails its task only. torch's DataLoader iterator re-raises a
+batch's exception from ``next()`` and the following ``next()`` carries on with the next batch,
+so a loop that catches and skips a bad batch sees the rest of the epoch; a pool's iteration
+does the same. The generators that drive a pass never raise a task's exception themselves (a
+generator that raises is finished): they yield it wrapped in ``Failed``, and
+:class:`PoolResults`, the iterator ``imap`` returns, raises it and stays usable. Everything
+else ends the iteration (``PoolResults.alive`` turns False): a dead worker, a timeout, a
+worker that could not start, a result that could not be received, and ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
