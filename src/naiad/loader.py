@@ -32,8 +32,7 @@ from naiad.device import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
 from naiad.fetch import choose_fetch
-from naiad.parallel import AutoTuner, WorkerPool
-from naiad.parallel.restart import RestartBudget
+from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
 from naiad.pipelines import (
     IterablePipeline,
     LazyPass,
@@ -66,8 +65,7 @@ class LoaderOptions:
         shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
         rank: the rank a map-style dataset is sharded for (None: not sharded).
         world_size: the number of ranks it is sharded over.
-        max_worker_restarts: process workers that may die and be replaced over the loader's
-            life (NOTE [ Worker restarts ]); 0: a dead worker is a WorkerError.
+        max_worker_restarts: worker restarts allowed (NOTE [ Worker restarts ]).
     """
 
     seed: int | None = None
@@ -104,12 +102,9 @@ class DataLoader(TorchDataLoader[T_co]):
             PyArrow, torch ops). Default: processes (torch's behaviour) for datasets, threads for
             streaming sources, whose parsing is PyArrow's and releases the GIL (and results then
             need no copy through shared memory).
-        max_worker_restarts: how many times over the loader's life a process worker that dies
-            (SIGKILL, the out-of-memory killer, a segfault, ``os._exit``) is replaced, the tasks
-            it owed run again: the epoch's batches stay those of an uninterrupted run, in the
-            same order. 0 (the default): a dead worker is a :class:`~naiad.WorkerError`, as it
-            is once the restarts are spent or when one task ends its worker twice.
-            ``stats().workers["restarts"]`` counts them (docs/WORKERS.md, "Restarts").
+        max_worker_restarts: process workers that may die (SIGKILL, the OOM killer, a segfault)
+            and be replaced over the loader's life, the batches unchanged (docs/WORKERS.md,
+            "Restarts"); 0: a dead worker is a :class:`~naiad.WorkerError`.
 
     Example:
         >>> import torch
@@ -299,9 +294,8 @@ class DataLoader(TorchDataLoader[T_co]):
         return dataclasses.replace(self._telemetry.stats(), workers=self.workers_info(), bad_rows=self.bad_rows)
 
     def workers_info(self) -> dict[str, Any]:
-        """How many workers run and why (the user's setting, or what ``"auto"`` chose and
-        measured), and the workers restarted: ``restarts`` (a count), ``max_restarts`` and
-        ``restart_log`` (per restart: ``worker``, ``pid``, ``exitcode``, ``task``, ``epoch``)."""
+        """How many workers run and why (the user's setting, or what ``"auto"`` chose), and
+        ``restarts``, ``max_restarts``, ``restart_log`` (:meth:`RestartBudget.stats`)."""
         if self._tuner is not None:
             return {"setting": "auto", **self._tuner.stats(), **self._restarts.stats()}
         return {

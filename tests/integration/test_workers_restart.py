@@ -179,6 +179,7 @@ def test_restarts_are_counted_with_exit_code_and_task(how: str, code: int, in_or
     assert [e["exitcode"] for e in log] == [code, code]
     assert sorted(("21" in e["task"], "70" in e["task"]) for e in log) == [(False, True), (True, False)]
     assert all(e["task"].startswith("while loading batch") and e["epoch"] == 0 for e in log)
+    assert f"workers restarted: 2 (exit codes {code}, {code})" in str(loader.stats())
     _settle(before, shm)
 
 
