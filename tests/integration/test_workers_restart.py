@@ -271,6 +271,25 @@ def test_resized_pool_replaces_a_killed_worker_and_keeps_every_result() -> None:
     _settle(before, set())
 
 
+def test_batches_in_shared_memory_survive_a_killed_worker() -> None:
+    # 4 MiB per batch: the results cross through shared memory (NOTE [ Batch transport ]),
+    # which a receiver can only take while its sender lives; what a dead worker held is replayed.
+    before, shm = child_pids(), shm_entries()
+    rows = 1 << 20
+    ds = TensorDataset(torch.arange(12 * rows, dtype=torch.float32).reshape(12, rows))
+    loader = naiad.DataLoader(ds, batch_size=1, num_workers=2, max_worker_restarts=4)
+    it = iter(loader)
+    got = []
+    for k, (x,) in enumerate(it):
+        got.append(float(x[0, 0]) / rows)
+        if k in (1, 5):
+            os.kill(it._pool.worker_pids[k % 2], signal.SIGKILL)  # type: ignore[attr-defined]
+    assert got == list(range(12))
+    assert loader.stats().workers["restarts"] == 2
+    del it, loader, x
+    _settle(before, shm)
+
+
 def test_max_worker_restarts_must_be_a_count() -> None:
     ds = TensorDataset(torch.arange(4))
     for bad in (-1, 1.5, True):
