@@ -68,6 +68,7 @@ def resolve_arguments(
     shuffle_buffer: int | None,
     rank: int | None,
     world_size: int | None,
+    max_worker_restarts: int = 0,
 ) -> ResolvedArguments:
     """Check naiad's arguments and turn them into torch's; raises ConfigError naming the fix."""
     source = dataset if isinstance(dataset, Source) else None
@@ -78,6 +79,8 @@ def resolve_arguments(
         raise ConfigError(f"`worker_mode` must be 'process' or 'thread', got {worker_mode!r}.")
     if seed is not None and not isinstance(seed, (int, np.integer)):
         raise ConfigError(f"`seed` must be an int, got {type(seed).__name__}.")
+    if isinstance(max_worker_restarts, bool) or not isinstance(max_worker_restarts, (int, np.integer)) or max_worker_restarts < 0:
+        raise ConfigError(f"`max_worker_restarts` must be an int >= 0, got {max_worker_restarts!r}.")
     if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or device_prefetch < 1:
         raise ConfigError(f"`device_prefetch` must be an int >= 1, got {device_prefetch!r}.")
     if isinstance(sampler, DistributedSampler) and batch_sampler is None and not iterable:

@@ -32,7 +32,7 @@ from naiad.device import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
 from naiad.fetch import choose_fetch
-from naiad.parallel import AutoTuner, WorkerPool
+from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
 from naiad.pipelines import (
     IterablePipeline,
     LazyPass,
@@ -67,6 +67,7 @@ class LoaderOptions:
         world_size: the number of ranks it is sharded over.
         read_ahead: threads that read a streaming source ahead when ``num_workers=0`` (None:
             :func:`default_read_ahead`).
+        max_worker_restarts: worker restarts allowed (NOTE [ Worker restarts ]).
     """
 
     seed: int | None = None
@@ -78,6 +79,7 @@ class LoaderOptions:
     rank: int | None = None
     world_size: int | None = None
     read_ahead: int | None = None
+    max_worker_restarts: int = 0
 
 
 def default_read_ahead() -> int:
@@ -117,6 +119,9 @@ class DataLoader(TorchDataLoader[T_co]):
             parse its blocks ahead of the training loop, in this process (they run no user
             code). None: two on a machine with two or more cores, none on one
             (:func:`default_read_ahead`); 0 reads between batches, on PyArrow's own threads.
+        max_worker_restarts: process workers that may die (SIGKILL, the OOM killer, a segfault)
+            and be replaced over the loader's life, the batches unchanged (docs/WORKERS.md,
+            "Restarts"); 0: a dead worker is a :class:`~naiad.WorkerError`.
 
     Example:
         >>> import torch
@@ -155,6 +160,7 @@ class DataLoader(TorchDataLoader[T_co]):
         world_size: int | None = None,
         transform: Callable[[Any], Any] | None = None,
         read_ahead: int | None = None,
+        max_worker_restarts: int = 0,
     ) -> None:
         if read_ahead is not None and (not isinstance(read_ahead, int) or read_ahead < 0):
             raise ConfigError(f"`read_ahead` must be an int >= 0 or None, got {read_ahead!r}.")
@@ -163,7 +169,7 @@ class DataLoader(TorchDataLoader[T_co]):
             num_workers=num_workers, collate_fn=collate_fn, drop_last=drop_last, generator=generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, worker_mode=worker_mode,
             seed=seed, device_prefetch=device_prefetch, shuffle_buffer=shuffle_buffer, rank=rank,
-            world_size=world_size,
+            world_size=world_size, max_worker_restarts=max_worker_restarts,
         )
         # By keyword: a subclass or a trainer that re-instantiates the loader from its
         # attributes must not depend on the order of torch's positional parameters.
@@ -188,6 +194,7 @@ class DataLoader(TorchDataLoader[T_co]):
             seed=args.seed, worker_mode=args.worker_mode, device=device, device_prefetch=device_prefetch,
             transform=transform, shuffle_buffer=shuffle_buffer, rank=args.rank, world_size=args.world_size,
             read_ahead=read_ahead,
+            max_worker_restarts=int(max_worker_restarts),
         )
         self._tuner = args.tuner
         self._stream_counters = StreamCounters()
@@ -209,6 +216,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self._pool: WorkerPool | None = None  # kept across epochs with persistent_workers
         self._pool_base_seed = 0  # the base seed the kept pool was started with
         self._epoch = 0
+        self._restarts = RestartBudget(self.options.max_worker_restarts)  # shared by the loader's pools
         self._telemetry = Telemetry()
         self._current: weakref.ReferenceType[Any] | None = None  # the pass in progress
         self._current_inner: weakref.ReferenceType[EpochIterator] | None = None
@@ -307,14 +315,16 @@ class DataLoader(TorchDataLoader[T_co]):
         return dataclasses.replace(self._telemetry.stats(), workers=self.workers_info(), bad_rows=self.bad_rows)
 
     def workers_info(self) -> dict[str, Any]:
-        """How many workers run and why: the user's setting, or what ``"auto"`` chose and measured."""
+        """How many workers run and why (the user's setting, or what ``"auto"`` chose), and
+        ``restarts``, ``max_restarts``, ``restart_log`` (:meth:`RestartBudget.stats`)."""
         if self._tuner is not None:
-            return {"setting": "auto", **self._tuner.stats()}
+            return {"setting": "auto", **self._tuner.stats(), **self._restarts.stats()}
         info = {
             "setting": self.num_workers,
             "num_workers": self.num_workers,
             "mode": self.worker_mode if self.num_workers else "inline",
             "reason": "set by the user",
+            **self._restarts.stats(),
         }
         read_ahead = self.read_ahead_threads()
         if read_ahead:
@@ -515,6 +525,7 @@ class DataLoader(TorchDataLoader[T_co]):
             rank=0 if self.options.rank is None else int(self.options.rank),
             init_inline=tuner is None,  # with "auto", only real workers run worker_init_fn
             prepare=functools.partial(prepare_worker, getattr(self._pipeline, "dataset", self.dataset)),
+            restarts=self._restarts,
         )
 
     # -- pickling: Lightning's ddp_spawn and copy.deepcopy send the loader, not its workers -----
@@ -526,6 +537,7 @@ class DataLoader(TorchDataLoader[T_co]):
         for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending"):
             state[runtime] = None
         state["_telemetry"] = None
+        state["_restarts"] = RestartBudget(self.options.max_worker_restarts)  # a copy's own count
         if self._tuner is not None:
             state["_tuner"] = self._tuner.base_prefetch  # a fresh tuner measures again
         return state

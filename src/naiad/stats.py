@@ -62,7 +62,9 @@ class LoaderStats:
         wait: the training loop's time blocked in ``next()``: the *exposed* loading time.
         stages: time per stage, pipeline stages first (:data:`STAGES`), then other names.
         workers: set by a loader: how many workers run and why (what ``num_workers="auto"``
-            chose, with the settings it measured).
+            chose, with the settings it measured), and the workers restarted: ``restarts`` (a
+            count), ``max_restarts`` and ``restart_log`` (per restart: ``worker``, ``pid``,
+            ``exitcode``, ``task``, ``epoch``).
         bad_rows: set by a loader: rows a streaming source skipped (``on_bad_rows="skip"``),
             per file.
 
@@ -142,6 +144,9 @@ class LoaderStats:
                 lines.append(f"{name:<16}{s.seconds:>10.3f}{s.count:>10,}{s.mean_s * 1e3:>10.3f}")
         if self.workers:
             lines += ["", f"workers: {self.workers.get('num_workers')} ({self.workers.get('reason', '')})"]
+            if self.workers.get("restarts"):
+                codes = ", ".join(str(e.get("exitcode")) for e in self.workers.get("restart_log", []))
+                lines.append(f"workers restarted: {self.workers['restarts']} (exit codes {codes})")
         if self.bad_rows:
             skipped = ", ".join(f"{path}: {n:,}" for path, n in self.bad_rows.items())
             lines += ["", f"bad rows skipped: {sum(self.bad_rows.values()):,} ({skipped})"]

@@ -20,6 +20,7 @@ from naiad.parallel.pool import (
     get_worker_context,
     worker_rng,
 )
+from naiad.parallel.restart import RestartBudget
 
 __all__ = [
     "AutoTuner",
@@ -28,6 +29,7 @@ __all__ = [
     "HandlerFactory",
     "Pinned",
     "PoolResults",
+    "RestartBudget",
     "TunerDecision",
     "WorkerContext",
     "WorkerPool",

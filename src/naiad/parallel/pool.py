@@ -17,9 +17,13 @@ plus one ("ready", -1, None, {}) or ("error", -1, RemoteError, {}) after buildin
 The main process waits on the result channels *and* the process sentinels together
 (``multiprocessing.connection.wait``), so a worker that dies is seen at once, not after a
 timeout; its buffered results are drained first, then a WorkerError names the worker, its exit
-code and the task it held. Tasks go through ``multiprocessing.Queue`` (a feeder thread), so the
-main process never blocks on a full pipe while a worker blocks on sending its result. Results
-travel inline or through shared memory by size (NOTE [ Batch transport ]).
+code and the task it held, or, within a restart budget, the worker is replaced and sent again
+the tasks it owed (NOTE [ Worker restarts ] in :mod:`naiad.parallel.restart`). A failed task
+fails only itself (NOTE [ A failed task ] in :mod:`naiad.parallel.results`). Tasks go through
+``multiprocessing.Queue`` (a feeder thread), so the main process never blocks on a full pipe
+while a worker blocks on sending its result. Results travel inline or through shared memory by
+size (NOTE [ Batch transport ]). :class:`~naiad.parallel.workers.WorkerSet` keeps the workers
+and what each owes; the pool keeps the passes.
 
 NOTE [ Resizing ]
 ``resize(n)`` changes the number of workers while an ``imap`` runs, and ordered delivery stays
@@ -33,16 +37,6 @@ pool built with ``num_workers=0`` starts inline and hands the rest of the pass t
 the first resize. ``imap_until_exhausted`` walks each worker's own iterator, so it cannot
 resize; ``resize`` during one raises ConfigError.
 
-NOTE [ A failed task ]
-An exception from the handler fails its task only. torch's DataLoader iterator re-raises a
-batch's exception from ``next()`` and the following ``next()`` carries on with the next batch,
-so a loop that catches and skips a bad batch sees the rest of the epoch; a pool's iteration
-does the same. The generators that drive a pass never raise a task's exception themselves (a
-generator that raises is finished): they yield it wrapped in ``_Failed``, and
-:class:`PoolResults`, the iterator ``imap`` returns, raises it and stays usable. Everything
-else ends the iteration (``PoolResults.alive`` turns False): a dead worker, a timeout, a
-worker that could not start, a result that could not be received, and ``KeyboardInterrupt``.
-
 Teardown escalates: a ``None`` task asks each worker to return, then join with a timeout, then
 terminate, then kill. Workers ignore SIGINT (Ctrl-C reaches the main process, which tears them
 down) and return when their parent is gone, so no worker outlives the training process.
@@ -52,12 +46,11 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from naiad.errors import ConfigError, WorkerError
 from naiad.parallel.backend import (
@@ -70,6 +63,9 @@ from naiad.parallel.backend import (
     worker_seed,
 )
 from naiad.parallel.context import WorkerContext, enter, get_worker_context, leave, worker_rng
+from naiad.parallel.restart import RestartBudget
+from naiad.parallel.results import DeferredResults, Failed, PoolResults
+from naiad.parallel.workers import Done, Pending, WorkerSet
 
 __all__ = [
     "Exhausted",
@@ -78,6 +74,7 @@ __all__ = [
     "Pinned",
     "PoolResults",
     "RemoteError",
+    "RestartBudget",
     "WorkerContext",
     "WorkerPool",
     "add_note",
@@ -89,92 +86,6 @@ HandlerFactory = Callable[[WorkerContext], Callable[[Any], Any]]
 """Builds, inside a worker, the callable that turns one task payload into one result."""
 
 INLINE = -1  # the "worker" of a task run in the calling thread
-
-
-class _Failed:
-    """A task's exception, carried out of a generator without ending it (NOTE [ A failed task ])."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc: BaseException | None = exc
-
-
-class PoolResults(Iterator[Any]):
-    """The results of one ``imap``: ``next()`` raises a failed task's exception and then goes on.
-
-    Attributes:
-        alive: False once the iteration ended (its last task, or an error that ends it: a
-            dead worker, a timeout, ``KeyboardInterrupt``); True after a task's own exception,
-            which the next ``next()`` carries on from (NOTE [ A failed task ]).
-    """
-
-    def __init__(self, results: Iterator[Any]) -> None:
-        self._results = results
-        self.alive = True
-
-    def __iter__(self) -> PoolResults:
-        return self
-
-    def __next__(self) -> Any:
-        if not self.alive:
-            raise StopIteration
-        try:
-            item = next(self._results)
-        except BaseException:
-            self.alive = False  # the generator has finished (its end, or an error it raised)
-            raise
-        if type(item) is _Failed:
-            exc, item.exc = item.exc, None  # the marker must not keep the exception alive
-            raise cast(BaseException, exc)
-        return item
-
-    def close(self) -> None:
-        """End the iteration now; results still owed are dropped when they arrive."""
-        self.alive = False
-        close = getattr(self._results, "close", None)
-        if close is not None:
-            close()
-
-
-class DeferredResults(Iterator[Any]):
-    """An iterator made by ``make()`` at the first ``next()``; it passes a failed task's exception
-    through and goes on after it, as :class:`PoolResults` does (a generator that wraps an
-    iterator would end at the first exception instead: NOTE [ A failed task ])."""
-
-    def __init__(self, make: Callable[[], Iterator[Any]]) -> None:
-        self._make: Callable[[], Iterator[Any]] | None = make
-        self._it: Iterator[Any] | None = None
-        self._closed = False
-
-    @property
-    def alive(self) -> bool:
-        """Whether ``next()`` can still give results (see :class:`PoolResults`)."""
-        if self._closed:
-            return False
-        return self._it is None or bool(getattr(self._it, "alive", False))
-
-    def __iter__(self) -> DeferredResults:
-        return self
-
-    def __next__(self) -> Any:
-        if self._closed:
-            raise StopIteration
-        if self._it is None:
-            make, self._make = self._make, None
-            try:
-                self._it = iter(cast(Callable[[], Iterator[Any]], make)())
-            except BaseException:
-                self._closed = True  # it could not be made: nothing follows
-                raise
-        return next(self._it)
-
-    def close(self) -> None:
-        """End the iteration; the inner iterator, if made, is closed."""
-        self._closed = True
-        close = getattr(self._it, "close", None)
-        if close is not None:
-            close()
 
 
 @dataclass(frozen=True)
@@ -212,6 +123,8 @@ class WorkerPool:
         rank: the distributed rank, a key of each worker's seed sequence.
         init_inline: call ``worker_init_fn(0)`` when running inline; False keeps it for real
             workers only, as torch does (a loader whose worker count is tuned starts inline).
+        restarts: the budget of worker restarts (shared between pools to count them together);
+            None allows none: a dead worker is a WorkerError (NOTE [ Worker restarts ]).
 
     Example:
         >>> pool = WorkerPool(lambda ctx: (lambda x: x * x), num_workers=0)
@@ -233,6 +146,7 @@ class WorkerPool:
         rank: int = 0,
         init_inline: bool = True,
         prepare: Callable[[WorkerContext], None] | None = None,
+        restarts: RestartBudget | None = None,
     ) -> None:
         if num_workers < 0:
             raise ConfigError(f"`num_workers` must be >= 0, got {num_workers}.")
@@ -241,7 +155,6 @@ class WorkerPool:
         self.num_workers = num_workers
         self.mode = mode if num_workers > 0 else "inline"
         self.timeout_s = timeout_s or None
-        self.stage_seconds: dict[str, float] = {}
         self._factory = factory
         self._worker_mode = mode
         self._mp_context = multiprocessing_context
@@ -251,17 +164,13 @@ class WorkerPool:
         self._base_seed = base_seed
         self._rank = rank
         self._describe = describe
-        self._seq = itertools.count()
-        self._backend: ProcessBackend | ThreadBackend | None = None
         self._inline_handler: Callable[[Any], Any] | None = None
         self._inline_context = WorkerContext(0, 0, worker_seed(base_seed, 0), "inline", base_seed, rank)
         self._inline_rng: Any = None
         self._inline_rng_key: tuple[int, int] | None = None
-        self._active: list[int] = []  # workers that take new tasks, in round-robin order
-        self._retiring: set[int] = set()  # out of the rotation, still owing results
-        self._owed: dict[int, int] = {}  # tasks submitted to each worker and not yet answered
-        self._stale: set[int] = set()  # seqs of abandoned iterations, still owed by workers
-        self._ready: set[int] = set()
+        self._workers = WorkerSet(self._make_backend, process=mode == "process", describe=describe,
+                                  restarts=restarts)
+        self._active = self._workers.active  # the same list: workers that take new tasks
         self._passes = 0
         self._pass_ids = itertools.count()
         self._prefetch: int | None = None  # set by resize(); overrides imap's argument
@@ -270,7 +179,17 @@ class WorkerPool:
         if num_workers == 0:
             self._build_inline_handler()
         else:
-            self._start_workers(num_workers)
+            self._workers.grow(num_workers)
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds the workers reported per stage (``"worker"``: running handlers), summed."""
+        return self._workers.stage_seconds
+
+    @property
+    def restarts(self) -> RestartBudget:
+        """The restart budget: allowed, done, and each restart (NOTE [ Worker restarts ])."""
+        return self._workers.restarts
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -287,32 +206,12 @@ class WorkerPool:
                 leave(previous)
         return self._inline_handler
 
-    def _ensure_backend(self) -> ProcessBackend | ThreadBackend:
-        if self._backend is None:
-            if self._worker_mode == "thread":
-                self._backend = ThreadBackend(
-                    self._factory, self._base_seed, self._rank, self._worker_init_fn, self._prepare
-                )
-            else:
-                ctx = self._mp_context
-                mp_ctx = mp.get_context(ctx) if ctx is None or isinstance(ctx, str) else ctx
-                self._backend = ProcessBackend(
-                    self._factory, mp_ctx, self._base_seed, self._rank, self._worker_init_fn, self._prepare
-                )
-        return self._backend
-
-    def _start_workers(self, target: int) -> None:
-        backend = self._ensure_backend()
-        while len(self._active) < target:
-            w = min(set(range(target + len(self._retiring) + 1)) - set(self._active))
-            if w in self._retiring:  # still running and owing: back into the rotation
-                self._retiring.discard(w)
-            else:
-                self._ready.discard(w)
-                backend.start(w, target)
-                self._owed[w] = 0
-            self._active.append(w)
-        self._active.sort()
+    def _make_backend(self) -> ProcessBackend | ThreadBackend:
+        if self._worker_mode == "thread":
+            return ThreadBackend(self._factory, self._base_seed, self._rank, self._worker_init_fn, self._prepare)
+        ctx = self._mp_context
+        mp_ctx = mp.get_context(ctx) if ctx is None or isinstance(ctx, str) else ctx
+        return ProcessBackend(self._factory, mp_ctx, self._base_seed, self._rank, self._worker_init_fn, self._prepare)
 
     def resize(self, num_workers: int, *, prefetch: int | None = None) -> None:
         """Change the number of workers (and tasks in flight per worker), also during a pass.
@@ -341,33 +240,21 @@ class WorkerPool:
                 "own iterator. Resize between passes."
             )
         if num_workers > len(self._active):
-            self._start_workers(num_workers)
+            self._workers.grow(num_workers)
         else:
-            for w in self._active[num_workers:]:
-                self._retiring.add(w)
-            del self._active[num_workers:]
-            self._reap()
+            self._workers.shrink(num_workers)
         self.num_workers = num_workers
         self.mode = self._worker_mode if num_workers > 0 else "inline"
-
-    def _reap(self) -> None:
-        # Retiring workers that owe nothing may go (NOTE [ Resizing ]).
-        for w in sorted(self._retiring):
-            if self._owed.get(w, 0) == 0 and self._backend is not None:
-                self._backend.stop(w)
-                self._retiring.discard(w)
 
     @property
     def workers_ready(self) -> bool:
         """True once every active worker has built its handler (always True inline)."""
-        return all(w in self._ready for w in self._active)
+        return all(w in self._workers.ready for w in self._active)
 
     @property
     def worker_pids(self) -> list[int | None]:
         """Process ids of the active workers (the main process's for threads; empty inline)."""
-        if self._backend is None:
-            return []
-        return [self._backend.pid(w) for w in self._active]
+        return self._workers.pids()
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -403,15 +290,10 @@ class WorkerPool:
             raise ConfigError("this WorkerPool is closed.")
         key = self._pass_key(epoch)
         it = iter(tasks)
-        if self._backend is None:
+        if self._workers.backend is None:
             return PoolResults(self._imap_inline(it, prefetch, in_order, key, task_seed))
         return PoolResults(self._drive(self._assign(it, in_order), prefetch, in_order, key,
                                        stop_on_exhausted=False, task_seed=task_seed))
-
-    def _least_busy(self, workers: list[int]) -> int:
-        # Out of order: the worker with the fewest tasks in hand (the first on a tie), so work
-        # flows around a slow task instead of queueing behind it, as torch's in_order=False.
-        return min(workers, key=lambda w: self._owed.get(w, 0))
 
     def _assign(self, tasks: Iterator[Any], in_order: bool = True) -> Iterator[tuple[int, Any]]:
         k = 0
@@ -423,7 +305,7 @@ class WorkerPool:
             if not active:
                 yield INLINE, task
                 continue
-            yield (active[k % len(active)] if in_order else self._least_busy(active)), task
+            yield (active[k % len(active)] if in_order else self._workers.least_busy(active)), task
             k += 1
 
     def imap_until_exhausted(
@@ -457,10 +339,10 @@ class WorkerPool:
                         if active[w]:
                             break
                 else:
-                    w = self._least_busy([v for v in workers if active[v]])
+                    w = self._workers.least_busy([v for v in workers if active[v]])
                 yield w, payload_for(w)
 
-        return PoolResults(self._walk(assign(), prefetch, in_order, key, active))
+        return PoolResults(self._walk(assign(), prefetch, in_order, key, active, payload_for))
 
     def _walk(
         self,
@@ -469,12 +351,17 @@ class WorkerPool:
         in_order: bool,
         key: tuple[int, int],
         active: dict[int, bool],
+        payload_for: Callable[[int], Any],
     ) -> Iterator[Any]:
         self._walking_iterators = True
+        self._workers.walk_payload = payload_for
+        self._workers.ledger.start_walk(key)  # a restarted worker walks its iterator again to here
         try:
             yield from self._drive(assign, prefetch, in_order, key, stop_on_exhausted=True, active=active)
         finally:
             self._walking_iterators = False
+            self._workers.walk_payload = None
+            self._workers.ledger.start_walk(None)
 
     def _call_inline(self, payload: Any, key: tuple[int, int], entropy: tuple[int, ...] | None = None) -> Any:
         handler = self._build_inline_handler()
@@ -504,7 +391,7 @@ class WorkerPool:
             except Exhausted:
                 return
             except Exception as exc:  # NOTE [ A failed task ]
-                result = _Failed(exc)
+                result = Failed(exc)
             yield result
             if self._active:  # resized: the workers take the rest of this pass
                 yield from self._drive(self._assign(tasks, in_order), prefetch, in_order, key,
@@ -518,7 +405,7 @@ class WorkerPool:
             except Exhausted:
                 return
             except Exception as exc:  # NOTE [ A failed task ]: the iterator decides what follows
-                result = _Failed(exc)
+                result = Failed(exc)
             yield result
 
     def _drive(
@@ -532,10 +419,11 @@ class WorkerPool:
         active: dict[int, bool] | None = None,
         task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
     ) -> Iterator[Any]:
-        backend = self._ensure_backend()
-        pending: dict[int, tuple[int, Any]] = {}  # seq -> (worker, payload), in submit order
+        workers = self._workers
+        backend = workers.ensure_backend()
+        pending: Pending = {}
         order: deque[int] = deque()
-        done: dict[int, tuple[str, Any]] = {}
+        done: Done = {}
         exhausted_input = False
 
         def capacity() -> int:
@@ -550,7 +438,7 @@ class WorkerPool:
                 except StopIteration:
                     exhausted_input = True
                     return
-                seq = next(self._seq)
+                seq = next(workers.seq)
                 entropy = task_seed(payload) if task_seed is not None else None
                 if w == INLINE:
                     try:
@@ -560,14 +448,13 @@ class WorkerPool:
                     except Exception as exc:  # raised in turn, after the results before it
                         done[seq] = ("raise", exc)
                 else:
-                    if w in backend.dead:
-                        raise self._death_error(w, backend, None)
-                    backend.submit(w, seq, payload, key if entropy is None else (*key, entropy))
-                    self._owed[w] = self._owed.get(w, 0) + 1
+                    workers.send(w, seq, payload, key if entropy is None else (*key, entropy))
                 pending[seq] = (w, payload)
                 order.append(seq)
 
         try:
+            if workers.restarts.limit:  # a worker that died between passes is replaced before it is sent work
+                workers.receive(backend.poll(0), pending, done)
             refill()
             while pending or done:
                 # Deliver what is deliverable.
@@ -585,53 +472,26 @@ class WorkerPool:
                         elif w == INLINE:
                             return
                     elif kind == "raise":  # NOTE [ A failed task ]
-                        yield _Failed(value)
+                        yield Failed(value)
                     else:  # error
                         exc = value.rebuild()
                         add_note(exc, f"naiad: raised in worker {w} (pid {backend.pid(w)}) while loading {self._describe(payload)}")
-                        yield _Failed(exc)
+                        yield Failed(exc)
                         del exc
                     refill()
                 if not pending:
                     break
                 self._collect(backend, pending, done)
-                self._reap()
+                workers.reap()
         finally:
             # Results still owed for this iteration are dropped when they arrive.
-            self._stale.update(s for s, (w, _) in pending.items() if s not in done and w != INLINE)
+            workers.stale.update(s for s, (w, _) in pending.items() if s not in done and w != INLINE)
 
-    def _collect(self, backend: Any, pending: dict[int, tuple[int, Any]], done: dict[int, tuple[str, Any]]) -> None:
+    def _collect(self, backend: Any, pending: Pending, done: Done) -> None:
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
             wait_s = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-            messages = backend.poll(wait_s)
-            got = False
-            for w, kind, seq, value, stages in messages:
-                if kind == "ready":
-                    self._ready.add(w)
-                    continue
-                if kind == "retired":
-                    continue
-                if kind == "died":
-                    owed = {s: t for s, t in pending.items() if s not in done}
-                    raise self._death_error(w, backend, value, owed)
-                if seq == -1:  # the worker could not build its handler
-                    exc = value.rebuild()
-                    add_note(exc, f"naiad: raised in worker {w} while starting (worker_init_fn or dataset set-up)")
-                    raise exc
-                if seq >= 0:
-                    self._owed[w] = self._owed.get(w, 0) - 1
-                for name, s in stages.items():
-                    self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + s
-                if seq in self._stale:
-                    self._stale.discard(seq)
-                    continue
-                if seq in pending:
-                    done[seq] = (kind, value)
-                    got = True
-                elif seq == -2:
-                    raise value.rebuild()
-            if got:
+            if self._workers.receive(backend.poll(wait_s), pending, done):
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 w, payload = next((t for s, t in pending.items() if s not in done), next(iter(pending.values())))
@@ -644,49 +504,10 @@ class WorkerPool:
                     task=doing,
                 )
 
-    def _death_error(
-        self, w: int, backend: Any, exitcode: int | None, pending: dict[int, tuple[int, Any]] | None = None
-    ) -> WorkerError:
-        held = [p for (wid, p) in (pending or {}).values() if wid == w]
-        starting = w not in self._ready
-        if starting:  # it never built its handler: whatever it was sent, it did not begin it
-            doing = "while starting"
-        else:
-            doing = f"while loading {self._describe(held[0])}" if held else "while idle"
-        pid = backend.pid(w)
-        # torch's words first (code that matches "DataLoader worker (pid" keeps working), then naiad's.
-        if exitcode is not None and exitcode < 0:
-            try:
-                how = f"killed by signal {signal.Signals(-exitcode).name}"
-                described = signal.strsignal(-exitcode) or str(-exitcode)
-            except ValueError:
-                how = f"killed by signal {-exitcode}"
-                described = str(-exitcode)
-            torch_words = f"DataLoader worker (pid {pid}) is killed by signal: {described}. "
-        else:
-            how = f"exited with code {exitcode}"
-            torch_words = f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. "
-        hint = ""
-        if exitcode == -signal.SIGKILL:
-            hint = " (SIGKILL often means the out-of-memory killer: fewer workers or smaller batches use less memory)"
-        elif starting and self._worker_mode == "process":
-            hint = (
-                " (under the spawn or forkserver start method this is often "
-                "the dataset or a function failing to unpickle in the worker, such as a class "
-                "defined in an interactive __main__; the worker's stderr says why)"
-            )
-        return WorkerError(
-            f"{torch_words}naiad worker {w} (pid {pid}) {how} {doing}{hint}.",
-            worker_id=w,
-            exitcode=exitcode,
-            task=doing,
-        )
-
     def close(self) -> None:
         """Stop the workers: ask, wait, then terminate and kill. Safe to call more than once."""
         self._closed = True
-        if self._backend is not None:
-            self._backend.close()
+        self._workers.close()
 
     def __enter__(self) -> WorkerPool:
         return self

@@ -1,0 +1,189 @@
+"""The workers of a WorkerPool: which run, which take new tasks, what each owes, and their messages.
+
+A :class:`WorkerSet` starts and retires workers by id (NOTE [ Resizing ] in
+:mod:`naiad.parallel.pool`), sends tasks and notes what each worker owes, takes in the
+backend's messages (NOTE [ Worker protocol ]), and replaces a worker that died when the restart
+budget allows (NOTE [ Worker restarts ] in :mod:`naiad.parallel.restart`). The pool keeps the
+passes: which task goes where, and the order results are delivered in.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from naiad.errors import WorkerError
+from naiad.parallel.backend import ProcessBackend, ThreadBackend, add_note
+from naiad.parallel.restart import (
+    DEATHS_PER_TASK,
+    RestartBudget,
+    TaskLedger,
+    death_error,
+    doing_words,
+    repeated_death_error,
+)
+
+__all__ = ["Done", "Pending", "WorkerSet"]
+
+Pending = dict[int, tuple[int, Any]]  # seq -> (worker, payload) of a pass, in submit order
+Done = dict[int, tuple[str, Any]]  # seq -> (kind, value) received and not yet delivered
+Backend = ProcessBackend | ThreadBackend
+
+
+class WorkerSet:
+    """A pool's workers by id, what each owes, and what becomes of them.
+
+    Attributes:
+        active: workers that take new tasks, in round-robin order.
+        retiring: out of the rotation, still owing results.
+        ready: workers that built their handler.
+        stale: sequence numbers of abandoned passes, still owed by workers.
+        restarts: the restart budget (NOTE [ Worker restarts ]).
+        stage_seconds: time the workers reported per stage.
+        walk_payload: while workers walk their own iterators, the payload of worker ``w``'s next task.
+    """
+
+    def __init__(
+        self, make_backend: Callable[[], Backend], *, process: bool, describe: Callable[[Any], str],
+        restarts: RestartBudget | None,
+    ) -> None:
+        self._make_backend = make_backend
+        self._process = process
+        self._describe = describe
+        self.backend: Backend | None = None
+        self.active: list[int] = []
+        self.retiring: set[int] = set()
+        self.ready: set[int] = set()
+        self.stale: set[int] = set()
+        self.ledger = TaskLedger()
+        self.restarts = restarts if restarts is not None else RestartBudget(0)
+        self.stage_seconds: dict[str, float] = {}
+        self.seq = itertools.count()  # unique for the pool's lifetime (NOTE [ Worker protocol ])
+        self.walk_payload: Callable[[int], Any] | None = None
+        self._started_with: dict[int, int] = {}  # the worker count each worker started with
+
+    def ensure_backend(self) -> Backend:
+        """The backend, made at the first need."""
+        if self.backend is None:
+            self.backend = self._make_backend()
+        return self.backend
+
+    def grow(self, target: int) -> None:
+        """Bring the active workers up to ``target``: retiring ones first, then new ones."""
+        backend = self.ensure_backend()
+        while len(self.active) < target:
+            w = min(set(range(target + len(self.retiring) + 1)) - set(self.active))
+            if w in self.retiring:  # still running and owing: back into the rotation
+                self.retiring.discard(w)
+            else:
+                self.ready.discard(w)
+                backend.start(w, target)
+                self._started_with[w] = target
+                self.ledger.take(w)
+            self.active.append(w)
+        self.active.sort()
+
+    def shrink(self, target: int) -> None:
+        """Take workers out of the rotation down to ``target``; they leave once they owe nothing."""
+        self.retiring.update(self.active[target:])
+        del self.active[target:]
+        self.reap()
+
+    def reap(self) -> None:
+        """Retiring workers that owe nothing may go (NOTE [ Resizing ])."""
+        for w in sorted(self.retiring):
+            if self.ledger.owed(w) == 0 and self.backend is not None:
+                self.backend.stop(w)
+                self.retiring.discard(w)
+
+    def least_busy(self, workers: list[int]) -> int:
+        """The worker with the fewest tasks in hand (the first on a tie): out of order, work
+        flows around a slow task instead of queueing behind it, as torch's in_order=False."""
+        return min(workers, key=self.ledger.owed)
+
+    def pids(self) -> list[int | None]:
+        """Process ids of the active workers (the main process's for threads; empty inline)."""
+        if self.backend is None:
+            return []
+        return [self.backend.pid(w) for w in self.active]
+
+    def send(self, w: int, seq: int, payload: Any, key: tuple) -> None:
+        """Send worker ``w`` a task (raises the WorkerError of a worker known dead)."""
+        backend = self.ensure_backend()
+        if w in backend.dead:
+            raise self.death_error(w, None, [])
+        backend.submit(w, seq, payload, key)
+        self.ledger.sent(w, seq, payload, key)
+
+    def receive(self, messages: list, pending: Pending, done: Done) -> bool:
+        """Take the backend's messages in (results of ``pending`` into ``done``); whether one came."""
+        got = False
+        for w, kind, seq, value, stages in messages:
+            if kind == "ready":
+                self.ready.add(w)
+                continue
+            if kind == "retired":
+                continue
+            if kind == "died":
+                self.on_death(w, value, pending, done)
+                continue
+            if seq == -1:  # the worker could not build its handler
+                exc = value.rebuild()
+                add_note(exc, f"naiad: raised in worker {w} while starting (worker_init_fn or dataset set-up)")
+                raise exc
+            if seq >= 0:
+                self.ledger.answered(w, seq)
+            for name, s in stages.items():
+                self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + s
+            if seq in self.stale:
+                self.stale.discard(seq)
+                continue
+            if seq in pending:
+                done[seq] = (kind, value)
+                got = True
+            elif seq == -2:
+                raise value.rebuild()
+        return got
+
+    def death_error(self, w: int, exitcode: int | None, held: list[Any]) -> WorkerError:
+        """The WorkerError of worker ``w``'s death, ``held`` the payloads of the tasks it owed."""
+        starting = w not in self.ready
+        doing = doing_words(self._describe, held, starting)
+        pid = self.backend.pid(w) if self.backend is not None else None
+        return death_error(w, pid, exitcode, doing, starting=starting, process=self._process, budget=self.restarts)
+
+    def on_death(self, w: int, exitcode: int | None, pending: Pending, done: Done) -> None:
+        """Start worker ``w`` again and send it what it owed, or raise why not (NOTE [ Worker restarts ])."""
+        backend = self.ensure_backend()
+        owed = self.ledger.take(w)
+        self.stale.difference_update(seq for seq, _, _ in owed)  # an abandoned pass's: dropped
+        owed = [t for t in owed if t[0] in pending and t[0] not in done]
+        starting = w not in self.ready
+        if self.restarts.limit and w not in self.active and w not in self.retiring and not owed:
+            return  # it was asked to leave and owed nothing: nothing to replace
+        if not self.restarts.left:
+            raise self.death_error(w, exitcode, [p for s, (v, p) in pending.items() if v == w and s not in done])
+        doing = doing_words(self._describe, [owed[0][1]] if owed else [], starting)
+        pid = backend.pid(w)
+        if owed and not starting:
+            deaths = self.ledger.charge(owed[0][0])
+            if deaths >= DEATHS_PER_TASK:
+                raise repeated_death_error(w, pid, exitcode, doing, deaths)
+        epoch = owed[0][2][1] if owed else None
+        self.restarts.spend({"worker": w, "pid": pid, "exitcode": exitcode, "task": doing, "epoch": epoch})
+        self.ready.discard(w)
+        backend.start(w, self._started_with.get(w, len(self.active)))
+        walk_key = self.ledger.walk_key
+        if walk_key is not None and self.walk_payload is not None:  # its iterator, walked again to here
+            for _ in range(self.ledger.walked(w)):
+                seq = next(self.seq)
+                self.stale.add(seq)
+                self.send(w, seq, self.walk_payload(w), walk_key)
+        for seq, payload, key in owed:
+            self.send(w, seq, payload, key)
+
+    def close(self) -> None:
+        """Stop the workers: ask, wait, then terminate and kill."""
+        if self.backend is not None:
+            self.backend.close()
