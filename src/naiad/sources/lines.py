@@ -244,13 +244,15 @@ def select_rows(buf: bytes, rows: np.ndarray, total: int, keep_blank: bool) -> t
         raise SourceError(f"expected {total} rows in this block, found {len(starts)}: the file changed after it was scanned.")
     if len(rows) == 0:
         return b"", 0
-    # Gather the rows' bytes, each with the byte after it (its newline; a newline added after
-    # the last row when the block does not end in one), in one vectorized take.
-    arr = np.frombuffer(buf + b"\n", np.uint8)
-    first, lengths = starts[rows], ends[rows] - starts[rows] + 1
-    offsets = np.cumsum(lengths) - lengths
-    picked = arr[np.repeat(first - offsets, lengths) + np.arange(int(lengths.sum()))]
-    return picked.tobytes(), int(lines[rows[0]])
+    # Each run of consecutive rows is one contiguous byte range (its rows with their newlines):
+    # join those slices, found by one vectorized pass; a newline is added after the last row
+    # when the block does not end in one. (A byte-level take, a 64-bit index per byte, is 3x slower.)
+    src = buf if buf.endswith(b"\n") else buf + b"\n"
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    run_first = rows[np.concatenate(([0], breaks))]
+    run_last = rows[np.concatenate((breaks - 1, [len(rows) - 1]))]
+    picked = b"".join([src[a:b] for a, b in zip(starts[run_first].tolist(), (ends[run_last] + 1).tolist())])
+    return picked, int(lines[rows[0]])
 
 
 def read_selected_lines(parts: list[tuple[Block, np.ndarray]], compression: str | None, keep_blank: bool) -> bytes:
