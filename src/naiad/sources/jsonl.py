@@ -70,7 +70,7 @@ def read_jsonl(
         compression: "infer" from the extension, a codec name or None (one block per file).
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
         block_bytes: the size of a block, the unit of reading and of block shuffling
-            (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
+            (None: about 1/4096 of each file, between 32 KiB and 4 MiB; see ``default_block_bytes``).
         index_dir: where the block index (the row-count scan's result) is kept, so a new
             process, every rank and a resume skip the scan: None (the user cache folder),
             "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never

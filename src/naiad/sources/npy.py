@@ -47,7 +47,7 @@ def read_npy(
         column: the column name for plain (not structured) arrays given without a mapping.
         dtypes: a mapping column -> dtype, or one dtype for every column (cast per block).
         block_rows: rows per block, the unit of reading and of block shuffling (None: about
-            1/1024 of each file, between 4,096 and 65,536 rows).
+            1/4096 of each file, between 1,024 and 65,536 rows).
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
@@ -174,8 +174,9 @@ class NpySource(Source):
         if len(set(lengths.values())) != 1:
             raise SourceError(f"aligned files have different row counts {lengths}.", path=path)
         n = next(iter(lengths.values()))
-        # Many blocks, so that the epoch permutation shuffles; each is a cheap memory-map slice.
-        step = self.block_rows or min(1 << 16, max(1 << 12, n // 1024))
+        # Many blocks, so that the epoch permutation shuffles; each is a cheap memory-map slice,
+        # and consecutive ones are read as one task (NOTE [ Read groups ] in plan.py).
+        step = self.block_rows or min(1 << 16, max(1 << 10, n // 4096))
         return [Block(path, lo, min(lo + step, n), min(lo + step, n) - lo, lo) for lo in range(0, n, step)]
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
