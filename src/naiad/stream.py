@@ -24,6 +24,7 @@ import functools
 import hashlib
 import os
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -187,6 +188,9 @@ def _read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> t
 # -- the calling side ------------------------------------------------------------------------
 
 
+_SEQUENCES: weakref.WeakKeyDictionary[Source, dict[tuple[Any, ...], Segments]] = weakref.WeakKeyDictionary()
+
+
 def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[Leg] = ()) -> RankPlan:
     """This rank's plan for ``epoch`` (counts the source's rows the first time), or for the leg
     after ``legs`` when the epoch was resumed on another topology (NOTE [ Elastic resume ])."""
@@ -215,7 +219,15 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
 
         return replay
 
-    sequence = epoch_sequence(total, legs, leftovers_for)
+    # The positions the legs left are the same for every new rank: worked out once per source
+    # (a job's ranks, a load_state_dict and the pass after it all ask).
+    key = (options.seed, epoch, options.shuffle, tuple(legs), len(blocks), total)
+    cached = _SEQUENCES.setdefault(source, {})
+    sequence = cached.get(key)
+    if sequence is None:
+        sequence = cached[key] = epoch_sequence(total, legs, leftovers_for)
+        if len(cached) > 8:
+            cached.pop(next(iter(cached)))
     leg = current_leg(options)
     share, sizes = rank_share(sequence, leg, rank)
     return RankPlan(group_tasks(tasks_for(ordered, share), group_rows(leg.buffer_rows)), len(share), sizes, total)
