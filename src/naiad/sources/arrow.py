@@ -87,12 +87,21 @@ class ArrowSource(Source):
         reader = open_ipc(path)
         check_columns_present(self.schema().names, reader.schema.names, path, self.paths[0])
         # Memory-mapped: reading a batch's header touches no column data.
-        return indexed_blocks(path, [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)])
+        counts = []
+        for i in range(reader.num_record_batches):
+            try:
+                counts.append(reader.get_batch(i).num_rows)
+            except (OSError, pa.ArrowException) as exc:
+                raise SourceError(f"cannot read record batch {i} ({exc}); is the file truncated?", path=path) from None
+        return indexed_blocks(path, counts)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         schema = self.schema()
         try:
             batch = open_ipc(block.path).get_batch(block.start)
+            # A damaged file can hold offsets that point outside the memory map: reading them
+            # would crash the process (SIGBUS, SIGSEGV), so every batch is checked first.
+            batch.validate(full=True)
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"cannot read record batch {block.start} ({exc}); is the file truncated?", path=block.path) from None
         table = pa.Table.from_batches([batch.slice(lo, hi - lo)]).select(schema.names)

@@ -27,6 +27,7 @@ from naiad.sources.base import (
 )
 from naiad.sources.lines import (
     BadRow,
+    count_rows,
     default_block_bytes,
     detect_compression,
     parse_robust,
@@ -202,6 +203,9 @@ class CsvSource(Source):
         read = pacsv.ReadOptions(column_names=names, autogenerate_column_names=names is None)
         parse = self._parse_options()
         parse.invalid_row_handler = _skip_row
+        # Bytes that are not UTF-8 would make PyArrow fail to hand a bad row to the handler
+        # (and fail the whole sample); for inference a replacement character is as good.
+        sample = sample.decode("utf-8", "replace").encode()
         try:
             as_text = pacsv.read_csv(pa.py_buffer(sample), read_options=read, parse_options=parse,
                                      convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names or []}))
@@ -307,11 +311,24 @@ class CsvSource(Source):
         read = pacsv.ReadOptions(column_names=full.names, use_threads=use_threads)
         convert = pacsv.ConvertOptions(column_types=full, include_columns=schema.names)
         parse_opts = self._parse_options()
+        quote = self._quote.encode() if self._quote else None
 
         def parse(data: bytes) -> pa.Table:
             if not data.strip():
                 return schema.empty_table()
-            table = pacsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse_opts, convert_options=convert)
+            try:
+                table = pacsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse_opts, convert_options=convert)
+            except pa.ArrowInvalid as exc:
+                if "straddl" not in str(exc):
+                    raise
+                # A line longer than PyArrow's parse block (1 MiB): parse the buffer as one block.
+                whole = pacsv.ReadOptions(column_names=full.names, use_threads=use_threads, block_size=len(data) + 1)
+                table = pacsv.read_csv(pa.py_buffer(data), read_options=whole, parse_options=parse_opts, convert_options=convert)
+            lines = count_rows(data, keep_blank=False)
+            if table.num_rows != lines or (lines == 1 and quote is not None and data.count(quote) % 2):
+                # A quote left open runs on over the following lines (PyArrow accepts that):
+                # bisection finds the line that opens it.
+                raise BadRow("a quoted value is not closed on its line (pass newlines_in_values=True if values hold newlines)")
             if null_rows(table).size:
                 raise BadRow(f"missing value in integer column {null_column(table)!r} (NumPy integers have no NaN; pass dtypes={{{null_column(table)!r}: 'float32'}} to read NaN)")
             return table
@@ -320,7 +337,9 @@ class CsvSource(Source):
             text = _ROW_RE.sub("", str(exc).split("\n")[0])
             m = _COLUMN_RE.search(text)
             column = full.names[int(m.group(1))] if m and int(m.group(1)) < len(full.names) else None
-            if "conversion error" in text and column is not None:
+            if "conversion error to string" in text:  # the only way a value fails to be a string
+                text += ": the value is not valid UTF-8"
+            elif "conversion error" in text and column is not None:
                 text += f" (the type {full.field(column).type} was inferred from the first MiB; pass dtypes={{{column!r}: ...}} if it is wrong)"
             return text, column
 
@@ -328,7 +347,8 @@ class CsvSource(Source):
             buf, parse, path=block.path, first_line=block.first_line + line0,
             on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
         )
-        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+        # Every line bad: no piece parsed, zero rows.
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty_table()
         if table.num_rows + skipped != expected:
             raise SourceError(
                 f"expected {expected} rows from line {block.first_line + line0}, parsed {table.num_rows + skipped}: "

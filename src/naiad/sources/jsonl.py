@@ -39,6 +39,17 @@ __all__ = ["JsonlSource", "read_jsonl"]
 _SAMPLE_BYTES = 1 << 20
 
 
+def _parse_sample(data: bytes) -> pa.Table:
+    """Lines of the inference sample; a field name that is not UTF-8 makes its line a bad row
+    (PyArrow parses it, and fails only when the name is asked for)."""
+    table = pajson.read_json(pa.py_buffer(data if data.endswith(b"\n") else data + b"\n"))
+    try:
+        table.schema.names  # noqa: B018 (decodes every name)
+    except UnicodeDecodeError as exc:
+        raise BadRow(f"a field name is not UTF-8: {exc}") from None
+    return table
+
+
 def read_jsonl(
     paths: PathLike,
     *,
@@ -111,13 +122,18 @@ class JsonlSource(Source):
             # Bad lines in the sample are left out of the inference (found again, with their
             # line numbers, when their block is read).
             pieces, _ = parse_robust(
-                sample, lambda b: pajson.read_json(pa.py_buffer(b if b.endswith(b"\n") else b + b"\n")),
+                sample, _parse_sample,
                 path=path, first_line=1, on_bad_rows="skip", keep_blank=False,
                 describe=lambda e: (str(e), None),
             )
             if not pieces:
                 raise SourceError("no line of the first MiB is a JSON object.", path=path, line=1)
-            schema = pa.unify_schemas([t.schema for t in pieces], promote_options="permissive")
+            schema = pieces[0].schema
+            for piece in pieces[1:]:
+                try:
+                    schema = pa.unify_schemas([schema, piece.schema], promote_options="permissive")
+                except pa.ArrowException:
+                    pass  # a field of another type in a few lines: bad rows, when their block is read
             schema = pa.schema([pa.field(f.name, pa.string() if pa.types.is_null(f.type) else f.type) for f in schema])
             dtypes = resolve_dtypes(self._dtypes_arg, schema.names) if not isinstance(self._dtypes_arg, dict) else None
             if isinstance(self._dtypes_arg, dict):
@@ -158,8 +174,18 @@ class JsonlSource(Source):
                 return schema.empty_table()
             if not data.endswith(b"\n"):
                 data += b"\n"
-            table = pajson.read_json(pa.py_buffer(data), read_options=read, parse_options=parse_opts)
+            try:
+                table = pajson.read_json(pa.py_buffer(data), read_options=read, parse_options=parse_opts)
+            except pa.ArrowInvalid as exc:
+                if "straddl" not in str(exc):
+                    raise
+                # A line longer than PyArrow's parse block (1 MiB): parse the buffer as one block.
+                whole = pajson.ReadOptions(use_threads=use_threads, block_size=len(data) + 1)
+                table = pajson.read_json(pa.py_buffer(data), read_options=whole, parse_options=parse_opts)
             table = table.select(schema.names)
+            # PyArrow's JSON parser does not check that strings are UTF-8; a line that is not
+            # fails here, as a bad row, instead of when its value is read.
+            table.validate(full=True)
             if null_rows(table).size:
                 col = null_column(table)
                 raise BadRow(f"missing value in integer field {col!r} (pass dtypes={{{col!r}: 'float32'}} to read NaN)")
@@ -172,7 +198,8 @@ class JsonlSource(Source):
             buf, parse, path=block.path, first_line=block.first_line + line0,
             on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
         )
-        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+        # Every line bad: no piece parsed, zero rows.
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty_table()
         if table.num_rows + skipped != expected:
             raise SourceError(f"expected {expected} rows, parsed {table.num_rows + skipped}: one object per line is required.",
                               path=block.path, line=block.first_line + line0)

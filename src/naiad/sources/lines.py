@@ -135,7 +135,9 @@ def scan_file(path: str, *, block_bytes: int, header_lines: int, compression: st
         line = 1 + header_lines
         carry = b""
         while True:
-            chunk = f.read(block_bytes)
+            # Inside a line longer than a block, read as much again as is carried: a 100 MB
+            # line costs a few reads, not 100 MB / block_bytes ever-longer copies.
+            chunk = f.read(max(block_bytes, len(carry)))
             buf = carry + chunk if carry else chunk
             if not buf:
                 break

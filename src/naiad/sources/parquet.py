@@ -92,6 +92,9 @@ class ParquetSource(Source):
         schema = self.schema()
         try:
             table = open_parquet(block.path).read_row_group(block.start, columns=schema.names, use_threads=use_threads)
+            # A damaged page can decode to strings that are not UTF-8: a SourceError here, not a
+            # UnicodeDecodeError when the column is read.
+            table.validate(full=True)
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"cannot read row group {block.start} ({exc}); is the file truncated?", path=block.path) from None
         if (lo, hi) != (0, block.rows):
