@@ -114,7 +114,7 @@ def drain(fmt: Format, path: str, *, num_workers: int = 0, shuffle: bool = True)
     try:
         loader = naiad.DataLoader(
             fmt.open(path), batch_size=16, shuffle=shuffle, seed=1, shuffle_buffer=32,
-            num_workers=num_workers, timeout=60 if num_workers else 0,
+            num_workers=num_workers, worker_mode="process", timeout=60 if num_workers else 0,
         )
         rows = 0
         for batch in loader:

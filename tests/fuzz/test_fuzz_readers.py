@@ -35,13 +35,15 @@ FUZZ = settings(
 payloads = st.one_of(st.sampled_from(NASTY), st.binary(min_size=1, max_size=48))
 
 
-def outcome(fmt: Format, data: bytes, name: str = "data") -> int | None:
-    """Rows read, or None for a naiad error naming the file: the same with 0 and 2 workers."""
+def outcome(fmt: Format, data: bytes, *, workers: bool = False) -> int | None:
+    """Rows read, or None for a naiad error naming the file; with ``workers``, the same with 2
+    process workers as without."""
     with tempfile.TemporaryDirectory() as d:
-        path = write(d, fmt, data, name)
+        path = write(d, fmt, data)
         inline = drain(fmt, path)
-        workers = drain(fmt, path, num_workers=2)
-    assert inline == workers, f"inline read {inline} rows, workers {workers} (None: an error)"
+        if workers:
+            got = drain(fmt, path, num_workers=2)
+            assert inline == got, f"inline read {inline} rows, 2 workers {got} (None: an error)"
     return inline
 
 
@@ -54,17 +56,25 @@ def test_damaged_file_gives_data_or_a_naiad_error(name: str, kind: str, pos: flo
     assert rows is None or rows >= 0
 
 
+@settings(FUZZ, max_examples=50)
+@given(name=st.sampled_from(sorted(FORMATS)), kind=st.sampled_from(MUTATIONS), pos=st.floats(0, 1), payload=payloads)
+def test_damaged_file_read_by_process_workers_as_inline(name: str, kind: str, pos: float, payload: bytes) -> None:
+    # A worker's error crosses back with its type and file; a crash would be a WorkerError.
+    fmt = FORMATS[name]
+    outcome(fmt, mutate(fmt.seed(), kind, pos, payload), workers=True)
+
+
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(CORPUS, "*", "*"))), ids=os.path.basename)
 def test_corpus_case_gives_data_or_a_naiad_error(path: str) -> None:
     fmt = FORMATS[os.path.basename(os.path.dirname(path))]
     with open(path, "rb") as f:
-        outcome(fmt, f.read())
+        outcome(fmt, f.read(), workers=True)
 
 
 def test_undamaged_seed_files_read_whole() -> None:
     # The fuzz tests start from these: each must read every row (or the fuzzing proves little).
     for fmt in FORMATS.values():
-        assert outcome(fmt, fmt.seed()) == ROWS, fmt.name
+        assert outcome(fmt, fmt.seed(), workers=True) == ROWS, fmt.name
 
 
 # -- targeted damage ---------------------------------------------------------------------------
@@ -145,10 +155,11 @@ def _csv(tmp_path: object, body: bytes) -> str:
     (b"31,\x00,x\n", "conversion error"),
     (b"31,31,\xff\xfe\n", "not valid UTF-8"),
 ])
-def test_csv_damage_names_file_and_line(tmp_path: object, body: bytes, problem: str) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_csv_damage_names_file_and_line(tmp_path: object, body: bytes, problem: str, workers: int) -> None:
     path = _csv(tmp_path, body)
     with pytest.raises(SourceError) as info:
-        list(naiad.DataLoader(naiad.read_csv(path, block_bytes=128), batch_size=8))
+        list(naiad.DataLoader(naiad.read_csv(path, block_bytes=128), batch_size=8, num_workers=workers, worker_mode="process"))
     assert (info.value.path, info.value.line) == (path, 31)
     assert problem in str(info.value)
     # Skipped instead, the damage costs its own line and no other.

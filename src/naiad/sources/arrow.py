@@ -33,6 +33,7 @@ def read_arrow(
     columns: Sequence[str] | None = None,
     dtypes: DTypes = None,
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
 ) -> ArrowSource:
     """A lazy source over Arrow IPC *file* format (Feather v2) files; a block is a record batch.
 
@@ -44,11 +45,14 @@ def read_arrow(
         columns: read only these columns (output keeps file order).
         dtypes: a mapping column -> dtype, or one dtype for every numeric column.
         on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
 
     Example:
         >>> ds = naiad.read_arrow("train.arrow")  # doctest: +SKIP
     """
-    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows)
+    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows)
 
 
 _READERS = ReaderCache(
@@ -73,8 +77,9 @@ class ArrowSource(Source):
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
         self.schema()  # the schema is metadata: check columns and dtypes now
@@ -106,5 +111,5 @@ class ArrowSource(Source):
             raise SourceError(f"cannot read record batch {block.start} ({exc}); is the file truncated?", path=block.path) from None
         table = pa.Table.from_batches([batch.slice(lo, hi - lo)]).select(schema.names)
         table = cast_to_schema(table, schema, f"record batch {block.start}", block.path)
-        table, skipped = check_no_nulls(table, block, lo, self.on_bad_rows)
-        return BlockData(table_to_columns(table), skipped)
+        table, bad = check_no_nulls(table, block, lo, self.on_bad_rows)
+        return BlockData(table_to_columns(table), bad)

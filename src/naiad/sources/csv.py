@@ -19,6 +19,7 @@ from naiad.sources.base import (
     PathLike,
     Source,
     apply_dtypes,
+    bad_entry,
     null_column,
     null_rows,
     resolve_dtypes,
@@ -63,6 +64,7 @@ def read_csv(
     quote_char: str | None = '"',
     newlines_in_values: bool = False,
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
     block_bytes: int | None = None,
 ) -> CsvSource:
     """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow.
@@ -86,6 +88,9 @@ def read_csv(
             into byte ranges: each file is one block (memory grows with the file size).
         on_bad_rows: "raise" a :class:`~naiad.SourceError` naming file, line and problem, or
             "skip" the row and count it (see ``StreamCounters.bad_rows``).
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
 
@@ -97,7 +102,7 @@ def read_csv(
     return CsvSource(
         paths, delimiter=delimiter, header=header, column_names=column_names, columns=columns,
         dtypes=dtypes, compression=compression, quote_char=quote_char,
-        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, block_bytes=block_bytes,
+        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
     )
 
 
@@ -117,9 +122,10 @@ class CsvSource(Source):
         quote_char: str | None = '"',
         newlines_in_values: bool = False,
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
         block_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows)
         if len(delimiter) != 1:
             raise ConfigError(f"`delimiter` must be one character, got {delimiter!r}.")
         if block_bytes is not None and block_bytes < 1:
@@ -258,23 +264,25 @@ class CsvSource(Source):
             # value does not stop the count; rows with a wrong field count are counted too).
             b = blocks[0]
             table, bad = self._parse_records(read_block_bytes(b, self.compression), b, as_text=True)
-            blocks = [b._replace(rows=table.num_rows + bad)]
+            blocks = [b._replace(rows=table.num_rows + len(bad))]
         return blocks
 
-    def _parse_records(self, buf: bytes, block: Block, *, as_text: bool, use_threads: bool = False) -> tuple[pa.Table, int]:
-        """Parse a whole file whose quoted values may hold newlines (no line bisection)."""
+    def _parse_records(self, buf: bytes, block: Block, *, as_text: bool, use_threads: bool = False) -> tuple[pa.Table, list[str]]:
+        """Parse a whole file whose quoted values may hold newlines (no line bisection); returns
+        the table and the problem of each record skipped for its field count."""
         full = self.full_schema()
-        bad: list[tuple[int | None, str, int, int]] = []
+        bad: list[str] = []
 
         def on_invalid(row: pacsv.InvalidRow) -> str:
-            bad.append((row.number, row.text, row.expected_columns, row.actual_columns))
+            where = f"data row {row.number}: " if row.number is not None else ""
+            bad.append(f"{where}Expected {row.expected_columns} columns, got {row.actual_columns}; the row is {row.text[:200]!r}")
             return "skip"
 
         opts = self._parse_options()
         opts.invalid_row_handler = on_invalid
         types = {n: pa.string() for n in full.names} if as_text else full
         if not buf.strip():
-            return pa.schema([(n, types[n]) for n in full.names]).empty_table(), 0
+            return pa.schema([(n, types[n]) for n in full.names]).empty_table(), []
         try:
             table = pacsv.read_csv(
                 pa.py_buffer(buf), parse_options=opts,
@@ -284,17 +292,17 @@ class CsvSource(Source):
         except pa.ArrowException as exc:
             raise SourceError(f"{exc} (values with newlines: no line number is known).", path=block.path) from None
         if bad and not as_text and self.on_bad_rows == "raise":
-            number, text, expected, actual = bad[0]
-            raise SourceError(
-                f"data row {number}: Expected {expected} columns, got {actual}; the row is {text[:200]!r}.",
-                path=block.path,
-            )
-        return table, len(bad)
+            raise SourceError(f"{bad[0]}.", path=block.path)
+        return table, bad
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         if self.newlines_in_values:
             whole, bad = self._parse_records(read_block_bytes(block, self.compression), block, as_text=False, use_threads=use_threads)
-            return BlockData(table_to_columns(whole.slice(lo, hi - lo)), bad if lo == 0 else 0)
+            # PyArrow names no line or record of a bad row here, so the good records take the
+            # block's first positions and the bad ones the last: the same at every read.
+            good = whole.num_rows
+            entries = tuple(bad_entry(p - lo, block.path, bad[p - good]) for p in range(max(lo, good), hi))
+            return BlockData(table_to_columns(whole.slice(lo, max(0, min(hi, good) - lo))), entries)
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
         return self._parse_lines(buf, line0, block, hi - lo, use_threads)
 
@@ -330,10 +338,13 @@ class CsvSource(Source):
                 # bisection finds the line that opens it.
                 raise BadRow("a quoted value is not closed on its line (pass newlines_in_values=True if values hold newlines)")
             if null_rows(table).size:
-                raise BadRow(f"missing value in integer column {null_column(table)!r} (NumPy integers have no NaN; pass dtypes={{{null_column(table)!r}: 'float32'}} to read NaN)")
+                col = null_column(table)
+                raise BadRow(f"missing value in integer column {col!r} (NumPy integers have no NaN; pass dtypes={{{col!r}: 'float32'}} to read NaN)", col)
             return table
 
         def describe(exc: Exception) -> tuple[str, str | None]:
+            if isinstance(exc, BadRow):
+                return str(exc), exc.column
             text = _ROW_RE.sub("", str(exc).split("\n")[0])
             m = _COLUMN_RE.search(text)
             column = full.names[int(m.group(1))] if m and int(m.group(1)) < len(full.names) else None
@@ -349,10 +360,11 @@ class CsvSource(Source):
         )
         # Every line bad: no piece parsed, zero rows.
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty_table()
-        if table.num_rows + skipped != expected:
+        if table.num_rows + len(skipped) != expected:
             raise SourceError(
-                f"expected {expected} rows from line {block.first_line + line0}, parsed {table.num_rows + skipped}: "
+                f"expected {expected} rows from line {block.first_line + line0}, parsed {table.num_rows + len(skipped)}: "
                 "a newline inside a quoted value? Pass newlines_in_values=True.",
                 path=block.path, line=block.first_line + line0,
             )
-        return BlockData(table_to_columns(table), skipped)
+        bad = tuple(bad_entry(at, block.path, problem, line=line, column=column) for at, line, problem, column in skipped)
+        return BlockData(table_to_columns(table), bad)

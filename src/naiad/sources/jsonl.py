@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,6 +18,7 @@ from naiad.sources.base import (
     PathLike,
     Source,
     apply_dtypes,
+    bad_entry,
     null_column,
     null_rows,
     resolve_dtypes,
@@ -37,6 +39,8 @@ from naiad.sources.lines import (
 __all__ = ["JsonlSource", "read_jsonl"]
 
 _SAMPLE_BYTES = 1 << 20
+_COLUMN_RE = re.compile(r"Column (\d+): ")
+_FIELD_RE = re.compile(r"Column\(/([^)/]*)\)")
 
 
 def _parse_sample(data: bytes) -> pa.Table:
@@ -57,6 +61,7 @@ def read_jsonl(
     dtypes: DTypes = None,
     compression: str | None = "infer",
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
     block_bytes: int | None = None,
 ) -> JsonlSource:
     """A lazy source over JSON Lines files (a path, a glob or a list), parsed by PyArrow.
@@ -71,6 +76,9 @@ def read_jsonl(
         dtypes: a mapping field -> dtype, or one dtype for every numeric field.
         compression: "infer" from the extension, a codec name or None (one block per file).
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
 
@@ -78,7 +86,7 @@ def read_jsonl(
         >>> ds = naiad.read_jsonl("events-*.jsonl.gz", columns=["x", "label"])  # doctest: +SKIP
     """
     return JsonlSource(paths, columns=columns, dtypes=dtypes, compression=compression,
-                       on_bad_rows=on_bad_rows, block_bytes=block_bytes)
+                       on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes)
 
 
 class JsonlSource(Source):
@@ -92,9 +100,10 @@ class JsonlSource(Source):
         dtypes: DTypes = None,
         compression: str | None = "infer",
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
         block_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows)
         self.compression = compression
         self.block_bytes = block_bytes
         self._dtypes_arg = dtypes
@@ -188,11 +197,18 @@ class JsonlSource(Source):
             table.validate(full=True)
             if null_rows(table).size:
                 col = null_column(table)
-                raise BadRow(f"missing value in integer field {col!r} (pass dtypes={{{col!r}: 'float32'}} to read NaN)")
+                raise BadRow(f"missing value in integer field {col!r} (pass dtypes={{{col!r}: 'float32'}} to read NaN)", col)
             return table
 
         def describe(exc: Exception) -> tuple[str, str | None]:
-            return str(exc).split("\n")[0].replace(" in row 0", ""), None
+            if isinstance(exc, BadRow):
+                return str(exc), exc.column
+            text = str(exc).split("\n")[0].replace(" in row 0", "")
+            m = _COLUMN_RE.match(text)  # "Column 2: In chunk 0: Invalid: Invalid UTF8 ..."
+            if m and int(m.group(1)) < len(schema.names):
+                return text, schema.names[int(m.group(1))]
+            m = _FIELD_RE.search(text)  # "JSON parse error: Column(/b) changed from number to string"
+            return text, m.group(1) if m and m.group(1) in full.names else None
 
         tables, skipped = parse_robust(
             buf, parse, path=block.path, first_line=block.first_line + line0,
@@ -200,7 +216,8 @@ class JsonlSource(Source):
         )
         # Every line bad: no piece parsed, zero rows.
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty_table()
-        if table.num_rows + skipped != expected:
-            raise SourceError(f"expected {expected} rows, parsed {table.num_rows + skipped}: one object per line is required.",
+        if table.num_rows + len(skipped) != expected:
+            raise SourceError(f"expected {expected} rows, parsed {table.num_rows + len(skipped)}: one object per line is required.",
                               path=block.path, line=block.first_line + line0)
-        return BlockData(table_to_columns(table), skipped)
+        bad = tuple(bad_entry(at, block.path, problem, line=line, column=column) for at, line, problem, column in skipped)
+        return BlockData(table_to_columns(table), bad)

@@ -144,7 +144,7 @@ class NpySource(Source):
                     out[field] = np.array(rows[field], dtype=_np(schema.field(field).type))
             else:
                 out[name] = np.array(arr[a:b], dtype=_np(schema.field(name).type))
-        return BlockData(out, 0)
+        return BlockData(out)
 
 
     def empty_columns(self) -> Columns:

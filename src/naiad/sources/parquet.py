@@ -34,6 +34,7 @@ def read_parquet(
     columns: Sequence[str] | None = None,
     dtypes: DTypes = None,
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
 ) -> ParquetSource:
     """A lazy source over Parquet files (a path, a glob or a list); a block is a row group.
 
@@ -45,11 +46,14 @@ def read_parquet(
         columns: read only these columns (output keeps file order).
         dtypes: a mapping column -> dtype, or one dtype for every numeric column.
         on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
 
     Example:
         >>> ds = naiad.read_parquet("train/*.parquet", columns=["x", "y"])  # doctest: +SKIP
     """
-    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows)
+    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows)
 
 
 # Opening a Parquet file parses its footer, which is not free for wide files: keep it open.
@@ -71,8 +75,9 @@ class ParquetSource(Source):
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
         self.schema()  # the footer is metadata: check columns and dtypes now
@@ -100,5 +105,5 @@ class ParquetSource(Source):
         if (lo, hi) != (0, block.rows):
             table = table.slice(lo, hi - lo)
         table = cast_to_schema(table, schema, f"row group {block.start}", block.path)
-        table, skipped = check_no_nulls(table, block, lo, self.on_bad_rows)
-        return BlockData(table_to_columns(table), skipped)
+        table, bad = check_no_nulls(table, block, lo, self.on_bad_rows)
+        return BlockData(table_to_columns(table), bad)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.base import Block, BlockData, OnBadRows, PathLike, Source
+from naiad.sources.base import Block, BlockData, OnBadRows, PathLike, Source, bad_entry
 from naiad.sources.lines import (
     default_block_bytes,
     parse_selected_lines,
@@ -26,6 +28,7 @@ def read_text(
     encoding: str = "utf-8",
     compression: str | None = "infer",
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
     block_bytes: int | None = None,
 ) -> TextSource:
     """A lazy source over text files: each line (without its newline) is one sample.
@@ -36,6 +39,9 @@ def read_text(
         encoding: "utf-8" (checked; a line that is not UTF-8 is a bad row) or "latin-1".
         compression: "infer" from the extension, a codec name or None (one block per file).
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/1024 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
 
@@ -45,7 +51,7 @@ def read_text(
         ['first line', 'second line']
     """
     return TextSource(paths, column=column, encoding=encoding, compression=compression,
-                      on_bad_rows=on_bad_rows, block_bytes=block_bytes)
+                      on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes)
 
 
 class TextSource(Source):
@@ -59,9 +65,10 @@ class TextSource(Source):
         encoding: str = "utf-8",
         compression: str | None = "infer",
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
         block_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
             raise ConfigError(f"`encoding` must be 'utf-8' or 'latin-1', got {encoding!r}.")
         self.column = column
@@ -79,7 +86,7 @@ class TextSource(Source):
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=True)
         if hi == lo:
-            return BlockData({self.column: []}, 0)
+            return BlockData({self.column: []})
         return self._split_lines(buf, line0, block)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
@@ -95,10 +102,10 @@ class TextSource(Source):
         if not self.utf8:
             lines = pa.array([buf.decode("latin-1")]) if buf else pa.array([""])
             split = pc.split_pattern(lines, "\n").flatten()
-            return BlockData({self.column: pc.utf8_rtrim(split, "\r").to_pylist()}, 0)
+            return BlockData({self.column: pc.utf8_rtrim(split, "\r").to_pylist()})
         # Split as binary (vectorised), then check UTF-8 for the whole block at once.
         binary = pc.split_pattern(pa.array([buf], pa.binary()), b"\n").flatten()
-        skipped = 0
+        skipped: tuple[dict[str, Any], ...] = ()
         try:
             strings = binary.cast(pa.string())
         except pa.ArrowInvalid:
@@ -108,7 +115,8 @@ class TextSource(Source):
                 raise SourceError("the line is not valid UTF-8 (pass encoding='latin-1'?).",
                                   path=block.path, line=block.first_line + line0 + int(bad[0])) from None
             strings = pc.filter(binary, pa.array(ok)).cast(pa.string())
-            skipped = int(bad.size)
+            skipped = tuple(bad_entry(i, block.path, "the line is not valid UTF-8", line=block.first_line + line0 + i)
+                            for i in bad.tolist())
         strings = pc.utf8_rtrim(strings, "\r")
         return BlockData({self.column: strings.to_pylist()}, skipped)
 
