@@ -165,7 +165,7 @@ class BadRowLedger:
         if first is not None:
             pos = f" line {first['line']}" if "line" in first else f" row {first['row']}" if "row" in first else ""
             at = f"; the first: {first['file']}{pos}"
-        return f"{self.total:,} bad row(s) skipped, in {where}; the commonest reasons: {why}{at}"
+        return f"{self.total:,} in all (every epoch), in {where}; the commonest reasons: {why}{at}"
 
 
 class BadRowTracker:

@@ -19,13 +19,13 @@ def _entries(n: int, start: int = 0, reason: str = "bad") -> list[dict]:
 def test_ledger_keeps_the_first_entries_and_counts_all() -> None:
     ledger = BadRowLedger(keep=3)
     ledger.record(0, 0, _entries(2))
-    ledger.record(0, 4, _entries(3, 10, reason="worse"))
+    ledger.record(0, 4, _entries(4, 10, reason="worse"))
     ledger.record(1, 0, _entries(1, 99))
-    assert ledger.total == 6 and len(ledger.entries) == 3
+    assert ledger.total == 7 and len(ledger.entries) == 3
     assert [(e["line"], e["epoch"]) for e in ledger.entries] == [(0, 0), (1, 0), (10, 0)]
-    assert ledger.by_file() == {"f.csv": 6}
-    assert ledger.by_reason() == {"worse": 3, "bad": 3}
-    assert "6 bad row(s) skipped, in f.csv (6)" in ledger.summary()
+    assert ledger.by_file() == {"f.csv": 7}
+    assert list(ledger.by_reason().items()) == [("worse", 4), ("bad", 3)]
+    assert "7 in all (every epoch), in f.csv (7); the commonest reasons: 'worse' (4); 'bad' (3)" in ledger.summary()
 
 
 def test_ledger_state_leaves_out_batches_cut_ahead_of_the_position() -> None:
