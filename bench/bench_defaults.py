@@ -35,7 +35,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import header  # noqa: E402
+from harness import environment  # noqa: E402
 
 import naiad  # noqa: E402
 
@@ -153,7 +153,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="epochs per setting after a first one (median)")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "naiad-bench" / "defaults"))
     args = p.parse_args()
-    print(header(f"python bench/bench_defaults.py {' '.join(sys.argv[1:])}"))
+    print(environment())
+    print(f"\n`python bench/bench_defaults.py {' '.join(sys.argv[1:])}`")
     cache = Path(args.cache_dir)
     for size in [int(s) for s in args.sizes.split(",")]:
         rows = size * 1_000_000 // BYTES_PER_ROW

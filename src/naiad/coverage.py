@@ -91,7 +91,7 @@ class PositionSource(Source):
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         start = self._start[block]
-        return BlockData({"row": np.arange(start + lo, start + hi, dtype=np.int64)}, 0)
+        return BlockData({"row": np.arange(start + lo, start + hi, dtype=np.int64)})
 
     def rows_of(self, task: Task) -> np.ndarray:
         """The row numbers a read (or a read group) yields, in order."""

@@ -307,12 +307,18 @@ class DataLoader(TorchDataLoader[T_co]):
 
         ``fetch`` is dataset access and collation (in workers when there are any), ``read`` the
         reading and parsing of a streaming source's blocks, ``transfer`` the copy to ``device``.
-        Rows skipped by ``on_bad_rows="skip"`` are in :attr:`bad_rows`.
+        Rows skipped by ``on_bad_rows="skip"`` are in ``bad_rows`` (per file),
+        ``bad_row_reasons`` and ``bad_row_ledger`` (each skipped row: file, line or row, column,
+        reason), which a state dict carries over a resume.
         """
         inner = self._current_inner() if self._current_inner is not None else None
         if inner is not None:
             inner.flush_stage()
-        return dataclasses.replace(self._telemetry.stats(), workers=self.workers_info(), bad_rows=self.bad_rows)
+        ledger = self._stream_counters.ledger
+        return dataclasses.replace(
+            self._telemetry.stats(), workers=self.workers_info(), bad_rows=self.bad_rows,
+            bad_row_reasons=ledger.by_reason(), bad_row_ledger=[dict(e) for e in ledger.entries],
+        )
 
     def workers_info(self) -> dict[str, Any]:
         """How many workers run and why (the user's setting, or what ``"auto"`` chose), and

@@ -67,6 +67,10 @@ class LoaderStats:
             ``exitcode``, ``task``, ``epoch``).
         bad_rows: set by a loader: rows a streaming source skipped (``on_bad_rows="skip"``),
             per file.
+        bad_row_reasons: the same, per reason, the commonest first.
+        bad_row_ledger: the first 1,000 skipped rows, each a dict: ``file``, ``line`` (text
+            formats) or ``row`` (columnar), ``column`` when known, ``reason`` and ``epoch``, in
+            the order their batches were delivered (NOTE [ Bad rows keep their positions ]).
 
     Example:
         >>> from naiad.telemetry import Telemetry
@@ -76,7 +80,7 @@ class LoaderStats:
         >>> stats.wait.total_s
         0.004
         >>> sorted(stats.to_dict())
-        ['bad_rows', 'batches', 'batches_per_s', 'elapsed_s', 'rows', 'rows_per_s', 'stages', 'wait', 'wait_fraction', 'workers']
+        ['bad_row_ledger', 'bad_row_reasons', 'bad_rows', 'batches', 'batches_per_s', 'elapsed_s', 'rows', 'rows_per_s', 'stages', 'wait', 'wait_fraction', 'workers']
     """
 
     batches: int = 0
@@ -86,6 +90,8 @@ class LoaderStats:
     stages: dict[str, StageStats] = field(default_factory=dict)
     workers: dict[str, Any] = field(default_factory=dict)
     bad_rows: dict[str, int] = field(default_factory=dict)
+    bad_row_reasons: dict[str, int] = field(default_factory=dict)
+    bad_row_ledger: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def wait_fraction(self) -> float:
@@ -125,6 +131,8 @@ class LoaderStats:
             },
             "workers": dict(self.workers),
             "bad_rows": dict(self.bad_rows),
+            "bad_row_reasons": dict(self.bad_row_reasons),
+            "bad_row_ledger": [dict(e) for e in self.bad_row_ledger],
         }
 
     def __str__(self) -> str:
@@ -150,4 +158,6 @@ class LoaderStats:
         if self.bad_rows:
             skipped = ", ".join(f"{path}: {n:,}" for path, n in self.bad_rows.items())
             lines += ["", f"bad rows skipped: {sum(self.bad_rows.values()):,} ({skipped})"]
+            for reason, n in list(self.bad_row_reasons.items())[:3]:
+                lines.append(f"  {n:,} x {reason:.160}")
         return "\n".join(lines)

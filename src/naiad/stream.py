@@ -14,8 +14,9 @@ resume after ``k`` batches, the shuffle buffer's draws are made again over row *
 exchange in progress until every slot is accounted for, which tells which positions it holds and
 which are still owed from the chunk it was emitting (``BufferReplay``). Only the blocks that
 hold those rows (the window since the oldest one) are read again, their rows put back in their
-slots, and the stream continues. Rows skipped by ``on_bad_rows="skip"`` shift positions, so a
-state taken after skipping rows is refused (StateError) instead of resumed inexactly.
+slots, and the stream continues. Rows skipped by ``on_bad_rows="skip"`` keep their positions
+until their batch is cut, so a resume after skipped rows is as exact as any (NOTE [ Bad rows keep
+their positions ] in ledger.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
 from naiad.errors import ConfigError, StateError
+from naiad.ledger import BadRowLedger, BadRowTracker
 from naiad.parallel import HandlerFactory, WorkerContext
 from naiad.plan import (
     TAG_BUFFER,
@@ -132,16 +134,24 @@ class StreamCounters:
         rows_read: rows that came back from the workers.
         rows_yielded: rows in yielded batches.
         batches: batches yielded.
-        bad_rows: rows skipped by ``on_bad_rows="skip"``.
-        bad_rows_by_file: the same, per file.
+        ledger: the rows skipped by ``on_bad_rows="skip"`` in yielded batches.
     """
 
     blocks_read: int = 0
     rows_read: int = 0
     rows_yielded: int = 0
     batches: int = 0
-    bad_rows: int = 0
-    bad_rows_by_file: dict[str, int] = field(default_factory=dict)
+    ledger: BadRowLedger = field(default_factory=BadRowLedger)
+
+    @property
+    def bad_rows(self) -> int:
+        """Rows skipped by ``on_bad_rows="skip"``."""
+        return self.ledger.total
+
+    @property
+    def bad_rows_by_file(self) -> dict[str, int]:
+        """Rows skipped, per file."""
+        return self.ledger.by_file()
 
     def as_dict(self) -> dict[str, Any]:
         """The counters as plain data."""
@@ -156,7 +166,8 @@ class StreamCounters:
 
 
 def make_handler_factory(source: Source) -> HandlerFactory:
-    """A picklable factory that builds, in each worker, ``handler(ReadTask) -> (columns, bad_rows)``.
+    """A picklable factory that builds, in each worker, ``handler(ReadTask) -> (columns, bad)``
+    (``bad``: the skipped rows, as in :attr:`BlockData.bad`).
 
     ``columns`` is a plain dict of NumPy arrays (numeric; they cross processes through shared
     memory) and lists (strings and other values).
@@ -164,7 +175,7 @@ def make_handler_factory(source: Source) -> HandlerFactory:
     return functools.partial(_build_handler, source)
 
 
-def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tuple[dict[str, Any], int]]:
+def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tuple[dict[str, Any], list[dict[str, Any]]]]:
     if context.mode == "process":
         # Arrow hands out read-only NumPy views; the pool copies them into shared memory, so
         # torch's warning about non-writable arrays is noise there.
@@ -173,7 +184,7 @@ def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tu
     return functools.partial(_read_task, source, context.num_workers == 0)
 
 
-def _read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> tuple[dict[str, Any], int]:
+def _read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if isinstance(task, RestoreTask):  # a resume's window: only the rows it restores
         data = source.read_rows_many([(t.block, t.row_numbers()) for t in task.reads], use_threads=use_threads)
     elif isinstance(task, GroupTask):  # consecutive small reads, in one go (NOTE [ Read groups ])
@@ -182,7 +193,7 @@ def _read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> t
         data = source.read_block(task.block, task.lo, task.hi, use_threads=use_threads)
     else:  # the scattered rows an elastic leg owes
         data = source.read_rows(task.block, task.row_numbers(), use_threads=use_threads)
-    return dict(data.columns), data.bad_rows  # plain dict and tuple: WorkerPool looks inside
+    return dict(data.columns), list(data.bad)  # plain dict, list and tuple: WorkerPool looks inside
 
 
 # -- the calling side ------------------------------------------------------------------------
@@ -312,7 +323,8 @@ class BatchStream(Iterator[Batch]):
         self.counters = counters if counters is not None else StreamCounters()
         self.rank, self.world_size = options.topology()
         self.batches_yielded = 0
-        self.bad_rows = 0  # skipped in this stream (a mid-epoch resume cannot replay them)
+        self.bad_rows = 0  # rows of this epoch skipped before this stream's first batch (a resume's)
+        self._tracker: BadRowTracker | None = None
         self.legs: list[Leg] = []  # the epoch's finished legs (NOTE [ Elastic resume ])
         self._plan: RankPlan | None = None
         # Resumed after the last batch of a leg on another topology: that state, kept as it is.
@@ -355,9 +367,12 @@ class BatchStream(Iterator[Batch]):
             return dict(self.ended)
         leg = current_leg(self.options)
         k = self.batches_yielded if batches_yielded is None else batches_yielded
+        tracker = self._tracker
         return {
             "version": STREAM_STATE_VERSION, "epoch": self.epoch, "batches_yielded": k,
-            "bad_rows": self.bad_rows, "seed": self.options.seed, "shuffle": self.options.shuffle,
+            "bad_rows": tracker.skipped_before(k, self.bad_rows) if tracker is not None else self.bad_rows,
+            "bad_row_ledger": self.counters.ledger.state(self.epoch, k),
+            "seed": self.options.seed, "shuffle": self.options.shuffle,
             **source_fingerprint(self.source), "rank": self.rank, "world_size": leg.world_size,
             "batch_size": leg.batch_size, "drop_last": leg.drop_last, "buffer_rows": leg.buffer_rows,
             "legs": [x.as_dict() for x in self.legs],
@@ -397,12 +412,12 @@ class BatchStream(Iterator[Batch]):
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed stream state: {exc!r}.") from None
         k = saved.batches
-        if state.get("bad_rows", 0) and k:
-            # Skipped rows shift every later position, so the replay would misplace rows.
-            raise StateError(
-                f"stream state bad_rows: stored {state['bad_rows']}, resumable 0; this epoch skipped bad "
-                "rows before the checkpoint, so it can only restart at the epoch's start."
-            )
+        skipped = state.get("bad_rows", 0)
+        if not isinstance(skipped, int) or isinstance(skipped, bool) or skipped < 0:
+            raise StateError(f"stream state bad_rows: stored {skipped!r:.80}, expected an int >= 0.")
+        ledger = BadRowLedger()
+        if "bad_row_ledger" in state:  # states of naiad before the ledger have none
+            ledger.load(state["bad_row_ledger"])
         self.legs = legs
         self._plan = None
         saved_plan = plan_for(self.source, replace(self.options, rank=0, world_size=saved.world_size,
@@ -410,6 +425,9 @@ class BatchStream(Iterator[Batch]):
                                                    shuffle_buffer=saved.buffer_rows or None), self.epoch, legs)
         if not 0 <= k <= saved_plan.num_batches:
             raise StateError(f"stream state batches_yielded: stored {k!r}, its plan has {saved_plan.num_batches}.")
+        # The skipped rows counted so far survive the resume (the ledger is the saving rank's).
+        self.counters.ledger = ledger
+        self.bad_rows = skipped
         if saved.same_topology(current_leg(self.options)):
             self.batches_yielded = k
         elif k < saved_plan.num_batches:  # elastic: a new leg over the rows still owed
@@ -431,6 +449,11 @@ class BatchStream(Iterator[Batch]):
         batcher = _Batcher(sizes, self.batches_yielded, self.source.empty_columns())
         if batcher.done:
             return
+        tracker = None
+        if self.source.on_bad_rows == "skip":
+            tracker = self._tracker = BadRowTracker(
+                self.counters.ledger, self.epoch, self.source.max_bad_rows, int(sizes.sum()), self.bad_rows,
+            )
         restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
         tasks: list[Task | RestoreTask] = list(plan.tasks[restore.next_task :])
         if restore.remainder is not None:
@@ -442,8 +465,10 @@ class BatchStream(Iterator[Batch]):
         results = self.imap(tasks)
         try:
             for i, (task, (columns, bad)) in enumerate(zip(tasks, results)):
-                self._count(task, columns, bad)
+                self._count(task, columns)
                 arrays = {name: as_array(col) for name, col in columns.items()}
+                if tracker is not None:  # skipped rows keep their positions until their batch
+                    arrays = tracker.tag(arrays, bad)
                 if i == 0 and restore.window:
                     restore.put(arrays)
                     batcher.add(restore.finish(buffer))
@@ -463,19 +488,16 @@ class BatchStream(Iterator[Batch]):
             if close is not None:
                 close()
 
-    def _count(self, task: Task | RestoreTask, columns: dict[str, Any], bad: int) -> None:
+    def _count(self, task: Task | RestoreTask, columns: dict[str, Any]) -> None:
         c = self.counters
         c.blocks_read += len(task.reads) if isinstance(task, (RestoreTask, GroupTask)) else 1
         c.rows_read += len(next(iter(columns.values()))) if columns else 0
-        if bad:
-            path = task.reads[0].block.path if isinstance(task, RestoreTask) else task.block.path
-            self.bad_rows += bad
-            c.bad_rows += bad
-            c.bad_rows_by_file[path] = c.bad_rows_by_file.get(path, 0) + bad
 
     def _emit(self, batches: Iterable[dict[str, np.ndarray]]) -> Iterator[Batch]:
         transform = self.options.transform
         for arrays in batches:
+            if self._tracker is not None:  # the batch being cut is batch number batches_yielded
+                arrays = self._tracker.untag(arrays, self.batches_yielded)
             batch = to_torch(arrays)
             n = len(next(iter(arrays.values()))) if arrays else 0
             self.counters.rows_yielded += n

@@ -60,7 +60,8 @@ class StreamPipeline:
                                       state=resume))
 
     def start_state(self, epoch: int) -> dict[str, Any]:
-        return BatchStream(self.source, self.options, epoch=epoch, imap=_unset).get_state()
+        # The counters' ledger goes into the state: the rows skipped so far survive a resume.
+        return BatchStream(self.source, self.options, epoch=epoch, imap=_unset, counters=self.counters).get_state()
 
     def check_state(self, part: Mapping[str, Any], epoch: int) -> None:
         if not isinstance(part, Mapping) or part.get("version") != STREAM_STATE_VERSION:

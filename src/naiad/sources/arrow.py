@@ -37,6 +37,7 @@ def read_arrow(
     columns: Sequence[str] | None = None,
     dtypes: DTypes = None,
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
 ) -> ArrowSource:
@@ -50,6 +51,9 @@ def read_arrow(
         columns: read only these columns (output keeps file order).
         dtypes: a mapping column -> dtype, or one dtype for every numeric column.
         on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
@@ -57,7 +61,7 @@ def read_arrow(
     Example:
         >>> ds = naiad.read_arrow("train.arrow")  # doctest: +SKIP
     """
-    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
+    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
 
 
 def _open(path: str) -> pa.ipc.RecordBatchFileReader:
@@ -89,10 +93,11 @@ class ArrowSource(Source):
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
         self.schema()  # the schema is metadata: check columns and dtypes now
@@ -109,15 +114,24 @@ class ArrowSource(Source):
             # from the footer and each batch's metadata instead.
             return indexed_blocks(path, ipc_batch_rows(path))
         # Memory-mapped: reading a batch's header touches no column data.
-        return indexed_blocks(path, [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)])
+        counts = []
+        for i in range(reader.num_record_batches):
+            try:
+                counts.append(reader.get_batch(i).num_rows)
+            except (OSError, pa.ArrowException) as exc:
+                raise SourceError(f"cannot read record batch {i} ({exc}); is the file truncated?", path=path) from None
+        return indexed_blocks(path, counts)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         schema = self.schema()
         try:
             batch = open_ipc(block.path).get_batch(block.start)
+            # A damaged file can hold offsets that point outside the memory map: reading them
+            # would crash the process (SIGBUS, SIGSEGV), so every batch is checked first.
+            batch.validate(full=True)
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"cannot read record batch {block.start} ({exc}); is the file truncated?", path=block.path) from None
         table = pa.Table.from_batches([batch.slice(lo, hi - lo)]).select(schema.names)
         table = cast_to_schema(table, schema, f"record batch {block.start}", block.path)
-        table, skipped = check_no_nulls(table, block, lo, self.on_bad_rows)
-        return BlockData(table_to_columns(table), skipped)
+        table, bad = check_no_nulls(table, block, lo, self.on_bad_rows)
+        return BlockData(table_to_columns(table), bad)

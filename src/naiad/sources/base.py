@@ -21,13 +21,15 @@ from typing import Any, Literal, NamedTuple, TypeAlias, Union
 import numpy as np
 import pyarrow as pa
 
-from naiad.errors import ConfigError, SourceError, StateError
+from naiad.errors import ConfigError, SourceError
+from naiad.ledger import check_max_bad_rows
 from naiad.sources.storage import RetryPolicy, Storage, is_remote, local_path
 
 __all__ = [
     "Block",
     "BlockData",
     "Columns",
+    "bad_entry",
     "DTypes",
     "GroupPart",
     "PathLike",
@@ -72,10 +74,36 @@ GroupPart = tuple[Block, int, int, "np.ndarray | None"]
 
 
 class BlockData(NamedTuple):
-    """What a worker returns for one task: the columns and how many bad rows it skipped."""
+    """What a worker returns for one task: the columns, and the rows it skipped as bad.
+
+    Attributes:
+        columns: the rows read, less the skipped ones.
+        bad: one entry per skipped row (``on_bad_rows="skip"``), in order: ``{"at": its position
+            among the rows asked for, "file": path, "line": 1-based line (text formats) or
+            "row": 0-based row (columnar formats), "column": name (when known), "reason": str}``.
+            A skipped row keeps its position, so a resume can place every row (NOTE [ Bad rows
+            keep their positions ] in naiad/ledger.py).
+    """
 
     columns: Columns
-    bad_rows: int
+    bad: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def bad_rows(self) -> int:
+        """How many rows were skipped."""
+        return len(self.bad)
+
+
+def bad_entry(at: int, path: str, reason: str, *, line: int | None = None, row: int | None = None,
+              column: str | None = None) -> dict[str, Any]:
+    """One skipped row for :attr:`BlockData.bad` (``line`` for text formats, ``row`` for others;
+    each only when known)."""
+    out: dict[str, Any] = {"at": at, "file": path}
+    for key, value in (("line", line), ("row", row), ("column", column)):
+        if value is not None:
+            out[key] = value
+    out["reason"] = reason
+    return out
 
 
 def expand_paths(paths: PathLike, storage: Storage | None = None) -> list[str]:
@@ -224,18 +252,24 @@ class Source(ABC):
     Attributes:
         paths: the files (local paths or URLs), in the order they are planned.
         on_bad_rows: "raise" (a :class:`~naiad.SourceError`) or "skip" (counted, reported).
+        max_bad_rows: with "skip", the most bad rows an epoch may skip on a rank: a count (int)
+            or a fraction (float) of the rows the rank reads in the epoch; past it, a
+            SourceError summarises them. None: no limit.
         storage: how remote files are reached (options, retries; docs/STORAGE.md).
     """
 
     def __init__(
-        self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise",
+        self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise", max_bad_rows: int | float | None = None,
         storage_options: Mapping[str, Any] | Storage | None = None, retry: RetryPolicy | None = None,
     ) -> None:
         if on_bad_rows not in ("raise", "skip"):
             raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {on_bad_rows!r}.")
+        if max_bad_rows is not None and on_bad_rows != "skip":
+            raise ConfigError(f"`max_bad_rows` limits the rows on_bad_rows='skip' skips; got it with on_bad_rows={on_bad_rows!r}.")
         self.storage = Storage.of(storage_options, retry)
         self.paths: list[str] = expand_paths(paths, self.storage)
         self.on_bad_rows: OnBadRows = on_bad_rows
+        self.max_bad_rows = check_max_bad_rows(max_bad_rows)
         self._schema: pa.Schema | None = None
         self._blocks: list[Block] | None = None
 
@@ -322,7 +356,12 @@ class Source(ABC):
         ]
         if len(datas) == 1:
             return datas[0]
-        return BlockData(concat_columns([d.columns for d in datas]), sum(d.bad_rows for d in datas))
+        bad: list[dict[str, Any]] = []
+        offset = 0
+        for (_, lo, hi, take), d in zip(parts, datas):
+            bad += [{**e, "at": e["at"] + offset} for e in d.bad]  # positions within the group
+            offset += hi - lo if take is None else len(take)
+        return BlockData(concat_columns([d.columns for d in datas]), tuple(bad))
 
     def read_rows(self, block: Block, rows: np.ndarray, *, use_threads: bool = False) -> BlockData:
         """Read only the rows ``rows`` of ``block`` (ascending row numbers within the block).
@@ -351,7 +390,7 @@ class Source(ABC):
             if len(rows):
                 checked.append((block, rows))
         if not checked:
-            return BlockData(self.empty_columns(), 0)
+            return BlockData(self.empty_columns())
         return self._read_rows_many(checked, use_threads)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
@@ -359,20 +398,18 @@ class Source(ABC):
         datas = [self._read_span_take(block, rows, use_threads) for block, rows in parts]
         if len(datas) == 1:
             return datas[0]
-        return BlockData(concat_columns([d.columns for d in datas]), sum(d.bad_rows for d in datas))
+        bad, offset = [], 0
+        for (_, rows), d in zip(parts, datas):
+            bad += [{**e, "at": e["at"] + offset} for e in d.bad]
+            offset += len(rows)
+        return BlockData(concat_columns([d.columns for d in datas]), tuple(bad))
 
     def _read_span_take(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
         lo, hi = int(rows[0]), int(rows[-1]) + 1
         data = self._read(block, lo, hi, use_threads)
         if hi - lo == len(rows):
             return data
-        if data.bad_rows:
-            raise StateError(
-                f"cannot resume mid-epoch exactly: {data.bad_rows} bad row(s) of {block.path} were skipped "
-                f"among rows {lo}:{hi} to restore; resume at the start of the epoch instead."
-            )
-        rel = rows - lo
-        return BlockData({k: _take(v, rel) for k, v in data.columns.items()}, 0)
+        return take_positions(data, hi - lo, rows - lo)
 
     def empty_columns(self) -> Columns:
         """Zero rows of every column, with the right dtypes (for a rank that has no rows)."""
@@ -411,20 +448,35 @@ def concat_columns(pieces: Sequence[Columns]) -> Columns:
     return out
 
 
+def take_positions(data: BlockData, span: int, rel: np.ndarray) -> BlockData:
+    """The rows at positions ``rel`` (ascending) of ``data``, a read of ``span`` positions some of
+    which were skipped as bad: the good ones' values, the bad ones' entries (renumbered)."""
+    if not data.bad:
+        return BlockData({k: _take(v, rel) for k, v in data.columns.items()})
+    at = np.array([e["at"] for e in data.bad], np.int64)
+    keep = np.ones(span, bool)
+    keep[at] = False
+    compact = np.cumsum(keep) - 1  # position -> index among the rows kept
+    columns = {k: _take(v, compact[rel[keep[rel]]]) for k, v in data.columns.items()}
+    where = np.minimum(np.searchsorted(rel, at), len(rel) - 1)
+    bad = tuple({**e, "at": int(w)} for e, w, a in zip(data.bad, where.tolist(), at.tolist()) if rel[w] == a)
+    return BlockData(columns, bad)
+
+
 def _take(column: np.ndarray | list, rows: np.ndarray) -> np.ndarray | list:
     if isinstance(column, np.ndarray):
         return column[rows]
     return [column[i] for i in rows.tolist()]
 
 
-def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRows) -> tuple[pa.Table, int]:
-    """Drop (or report) rows with a null in an integer/bool column; returns (table, dropped).
+def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRows) -> tuple[pa.Table, tuple[dict[str, Any], ...]]:
+    """Drop (or report) rows with a null in an integer/bool column; returns (table, their entries).
 
     For columnar formats, where a row number is exact; text formats find such rows line by line.
     """
     bad = null_rows(table)
     if bad.size == 0:
-        return table, 0
+        return table, ()
     if on_bad_rows == "raise":
         col = null_column(table)
         raise SourceError(
@@ -435,7 +487,18 @@ def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRow
         )
     keep = np.ones(table.num_rows, bool)
     keep[bad] = False
-    return table.filter(pa.array(keep)), int(bad.size)
+    # Each skipped row's column: the first integer/bool column with a null there.
+    names = np.full(table.num_rows, "", object)
+    for name, col in zip(table.column_names, table.columns):
+        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+            m = col.is_null().to_numpy(zero_copy_only=False) & (names == "")
+            names[m] = name
+    entries = tuple(
+        bad_entry(i, block.path, f"missing value in integer column {names[i]!r} (NumPy integers have no NaN)",
+                  row=block.first_line + lo + i, column=names[i])
+        for i in bad.tolist()
+    )
+    return table.filter(pa.array(keep)), entries
 
 
 def null_column(table: pa.Table) -> str:

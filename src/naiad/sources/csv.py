@@ -22,6 +22,7 @@ from naiad.sources.base import (
     PathLike,
     Source,
     apply_dtypes,
+    bad_entry,
     null_column,
     null_rows,
     resolve_dtypes,
@@ -31,6 +32,7 @@ from naiad.sources.base import (
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
+    count_rows,
     default_block_bytes,
     detect_compression,
     parse_group_lines,
@@ -68,6 +70,7 @@ def read_csv(
     quote_char: str | None = '"',
     newlines_in_values: bool = False,
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
     block_bytes: int | None = None,
     index_dir: IndexDir = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -94,6 +97,9 @@ def read_csv(
             into byte ranges: each file is one block (memory grows with the file size).
         on_bad_rows: "raise" a :class:`~naiad.SourceError` naming file, line and problem, or
             "skip" the row and count it (see ``StreamCounters.bad_rows``).
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/4096 of each file, between 32 KiB and 4 MiB; see ``default_block_bytes``).
         index_dir: where the block index (the row-count scan's result) is kept, so a new
@@ -112,7 +118,7 @@ def read_csv(
     return CsvSource(
         paths, delimiter=delimiter, header=header, column_names=column_names, columns=columns,
         dtypes=dtypes, compression=compression, quote_char=quote_char,
-        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, block_bytes=block_bytes,
+        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
         storage_options=storage_options, retry=retry, index_dir=index_dir,
     )
 
@@ -133,12 +139,13 @@ class CsvSource(Source):
         quote_char: str | None = '"',
         newlines_in_values: bool = False,
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
         if len(delimiter) != 1:
             raise ConfigError(f"`delimiter` must be one character, got {delimiter!r}.")
         if block_bytes is not None and block_bytes < 1:
@@ -223,6 +230,9 @@ class CsvSource(Source):
         read = pacsv.ReadOptions(column_names=names, autogenerate_column_names=names is None)
         parse = self._parse_options()
         parse.invalid_row_handler = _skip_row
+        # Bytes that are not UTF-8 would make PyArrow fail to hand a bad row to the handler
+        # (and fail the whole sample); for inference a replacement character is as good.
+        sample = sample.decode("utf-8", "replace").encode()
         try:
             as_text = pacsv.read_csv(pa.py_buffer(sample), read_options=read, parse_options=parse,
                                      convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names or []}))
@@ -275,23 +285,25 @@ class CsvSource(Source):
             # value does not stop the count; rows with a wrong field count are counted too).
             b = blocks[0]
             table, bad = self._parse_records(read_block_bytes(b, self.compression), b, as_text=True)
-            blocks = [b._replace(rows=table.num_rows + bad)]
+            blocks = [b._replace(rows=table.num_rows + len(bad))]
         return blocks
 
-    def _parse_records(self, buf: bytes, block: Block, *, as_text: bool, use_threads: bool = False) -> tuple[pa.Table, int]:
-        """Parse a whole file whose quoted values may hold newlines (no line bisection)."""
+    def _parse_records(self, buf: bytes, block: Block, *, as_text: bool, use_threads: bool = False) -> tuple[pa.Table, list[str]]:
+        """Parse a whole file whose quoted values may hold newlines (no line bisection); returns
+        the table and the problem of each record skipped for its field count."""
         full = self.full_schema()
-        bad: list[tuple[int | None, str, int, int]] = []
+        bad: list[str] = []
 
         def on_invalid(row: pacsv.InvalidRow) -> str:
-            bad.append((row.number, row.text, row.expected_columns, row.actual_columns))
+            where = f"data row {row.number}: " if row.number is not None else ""
+            bad.append(f"{where}Expected {row.expected_columns} columns, got {row.actual_columns}; the row is {row.text[:200]!r}")
             return "skip"
 
         opts = self._parse_options()
         opts.invalid_row_handler = on_invalid
         types = {n: pa.string() for n in full.names} if as_text else full
         if not buf.strip():
-            return pa.schema([(n, types[n]) for n in full.names]).empty_table(), 0
+            return pa.schema([(n, types[n]) for n in full.names]).empty_table(), []
         try:
             table = pacsv.read_csv(
                 pa.py_buffer(buf), parse_options=opts,
@@ -301,17 +313,17 @@ class CsvSource(Source):
         except pa.ArrowException as exc:
             raise SourceError(f"{exc} (values with newlines: no line number is known).", path=block.path) from None
         if bad and not as_text and self.on_bad_rows == "raise":
-            number, text, expected, actual = bad[0]
-            raise SourceError(
-                f"data row {number}: Expected {expected} columns, got {actual}; the row is {text[:200]!r}.",
-                path=block.path,
-            )
-        return table, len(bad)
+            raise SourceError(f"{bad[0]}.", path=block.path)
+        return table, bad
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         if self.newlines_in_values:
             whole, bad = self._parse_records(read_block_bytes(block, self.compression), block, as_text=False, use_threads=use_threads)
-            return BlockData(table_to_columns(whole.slice(lo, hi - lo)), bad if lo == 0 else 0)
+            # PyArrow names no line or record of a bad row here, so the good records take the
+            # block's first positions and the bad ones the last: the same at every read.
+            good = whole.num_rows
+            entries = tuple(bad_entry(p - lo, block.path, bad[p - good]) for p in range(max(lo, good), hi))
+            return BlockData(table_to_columns(whole.slice(lo, max(0, min(hi, good) - lo))), entries)
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
         return self._parse_lines(buf, line0, block, hi - lo, use_threads)
 
@@ -332,20 +344,40 @@ class CsvSource(Source):
         read = pacsv.ReadOptions(column_names=full.names, use_threads=use_threads)
         convert = pacsv.ConvertOptions(column_types=full, include_columns=schema.names)
         parse_opts = self._parse_options()
+        quote = self._quote.encode() if self._quote else None
 
         def parse(data: bytes) -> pa.Table:
             if not data.strip():
                 return schema.empty_table()
-            table = pacsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse_opts, convert_options=convert)
+            try:
+                table = pacsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse_opts, convert_options=convert)
+            except pa.ArrowInvalid as exc:
+                if "straddl" not in str(exc):
+                    raise
+                # A line longer than PyArrow's parse block (1 MiB): parse the buffer as one block.
+                whole = pacsv.ReadOptions(column_names=full.names, use_threads=use_threads, block_size=len(data) + 1)
+                table = pacsv.read_csv(pa.py_buffer(data), read_options=whole, parse_options=parse_opts, convert_options=convert)
+            lines = count_rows(data, keep_blank=False)
+            if table.num_rows != lines or (quote is not None and data.count(quote) % 2):
+                # A quote left open runs on over the following lines (PyArrow accepts that), or,
+                # on a piece's last line, to its end without a row going missing: an odd count
+                # of quotes tells (a well-formed line has an even one, "" included); bisection
+                # finds the line that opens it.
+                raise BadRow("a quoted value is not closed on its line (pass newlines_in_values=True if values hold newlines)")
             if null_rows(table).size:
-                raise BadRow(f"missing value in integer column {null_column(table)!r} (NumPy integers have no NaN; pass dtypes={{{null_column(table)!r}: 'float32'}} to read NaN)")
+                col = null_column(table)
+                raise BadRow(f"missing value in integer column {col!r} (NumPy integers have no NaN; pass dtypes={{{col!r}: 'float32'}} to read NaN)", col)
             return table
 
         def describe(exc: Exception) -> tuple[str, str | None]:
+            if isinstance(exc, BadRow):
+                return str(exc), exc.column
             text = _ROW_RE.sub("", str(exc).split("\n")[0])
             m = _COLUMN_RE.search(text)
             column = full.names[int(m.group(1))] if m and int(m.group(1)) < len(full.names) else None
-            if "conversion error" in text and column is not None:
+            if "conversion error to string" in text:  # the only way a value fails to be a string
+                text += ": the value is not valid UTF-8"
+            elif "conversion error" in text and column is not None:
                 text += f" (the type {full.field(column).type} was inferred from the first MiB; pass dtypes={{{column!r}: ...}} if it is wrong)"
             return text, column
 
@@ -353,11 +385,13 @@ class CsvSource(Source):
             buf, parse, path=block.path, first_line=block.first_line + line0,
             on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
         )
-        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
-        if table.num_rows + skipped != expected:
+        # Every line bad: no piece parsed, zero rows.
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty_table()
+        if table.num_rows + len(skipped) != expected:
             raise SourceError(
-                f"expected {expected} rows from line {block.first_line + line0}, parsed {table.num_rows + skipped}: "
+                f"expected {expected} rows from line {block.first_line + line0}, parsed {table.num_rows + len(skipped)}: "
                 "a newline inside a quoted value? Pass newlines_in_values=True.",
                 path=block.path, line=block.first_line + line0,
             )
-        return BlockData(table_to_columns(table), skipped)
+        bad = tuple(bad_entry(at, block.path, problem, line=line, column=column) for at, line, problem, column in skipped)
+        return BlockData(table_to_columns(table), bad)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from naiad.sources.base import (
     PathLike,
     Source,
     apply_dtypes,
+    bad_entry,
     null_column,
     null_rows,
     resolve_dtypes,
@@ -43,6 +45,19 @@ from naiad.sources.storage import RetryPolicy
 __all__ = ["JsonlSource", "read_jsonl"]
 
 _SAMPLE_BYTES = 1 << 20
+_COLUMN_RE = re.compile(r"Column (\d+): ")
+_FIELD_RE = re.compile(r"Column\(/([^)/]*)\)")
+
+
+def _parse_sample(data: bytes) -> pa.Table:
+    """Lines of the inference sample; a field name that is not UTF-8 makes its line a bad row
+    (PyArrow parses it, and fails only when the name is asked for)."""
+    table = pajson.read_json(pa.py_buffer(data if data.endswith(b"\n") else data + b"\n"))
+    try:
+        table.schema.names  # noqa: B018 (decodes every name)
+    except UnicodeDecodeError as exc:
+        raise BadRow(f"a field name is not UTF-8: {exc}") from None
+    return table
 
 
 def read_jsonl(
@@ -52,6 +67,7 @@ def read_jsonl(
     dtypes: DTypes = None,
     compression: str | None = "infer",
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
     block_bytes: int | None = None,
     index_dir: IndexDir = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -69,6 +85,9 @@ def read_jsonl(
         dtypes: a mapping field -> dtype, or one dtype for every numeric field.
         compression: "infer" from the extension, a codec name or None (one block per file).
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/4096 of each file, between 32 KiB and 4 MiB; see ``default_block_bytes``).
         index_dir: where the block index (the row-count scan's result) is kept, so a new
@@ -83,7 +102,8 @@ def read_jsonl(
         >>> ds = naiad.read_jsonl("events-*.jsonl.gz", columns=["x", "label"])  # doctest: +SKIP
     """
     return JsonlSource(paths, columns=columns, dtypes=dtypes, compression=compression,
-                       on_bad_rows=on_bad_rows, block_bytes=block_bytes, storage_options=storage_options, retry=retry, index_dir=index_dir)
+                       on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
+                       storage_options=storage_options, retry=retry, index_dir=index_dir)
 
 
 class JsonlSource(Source):
@@ -97,12 +117,13 @@ class JsonlSource(Source):
         dtypes: DTypes = None,
         compression: str | None = "infer",
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
         self.compression = compression
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)
@@ -131,13 +152,18 @@ class JsonlSource(Source):
             # Bad lines in the sample are left out of the inference (found again, with their
             # line numbers, when their block is read).
             pieces, _ = parse_robust(
-                sample, lambda b: pajson.read_json(pa.py_buffer(b if b.endswith(b"\n") else b + b"\n")),
+                sample, _parse_sample,
                 path=path, first_line=1, on_bad_rows="skip", keep_blank=False,
                 describe=lambda e: (str(e), None),
             )
             if not pieces:
                 raise SourceError("no line of the first MiB is a JSON object.", path=path, line=1)
-            schema = pa.unify_schemas([t.schema for t in pieces], promote_options="permissive")
+            schema = pieces[0].schema
+            for piece in pieces[1:]:
+                try:
+                    schema = pa.unify_schemas([schema, piece.schema], promote_options="permissive")
+                except pa.ArrowException:
+                    pass  # a field of another type in a few lines: bad rows, when their block is read
             schema = pa.schema([pa.field(f.name, pa.string() if pa.types.is_null(f.type) else f.type) for f in schema])
             dtypes = resolve_dtypes(self._dtypes_arg, schema.names) if not isinstance(self._dtypes_arg, dict) else None
             if isinstance(self._dtypes_arg, dict):
@@ -182,22 +208,41 @@ class JsonlSource(Source):
                 return schema.empty_table()
             if not data.endswith(b"\n"):
                 data += b"\n"
-            table = pajson.read_json(pa.py_buffer(data), read_options=read, parse_options=parse_opts)
+            try:
+                table = pajson.read_json(pa.py_buffer(data), read_options=read, parse_options=parse_opts)
+            except pa.ArrowInvalid as exc:
+                if "straddl" not in str(exc):
+                    raise
+                # A line longer than PyArrow's parse block (1 MiB): parse the buffer as one block.
+                whole = pajson.ReadOptions(use_threads=use_threads, block_size=len(data) + 1)
+                table = pajson.read_json(pa.py_buffer(data), read_options=whole, parse_options=parse_opts)
             table = table.select(schema.names)
+            # PyArrow's JSON parser does not check that strings are UTF-8; a line that is not
+            # fails here, as a bad row, instead of when its value is read.
+            table.validate(full=True)
             if null_rows(table).size:
                 col = null_column(table)
-                raise BadRow(f"missing value in integer field {col!r} (pass dtypes={{{col!r}: 'float32'}} to read NaN)")
+                raise BadRow(f"missing value in integer field {col!r} (pass dtypes={{{col!r}: 'float32'}} to read NaN)", col)
             return table
 
         def describe(exc: Exception) -> tuple[str, str | None]:
-            return str(exc).split("\n")[0].replace(" in row 0", ""), None
+            if isinstance(exc, BadRow):
+                return str(exc), exc.column
+            text = str(exc).split("\n")[0].replace(" in row 0", "")
+            m = _COLUMN_RE.match(text)  # "Column 2: In chunk 0: Invalid: Invalid UTF8 ..."
+            if m and int(m.group(1)) < len(schema.names):
+                return text, schema.names[int(m.group(1))]
+            m = _FIELD_RE.search(text)  # "JSON parse error: Column(/b) changed from number to string"
+            return text, m.group(1) if m and m.group(1) in full.names else None
 
         tables, skipped = parse_robust(
             buf, parse, path=block.path, first_line=block.first_line + line0,
             on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
         )
-        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
-        if table.num_rows + skipped != expected:
-            raise SourceError(f"expected {expected} rows, parsed {table.num_rows + skipped}: one object per line is required.",
+        # Every line bad: no piece parsed, zero rows.
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty_table()
+        if table.num_rows + len(skipped) != expected:
+            raise SourceError(f"expected {expected} rows, parsed {table.num_rows + len(skipped)}: one object per line is required.",
                               path=block.path, line=block.first_line + line0)
-        return BlockData(table_to_columns(table), skipped)
+        bad = tuple(bad_entry(at, block.path, problem, line=line, column=column) for at, line, problem, column in skipped)
+        return BlockData(table_to_columns(table), bad)

@@ -41,7 +41,15 @@ _COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"
 
 
 class BadRow(ValueError):
-    """Raised by a parse function for a problem PyArrow does not see (e.g. a null integer)."""
+    """Raised by a parse function for a problem PyArrow does not see (e.g. a null integer).
+
+    Attributes:
+        column: the column the problem is in, when known.
+    """
+
+    def __init__(self, message: str, column: str | None = None) -> None:
+        super().__init__(message)
+        self.column = column
 
 
 def detect_compression(path: str, compression: str | None) -> str | None:
@@ -310,6 +318,8 @@ def parse_group_lines(
 
 
 ParseFn = Callable[[bytes], pa.Table]
+BadLine = tuple[int, int, str, "str | None"]
+"""A line skipped by :func:`parse_robust`: (row of the buffer, 1-based line, problem, column)."""
 
 
 def parse_robust(
@@ -321,7 +331,7 @@ def parse_robust(
     on_bad_rows: OnBadRows,
     keep_blank: bool,
     describe: Callable[[Exception], tuple[str, str | None]],
-) -> tuple[list[pa.Table], int]:
+) -> tuple[list[pa.Table], list[BadLine]]:
     """Parse ``buf``; on failure, isolate the bad lines by bisection (see NOTE [ Bad rows ]).
 
     Args:
@@ -330,22 +340,22 @@ def parse_robust(
         describe: an exception -> (problem in words, column name or None).
 
     Returns:
-        The parsed pieces in order and the number of bad rows skipped.
+        The parsed pieces in order, and the bad rows skipped, in order: (row of ``buf``, line,
+        problem, column).
 
     Raises:
         SourceError: on the first bad row when ``on_bad_rows="raise"``.
     """
     try:
-        return [parse(buf)], 0
+        return [parse(buf)], []
     except (pa.ArrowException, BadRow):
         pass
     starts, ends, lines = row_spans(buf, keep_blank)
     n = len(starts)
     tables: list[pa.Table] = []
-    skipped = 0
+    skipped: list[BadLine] = []
 
     def go(a: int, b: int, known_bad: bool) -> None:
-        nonlocal skipped
         if a >= b:
             return
         if not known_bad:
@@ -366,11 +376,11 @@ def parse_robust(
             go(mid, b, False)
             return
         # one line that does not parse
+        problem, column = describe(err)
         if on_bad_rows == "raise":
-            problem, column = describe(err)
             text = buf[int(starts[a]) : int(ends[a])][:200].decode("utf-8", "replace")
             raise SourceError(f"{problem}; the line is {text!r}.", path=path, line=first_line + int(lines[a]), column=column)
-        skipped += 1
+        skipped.append((a, first_line + int(lines[a]), problem, column))
 
     go(0, n, True)
     return tables, skipped

@@ -101,8 +101,10 @@ def _load(path: str) -> np.ndarray | RemoteNpy:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise SourceError("file not found.", path=path) from None
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"not a readable .npy file ({exc}); is it truncated?", path=path) from None
+    except Exception as exc:
+        # A damaged header is a Python literal that NumPy tokenizes and evaluates safely, and it
+        # fails in many ways (ValueError, SyntaxError, tokenize.TokenError, ...): all are this file's.
+        raise SourceError(f"not a readable .npy file ({type(exc).__name__}: {exc}); is it truncated?", path=path) from None
     if not isinstance(arr, np.ndarray) or arr.ndim == 0:
         raise SourceError("expected an array with a first (row) axis, got a scalar or an archive.", path=path)
     return arr
@@ -191,7 +193,7 @@ class NpySource(Source):
                     out[field] = np.array(rows[field], dtype=_np(schema.field(field).type))
             else:
                 out[name] = np.array(arr[a:b], dtype=_np(schema.field(name).type))
-        return BlockData(out, 0)
+        return BlockData(out)
 
 
     def empty_columns(self) -> Columns:

@@ -37,6 +37,7 @@ def read_parquet(
     columns: Sequence[str] | None = None,
     dtypes: DTypes = None,
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
 ) -> ParquetSource:
@@ -50,6 +51,9 @@ def read_parquet(
         columns: read only these columns (output keeps file order).
         dtypes: a mapping column -> dtype, or one dtype for every numeric column.
         on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
@@ -57,7 +61,7 @@ def read_parquet(
     Example:
         >>> ds = naiad.read_parquet("train/*.parquet", columns=["x", "y"])  # doctest: +SKIP
     """
-    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
+    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
 
 
 def _open(path: str) -> pq.ParquetFile:
@@ -87,10 +91,11 @@ class ParquetSource(Source):
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
         self.schema()  # the footer is metadata: check columns and dtypes now
@@ -110,10 +115,13 @@ class ParquetSource(Source):
         schema = self.schema()
         try:
             table = open_parquet(block.path).read_row_group(block.start, columns=schema.names, use_threads=use_threads)
+            # A damaged page can decode to strings that are not UTF-8: a SourceError here, not a
+            # UnicodeDecodeError when the column is read.
+            table.validate(full=True)
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"cannot read row group {block.start} ({exc}); is the file truncated?", path=block.path) from None
         if (lo, hi) != (0, block.rows):
             table = table.slice(lo, hi - lo)
         table = cast_to_schema(table, schema, f"row group {block.start}", block.path)
-        table, skipped = check_no_nulls(table, block, lo, self.on_bad_rows)
-        return BlockData(table_to_columns(table), skipped)
+        table, bad = check_no_nulls(table, block, lo, self.on_bad_rows)
+        return BlockData(table_to_columns(table), bad)

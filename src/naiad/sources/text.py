@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, PathLike, Source
+from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, PathLike, Source, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     default_block_bytes,
@@ -32,6 +32,7 @@ def read_text(
     encoding: str = "utf-8",
     compression: str | None = "infer",
     on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
     block_bytes: int | None = None,
     index_dir: IndexDir = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -45,6 +46,9 @@ def read_text(
         encoding: "utf-8" (checked; a line that is not UTF-8 is a bad row) or "latin-1".
         compression: "infer" from the extension, a codec name or None (one block per file).
         on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
+        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
+            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
+            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/4096 of each file, between 32 KiB and 4 MiB; see ``default_block_bytes``).
         index_dir: where the block index (the row-count scan's result) is kept, so a new
@@ -61,7 +65,8 @@ def read_text(
         ['first line', 'second line']
     """
     return TextSource(paths, column=column, encoding=encoding, compression=compression,
-                      on_bad_rows=on_bad_rows, block_bytes=block_bytes, storage_options=storage_options, retry=retry, index_dir=index_dir)
+                      on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
+                      storage_options=storage_options, retry=retry, index_dir=index_dir)
 
 
 class TextSource(Source):
@@ -75,12 +80,13 @@ class TextSource(Source):
         encoding: str = "utf-8",
         compression: str | None = "infer",
         on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
             raise ConfigError(f"`encoding` must be 'utf-8' or 'latin-1', got {encoding!r}.")
         self.column = column
@@ -99,7 +105,7 @@ class TextSource(Source):
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=True)
         if hi == lo:
-            return BlockData({self.column: []}, 0)
+            return BlockData({self.column: []})
         return self._split_lines(buf, line0, block)
 
     def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
@@ -119,10 +125,10 @@ class TextSource(Source):
         if not self.utf8:
             lines = pa.array([buf.decode("latin-1")]) if buf else pa.array([""])
             split = pc.split_pattern(lines, "\n").flatten()
-            return BlockData({self.column: pc.utf8_rtrim(split, "\r").to_pylist()}, 0)
+            return BlockData({self.column: pc.utf8_rtrim(split, "\r").to_pylist()})
         # Split as binary (vectorised), then check UTF-8 for the whole block at once.
         binary = pc.split_pattern(pa.array([buf], pa.binary()), b"\n").flatten()
-        skipped = 0
+        skipped: tuple[dict[str, Any], ...] = ()
         try:
             strings = binary.cast(pa.string())
         except pa.ArrowInvalid:
@@ -132,7 +138,8 @@ class TextSource(Source):
                 raise SourceError("the line is not valid UTF-8 (pass encoding='latin-1'?).",
                                   path=block.path, line=block.first_line + line0 + int(bad[0])) from None
             strings = pc.filter(binary, pa.array(ok)).cast(pa.string())
-            skipped = int(bad.size)
+            skipped = tuple(bad_entry(i, block.path, "the line is not valid UTF-8", line=block.first_line + line0 + i)
+                            for i in bad.tolist())
         strings = pc.utf8_rtrim(strings, "\r")
         return BlockData({self.column: strings.to_pylist()}, skipped)
 
