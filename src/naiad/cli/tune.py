@@ -1,12 +1,15 @@
-"""``naiad tune``: sweep worker counts, modes and prefetch depths on your data; recommend one.
+"""``naiad tune``: sweep worker counts, modes, prefetch depths, block sizes and shuffle buffers
+on your data; recommend one and say which default it would change.
 
-Instead of changing ``num_workers`` by hand and timing each run, ``naiad tune SOURCE`` runs the
-same loop for every setting: a few seconds each, with ``--step-ms`` of training step (a sleep,
+Instead of changing ``num_workers`` or ``block_bytes`` by hand and timing each run, ``naiad tune
+SOURCE`` runs the same loop for every setting, each on a freshly built reader: a few seconds each, with ``--step-ms`` of training step (a sleep,
 standing for the accelerator: the CPU is free meanwhile). Per setting it reports the rows per
 second, the time the loop waited for each batch, the CPU the loader used (training process plus
 workers, 100% = one core), the peak memory (proportional set size, so pages shared by forked
 workers count once) and the time to the first batch. It recommends the cheapest setting (fewest
-workers, threads before processes, shallow prefetch) within 5% of the best throughput.
+workers, threads before processes, shallow prefetch, default block and buffer) within 5% of the
+best throughput, and measures the defaults (``naiad.DataLoader(naiad.read(path), batch_size=B,
+shuffle=True, seed=0)``) against it.
 
     naiad tune demo --step-ms 2
     naiad tune "data/*.parquet" --batch-size 512 --json tune.json
@@ -26,11 +29,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-NAME = "tune"
-HELP = "Sweep num_workers, worker_mode and prefetch_factor on a source; recommend a setting."
+from naiad.cli.tune_report import (
+    DEFAULTS,
+    TOLERANCE,
+    Measurement,
+    Setting,
+    defaults_report,
+    format_table,
+    recommend,
+)
 
-# Settings within this fraction of the best throughput count as equally fast.
-_TOLERANCE = 0.05
+NAME = "tune"
+HELP = ("Sweep num_workers, worker_mode, prefetch_factor, block size and shuffle buffer on a source; "
+        "recommend a setting.")
 
 
 def _ints(text: str) -> list[int]:
@@ -49,6 +60,45 @@ def _modes(text: str) -> list[str]:
     if bad or not modes:
         raise argparse.ArgumentTypeError(f"modes are 'process' and 'thread', got {text!r}")
     return modes
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def _size(text: str) -> int:
+    # Binary units, as block sizes are usually given: 1M = 1 MiB.
+    t = text.strip().upper()
+    number = t.rstrip("KMGIB ")
+    unit = t[len(number):].strip()
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or not value > 0 or value * _UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or sizes such as 65536, 512K, 1M, 4MiB (comma-separated), got {text.strip()!r}"
+        )
+    return int(value * _UNITS[unit])
+
+
+def _sizes(text: str) -> list[int | None]:
+    """``"auto,1M,4M"`` -> ``[None, 1048576, 4194304]`` (None: the reader's default)."""
+    values = [None if v.strip().lower() == "auto" else _size(v) for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or sizes such as 1M, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def _buffers(text: str) -> list[int | None]:
+    """``"auto,524288"`` -> ``[None, 524288]`` (None: the loader's default), in rows."""
+    try:
+        values = [None if v.strip().lower() == "auto" else int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v is not None and v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected 'auto' or row counts >= 1 (comma-separated), got {text!r}")
+    return list(dict.fromkeys(values))
 
 
 def _usable_cores() -> int:
@@ -78,58 +128,93 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--modes", type=_modes, default=["process", "thread"], help="default process,thread")
     parser.add_argument("--prefetch", type=_ints, default=[2, 4], help="prefetch_factor values (default 2,4)")
+    parser.add_argument(
+        "--block-bytes", type=_sizes, default=None,
+        help="block sizes to try for CSV, JSONL and text sources ('auto': the reader's default; "
+        "1M = 1 MiB; default auto,1M,4M). Parquet, Arrow and npy blocks are the file's row groups, "
+        "batches or rows",
+    )
+    parser.add_argument(
+        "--buffer", type=_buffers, default=None,
+        help="shuffle buffers to try, in rows, for streaming sources ('auto': the default; default auto)",
+    )
+    parser.add_argument(
+        "--full", action="store_true",
+        help="every worker setting at every block size and buffer (default: at the default ones "
+        "only, the others with 0 workers and the most workers on threads)",
+    )
     parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per setting (default 2)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One point of the sweep."""
+def settings_for(
+    workers: list[int], modes: list[str], prefetch: list[int],
+    blocks: list[int | None] | None = None, buffers: list[int | None] | None = None, *, full: bool = False,
+) -> list[Setting]:
+    """The sweep: every worker setting at the default block size and buffer (else the first
+    given), and each other block size and buffer with 0 workers and the most workers on threads.
 
-    num_workers: int
-    worker_mode: str
-    prefetch_factor: int | None
-
-    def words(self) -> str:
-        if self.num_workers == 0:
-            return "num_workers=0"
-        return f"num_workers={self.num_workers}, worker_mode={self.worker_mode!r}, prefetch_factor={self.prefetch_factor}"
-
-    def cost(self) -> tuple[int, int, int]:
-        # Fewer workers first; a thread shares the process's memory, a process does not.
-        return (self.num_workers, 0 if self.worker_mode == "thread" else 1, self.prefetch_factor or 0)
-
-
-@dataclass
-class Measurement:
-    """What one setting gave."""
-
-    setting: Setting
-    rows_per_s: float
-    wait_ms_per_step: float
-    cpu_percent: float
-    peak_mem_mb: float
-    first_batch_s: float
-    steps: int
-
-
-def settings_for(workers: list[int], modes: list[str], prefetch: list[int]) -> list[Setting]:
-    """Every combination, with 0 workers once (it has no mode and no prefetch)."""
-    out = []
+    0 workers appear once per block and buffer (they have no mode and no prefetch). ``full``
+    crosses every block size and buffer with every worker setting.
+    """
+    every: list[tuple[int, str, int | None]] = []
     for w in sorted(set(workers)):
         if w == 0:
-            out.append(Setting(0, "inline", None))
+            every.append((0, "inline", None))
             continue
         for m in modes:
             for p in sorted(set(prefetch)):
-                out.append(Setting(w, m, max(1, p)))
+                every.append((w, m, max(1, p)))
+    few = [s for s in every if s[0] == 0]
+    if max(workers) > 0:
+        few.append((max(workers), "thread" if "thread" in modes else modes[0], max(1, min(prefetch))))
+    block_list: list[int | None] = blocks or [None]
+    buffer_list: list[int | None] = buffers or [None]
+    first = (None if None in block_list else block_list[0], None if None in buffer_list else buffer_list[0])
+    out = []
+    for b in block_list:
+        for buf in buffer_list:
+            for w, m, pf in every if full or (b, buf) == first else few:
+                out.append(Setting(w, m, pf, b, buf))
     return out
 
 
-def load_source(spec: str, *, rows: int, load: str) -> tuple[Any, str]:
-    """The dataset to sweep on, and words describing it."""
-    import naiad
+@dataclass
+class Target:
+    """What ``naiad tune`` sweeps on: the files, and the dataset each setting rebuilds from them."""
+
+    words: str
+    paths: list[str]
+    memory: Any = None
+    """The ``TensorDataset`` with ``--load memory``; None when streamed."""
+    source: Any = None
+    """A streaming source with the reader's defaults, kept to name them after the sweep."""
+
+    @property
+    def line_blocks(self) -> bool:
+        """Whether ``block_bytes`` applies: CSV, JSONL and text readers cut blocks of lines."""
+        return self.source is not None and hasattr(self.source, "block_bytes")
+
+    def dataset(self, block_bytes: int | None) -> Any:
+        """A fresh dataset: ``naiad.read(paths)``, with ``block_bytes`` only when not the default."""
+        if self.memory is not None:
+            return self.memory
+        import naiad
+
+        spec = self.paths if len(self.paths) > 1 else self.paths[0]
+        return naiad.read(spec) if block_bytes is None else naiad.read(spec, block_bytes=block_bytes)
+
+    def default_block_bytes(self) -> int | None:
+        """The median block size the reader's default gives (None: not a line source, or compressed)."""
+        if not self.line_blocks:
+            return None
+        sizes = sorted(b.stop - b.start for b in self.source.blocks() if b.stop >= 0)
+        return sizes[len(sizes) // 2] if sizes else None
+
+
+def load_source(spec: str, *, rows: int, load: str) -> Target:
+    """The data to sweep on, described."""
     from naiad.errors import ConfigError
 
     if spec == "demo":
@@ -144,8 +229,10 @@ def load_source(spec: str, *, rows: int, load: str) -> tuple[Any, str]:
         words = paths[0] if len(paths) == 1 else f"{spec} ({len(paths)} files)"
     suffix = Path(paths[0]).suffix.lower()
     if load == "memory":
-        return _in_memory(paths, suffix), words + ", in memory"
-    return naiad.read(paths if len(paths) > 1 else paths[0]), words + ", streamed"
+        return Target(words + ", in memory", paths, memory=_in_memory(paths, suffix))
+    target = Target(words + ", streamed", paths)
+    target.source = target.dataset(None)
+    return target
 
 
 def _in_memory(paths: list[str], suffix: str) -> Any:
@@ -237,18 +324,34 @@ class _Sampler:
         return 100.0 * used / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def measure(dataset: Any, setting: Setting, *, batch_size: int, step_s: float, seconds: float) -> Measurement:
-    """Run the loop for ``seconds`` (after the first batch) in one setting."""
+def _join_worker_threads(timeout_s: float = 30.0) -> None:
+    # close() waits 1 s for thread workers; on a busy machine one may still be parsing a queued
+    # block. It would take CPU from the next setting, and a thread still inside PyArrow when the
+    # interpreter exits aborts it, so wait for them.
+    deadline = time.monotonic() + timeout_s
+    for t in threading.enumerate():
+        if t.name.startswith("naiad-worker-") and t is not threading.current_thread():
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def measure(target: Target, setting: Setting, *, batch_size: int, step_s: float, seconds: float) -> Measurement:
+    """Run the loop for ``seconds`` (after the first batch) in one setting, on a fresh dataset.
+
+    Options at their default are not passed, so :data:`DEFAULTS` runs exactly
+    ``naiad.DataLoader(naiad.read(path), batch_size=B, shuffle=True, seed=0)``.
+    """
     import naiad
 
     kwargs: dict[str, Any] = {}
     if setting.num_workers:
-        kwargs = dict(worker_mode=setting.worker_mode, prefetch_factor=setting.prefetch_factor, persistent_workers=True)
+        kwargs = dict(num_workers=setting.num_workers, worker_mode=setting.worker_mode,
+                      prefetch_factor=setting.prefetch_factor, persistent_workers=True)
+    if setting.shuffle_buffer is not None:
+        kwargs["shuffle_buffer"] = setting.shuffle_buffer
     with _Sampler() as sampler:
-        t0 = time.perf_counter()
-        loader: naiad.DataLoader[Any] = naiad.DataLoader(
-            dataset, batch_size=batch_size, shuffle=True, seed=0, num_workers=setting.num_workers, **kwargs
-        )
+        t0 = time.perf_counter()  # building the reader counts towards the first batch
+        dataset = target.dataset(setting.block_bytes)
+        loader: naiad.DataLoader[Any] = naiad.DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=0, **kwargs)
 
         def batches() -> Generator[Any, None, None]:
             while True:  # as many epochs as the time allows
@@ -274,6 +377,7 @@ def measure(dataset: Any, setting: Setting, *, batch_size: int, step_s: float, s
         elapsed = time.perf_counter() - start
         it.close()
         loader.close()  # noqa: SLF001 - persistent workers end with the setting
+        _join_worker_threads()
     return Measurement(
         setting=setting,
         rows_per_s=rows / elapsed if elapsed > 0 else 0.0,
@@ -283,36 +387,6 @@ def measure(dataset: Any, setting: Setting, *, batch_size: int, step_s: float, s
         first_batch_s=first_s,
         steps=steps,
     )
-
-
-def recommend(results: list[Measurement]) -> Measurement:
-    """The cheapest setting within 5% of the best throughput."""
-    best = max(r.rows_per_s for r in results)
-    fast = [r for r in results if r.rows_per_s >= (1 - _TOLERANCE) * best]
-    return min(fast, key=lambda r: r.setting.cost())
-
-
-def format_table(results: list[Measurement], chosen: Measurement) -> str:
-    """The sweep as an aligned text table; the recommended row is starred."""
-    header = ["", "workers", "mode", "prefetch", "rows/s", "wait/step ms", "CPU %", "peak mem MB", "first batch s"]
-    rows = []
-    for r in results:
-        s = r.setting
-        rows.append([
-            "*" if r is chosen else "",
-            str(s.num_workers),
-            s.worker_mode if s.num_workers else "-",
-            str(s.prefetch_factor) if s.prefetch_factor else "-",
-            f"{r.rows_per_s:,.0f}",
-            f"{r.wait_ms_per_step:.3f}",
-            f"{r.cpu_percent:.0f}",
-            f"{r.peak_mem_mb:,.0f}",
-            f"{r.first_batch_s:.2f}",
-        ])
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
 
 
 class _Progress:
@@ -337,6 +411,22 @@ class _Progress:
         sys.stderr.flush()
 
 
+def _sweep_options(args: argparse.Namespace, target: Target) -> tuple[list[int | None], list[int | None]]:
+    """The block sizes and buffers to sweep; a ConfigError when they do not apply to ``target``."""
+    from naiad.errors import ConfigError
+
+    blocks = args.block_bytes or ([None, 1 << 20, 4 << 20] if target.line_blocks else [None])
+    buffers = args.buffer or [None]
+    if target.memory is not None and (blocks != [None] or buffers != [None]):
+        raise ConfigError("`--block-bytes` and `--buffer` apply to streamed sources; drop them or use --load stream.")
+    if not target.line_blocks and blocks != [None]:
+        raise ConfigError(
+            f"`--block-bytes` applies to CSV, JSONL and text sources, got {target.paths[0]!r}, whose blocks are "
+            "its row groups, record batches or rows; drop the option."
+        )
+    return blocks, buffers
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``naiad tune``; the exit status."""
     from naiad.errors import ConfigError, NaiadError
@@ -348,36 +438,56 @@ def run(args: argparse.Namespace) -> int:
         print(f"naiad tune: `--seconds` must be > 0, got {args.seconds}.", file=sys.stderr)
         return 2
     try:
-        dataset, words = load_source(args.source, rows=args.rows, load=args.load)
+        target = load_source(args.source, rows=args.rows, load=args.load)
+        blocks, buffers = _sweep_options(args, target)
     except (ConfigError, NaiadError, OSError) as exc:
         print(f"naiad tune: {exc}", file=sys.stderr)
         return 2
     workers = args.workers if args.workers is not None else list(range(_usable_cores() + 1))
-    sweep = settings_for(workers, args.modes, args.prefetch)
-    print(f"naiad tune: {words}; batch size {args.batch_size}; step {args.step_ms:g} ms; "
+    sweep = settings_for(workers, args.modes, args.prefetch, blocks, buffers, full=args.full)
+    print(f"naiad tune: {target.words}; batch size {args.batch_size}; step {args.step_ms:g} ms; "
           f"{len(sweep)} settings, {args.seconds:g} s each; {_usable_cores()} usable cores")
-    progress = _Progress(len(sweep), not args.no_progress)
+    progress = _Progress(len(sweep) + (DEFAULTS not in sweep), not args.no_progress)
     results = []
     for i, setting in enumerate(sweep):
         progress.show(i, setting.words())
-        results.append(
-            measure(dataset, setting, batch_size=args.batch_size, step_s=args.step_ms / 1e3, seconds=args.seconds)
-        )
-    progress.show(len(sweep), "done")
+        results.append(measure(target, setting, batch_size=args.batch_size, step_s=args.step_ms / 1e3, seconds=args.seconds))
+    # The defaults are a setting of the sweep when it has 0 workers; else they run once more.
+    defaults = next((r for r in results if r.setting == DEFAULTS), None)
+    if defaults is None:
+        progress.show(len(sweep), "the defaults")
+        defaults = measure(target, DEFAULTS, batch_size=args.batch_size, step_s=args.step_ms / 1e3, seconds=args.seconds)
+    progress.show(progress.total, "done")
     chosen = recommend(results)
-    print(format_table(results, chosen))
-    inline = next((r for r in results if r.setting.num_workers == 0), None)
-    gain = f" ({chosen.rows_per_s / inline.rows_per_s:.2f}x the rows/s of num_workers=0)" if inline and inline is not chosen else ""
-    print(f"\nRecommended: naiad.DataLoader(..., {chosen.setting.words()}){gain}")
-    print(f"  the cheapest setting within {_TOLERANCE:.0%} of the best rows/s; "
+    print(format_table(results, chosen, blocks=target.line_blocks, buffers=target.memory is None))
+    print(f"\nRecommended: {chosen.setting.words()}")
+    print(f"  the cheapest setting within {TOLERANCE:.0%} of the best rows/s; "
           f"the loop waits {chosen.wait_ms_per_step:.3f} ms per step there.")
+    default_block = target.default_block_bytes()
+    default_buffer = None if target.memory is not None else _default_buffer()
+    call = f"naiad.DataLoader({'dataset' if target.memory is not None else 'naiad.read(path)'}, batch_size={args.batch_size}, shuffle=True, seed=0)"
+    lines, todo = defaults_report(results, defaults, chosen, call, default_block, default_buffer)
+    print("\n".join(lines))
     if args.json:
         payload = {
-            "source": words,
+            "source": target.words,
             "batch_size": args.batch_size,
             "step_ms": args.step_ms,
-            "results": [{**asdict(r.setting), **{k: v for k, v in asdict(r).items() if k != "setting"}} for r in results],
+            "default_block_bytes": default_block,
+            "default_shuffle_buffer": default_buffer,
+            "results": [r.as_json() for r in results],
             "recommended": asdict(chosen.setting),
+            "defaults": defaults.as_json(),
+            "recommended_over_defaults": chosen.rows_per_s / defaults.rows_per_s if defaults.rows_per_s else None,
+            "changes": todo,
         }
         Path(args.json).write_text(json.dumps(payload, indent=2))
     return 0
+
+
+def _default_buffer() -> int | None:
+    # The loader's default shuffle buffer, for the words only (None where naiad names none).
+    from naiad import stream
+
+    value = getattr(stream, "DEFAULT_SHUFFLE_BUFFER_ROWS", None)
+    return value if isinstance(value, int) else None
