@@ -82,3 +82,28 @@ def test_break_and_errors_leave_no_thread(tmp_path: Path) -> None:
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threading.active_count() <= before
+
+
+EXIT_MID_READ = """
+import sys, naiad
+loader = naiad.DataLoader(naiad.read_csv(sys.argv[1]), batch_size=64, shuffle=True, seed=0)
+it = iter(loader)
+next(it)
+# The read-ahead threads are parsing the next groups; the interpreter goes now, the pass open.
+"""
+
+
+@pytest.mark.timeout(300)
+def test_exit_while_threads_parse_is_clean(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.csv"
+    with open(path, "w") as f:
+        f.write("id,a,b,c\n")
+        for k in range(0, 400_000, 50_000):
+            f.write("".join(f"{i},{i * 0.5},{i % 7},{i * 3}\n" for i in range(k, k + 50_000)))
+    for _ in range(4):
+        out = subprocess.run([sys.executable, "-c", EXIT_MID_READ, str(path)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "terminate called" not in out.stderr

@@ -7,6 +7,7 @@ A backend starts and stops workers by id, hands a worker one task at a time and 
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing.connection as mpc
 import os
 import pickle
@@ -408,6 +409,7 @@ class ThreadBackend:
         self.dead: set[int] = set()
         self.stopping: set[int] = set()
         self._finalizer = weakref.finalize(self, _shutdown_threads, self.threads, self.task_queues)
+        _LIVE_THREAD_BACKENDS.add(self)
 
     def start(self, w: int, num_workers: int) -> None:
         """Start worker ``w`` (a stopped worker of that id finishes on its own queue)."""
@@ -477,6 +479,31 @@ class ThreadBackend:
 
     def close(self) -> None:
         self._finalizer()
+
+
+_LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
+EXIT_JOIN_S = 10.0
+
+
+@atexit.register
+def _join_threads_at_exit() -> None:
+    """Let worker threads finish the task they are in before the interpreter goes. They are
+    daemons, so exit does not wait for them, and one still inside PyArrow when PyArrow's own
+    thread pools are torn down aborts the whole process ("terminate called without an active
+    exception"): drop their queued tasks, ask them to stop, wait a bounded time."""
+    deadline = time.monotonic() + EXIT_JOIN_S
+    threads: list[threading.Thread] = []
+    for backend in list(_LIVE_THREAD_BACKENDS):
+        for tq in backend.task_queues:
+            try:
+                while True:
+                    tq.get_nowait()
+            except queue.Empty:
+                pass
+            tq.put(None)
+        threads += [t for t in backend.threads if t.is_alive()]
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _shutdown_threads(threads: list[threading.Thread], task_queues: list[queue.Queue]) -> None:
