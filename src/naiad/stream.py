@@ -206,6 +206,7 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
     """This rank's plan for ``epoch`` (counts the source's rows the first time), or for the leg
     after ``legs`` when the epoch was resumed on another topology (NOTE [ Elastic resume ])."""
     rank, world_size = options.topology()
+    source.prepare()  # the row count and the schema, at once
     if not legs:
         return make_plan(
             source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,

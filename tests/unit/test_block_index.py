@@ -163,3 +163,15 @@ def test_default_goes_to_the_user_cache(tmp_path: Path, monkeypatch: pytest.Monk
     write_csv(path, 200)
     assert len(naiad.read_csv(path)) == 200
     assert len(list((tmp_path / "c" / "index").iterdir())) == 1
+
+
+def test_prepare_counts_and_infers_at_once_and_raises_the_scans_error(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    write_csv(a, 100)
+    b.write_text("id,y\n1,2\n")  # another header: found by the scan
+    good = naiad.read_csv(a, index_dir=False)
+    good.prepare()
+    assert len(good) == 100 and good.column_names == ["id", "x"]
+    bad = naiad.read_csv([str(a), str(b)], index_dir=False)
+    with pytest.raises(naiad.SourceError, match="differs from the first file"):
+        bad.prepare()

@@ -306,6 +306,31 @@ class Source(ABC):
             self._blocks = [b for path in self.paths for b in self._file_blocks(path)]
         return self._blocks
 
+    def prepare(self) -> None:
+        """Cut the files into blocks and read the schema, both at once when neither is known: the
+        newline scan (NumPy) and the type inference (PyArrow's parse of a sample) release the
+        GIL, so a fresh text source pays the longer of the two, not their sum."""
+        if self._blocks is not None or self._schema is not None:
+            self.blocks()
+            self.schema()
+            return
+        failed: list[BaseException] = []
+
+        def scan() -> None:
+            try:
+                self.blocks()
+            except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+                failed.append(exc)
+
+        t = threading.Thread(target=scan, name="naiad-scan", daemon=True)
+        t.start()
+        try:
+            self.schema()
+        finally:
+            t.join()
+        if failed:
+            raise failed[0]
+
     def set_blocks(self, blocks: list[Block]) -> None:
         """Install a block list computed elsewhere (e.g. in parallel, or from a cache)."""
         self._blocks = list(blocks)
