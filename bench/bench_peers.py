@@ -9,7 +9,7 @@ and does every row come exactly once?
     python bench/bench_peers.py                          # 2M rows, 3 rounds (installs the peers once)
     python bench/bench_peers.py --rows 200000 --rounds 1 # a smoke run
     python bench/bench_peers.py --naiad-best-args '{"num_workers": 0}'   # adds naiad's "best" rows
-    python bench/bench_peers.py --only naiad-parquet,ray # a subset (names as in the table)
+    python bench/bench_peers.py --only naiad-parquet,ray # a subset (keys as in the settings list)
 
 The peers are installed into their own virtual environments under ``--venv-dir`` (default
 ~/.cache/naiad-bench/peers-venv), with the pinned versions of bench/peers/requirements.txt and
@@ -69,13 +69,14 @@ from naiad.stream import DEFAULT_SHUFFLE_BUFFER_ROWS  # noqa: E402
 
 ENV_REQUIREMENTS = {"peers": "requirements.txt", "mosaic": "requirements-mosaic.txt"}
 FEATURES = [f"f{i}" for i in range(9)]
-SHARDS = 16  # Parquet shards for the loaders that split work by file (HF streaming, Ray)
+SHARDS = 16  # files for the loaders that split work by file (WebDataset, HF streaming, Ray)
 
 
 @dataclass(frozen=True)
 class Runner:
     """One loader configuration: where it runs, its adapter, and the conversion it needs."""
 
+    key: str  # for --only
     name: str
     env: str  # "main" (this interpreter), or a key of ENV_REQUIREMENTS
     module: str
@@ -89,54 +90,55 @@ def runners(args: argparse.Namespace) -> list[Runner]:
     """Every loader, with the settings its docs suggest for a shuffled epoch on 2 cores."""
     buf = args.peer_buffer
     out = [
-        Runner("torch DataLoader(TensorDataset), 0 workers", "main", "peer_torch",
+        Runner("torch-0", "torch DataLoader(TensorDataset), 0 workers", "main", "peer_torch",
                {"loader": "torch", "num_workers": 0}, "shuffle=True, num_workers=0"),
-        Runner("torch DataLoader(TensorDataset), 2 workers", "main", "peer_torch",
+        Runner("torch-2", "torch DataLoader(TensorDataset), 2 workers", "main", "peer_torch",
                {"loader": "torch", "num_workers": 2}, "shuffle=True, num_workers=2"),
-        Runner("torchdata StatefulDataLoader(TensorDataset)", "peers", "peer_torch",
+        Runner("torchdata", "torchdata StatefulDataLoader(TensorDataset)", "peers", "peer_torch",
                {"loader": "torchdata", "num_workers": 2}, "shuffle=True, num_workers=2"),
-        Runner("WebDataset, row shuffle", "peers", "peer_webdataset",
+        Runner("wds-rows", "WebDataset, row shuffle", "peers", "peer_webdataset",
                {"rows": True, "num_workers": 2, "chunk_buffer": 64, "row_buffer": buf},
                f"shard shuffle, 64-chunk buffer, unbatched, {buf}-row buffer, batched; WebLoader num_workers=2",
                "webdataset"),
-        Runner("WebDataset, block shuffle", "peers", "peer_webdataset",
+        Runner("wds-blocks", "WebDataset, block shuffle", "peers", "peer_webdataset",
                {"rows": False, "num_workers": 2, "chunk_buffer": 64},
                "shard shuffle, 64-chunk buffer (a 1024-row chunk is a batch); WebLoader num_workers=2", "webdataset"),
-        Runner("LitData StreamingDataset", "peers", "peer_litdata", {"num_workers": 2},
-               "optimize(chunk_bytes=64MB, num_workers=2); StreamingDataset(shuffle=True), StreamingDataLoader num_workers=2",
+        Runner("litdata", "LitData StreamingDataset", "peers", "peer_litdata", {"num_workers": 2},
+               "optimize(chunk_bytes=64MB, num_workers=2); StreamingDataset(shuffle=True), "
+               "StreamingDataLoader num_workers=2",
                "litdata"),
-        Runner("MosaicML Streaming (MDS)", "mosaic", "peer_mosaic", {"num_workers": 2},
+        Runner("mosaic", "MosaicML Streaming (MDS)", "mosaic", "peer_mosaic", {"num_workers": 2},
                "MDSWriter (no compression); StreamingDataset(shuffle=True, default py1e), DataLoader num_workers=2",
                "mosaic"),
-        Runner("HF datasets, map-style", "peers", "peer_hf", {"streaming": False, "num_workers": 2},
+        Runner("hf-map", "HF datasets, map-style", "peers", "peer_hf", {"streaming": False, "num_workers": 2},
                "load_from_disk(), DataLoader(shuffle=True, num_workers=2) (default format, rows collated by torch)",
                "hf"),
-        Runner("HF datasets, streaming=True", "peers", "peer_hf",
+        Runner("hf-stream", "HF datasets, streaming=True", "peers", "peer_hf",
                {"streaming": True, "num_workers": 2, "buffer_size": buf},
                f"{SHARDS} Parquet shards, .shuffle(seed=0, buffer_size={buf}), DataLoader num_workers=2 "
                "(default format)", "shards"),
-        Runner("Ray Data iter_torch_batches", "peers", "peer_ray", {"num_cpus": 2, "buffer_size": buf},
+        Runner("ray", "Ray Data iter_torch_batches", "peers", "peer_ray", {"num_cpus": 2, "buffer_size": buf},
                f"ray.init(num_cpus=2) (in the first batch's time), read_parquet({SHARDS} shards, shuffle='files'), "
                f"local_shuffle_buffer_size={buf}", "shards"),
-        Runner("naiad defaults, Parquet", "main", "peer_naiad", {"source": "parquet"},
+        Runner("naiad-parquet", "naiad defaults, Parquet", "main", "peer_naiad", {"source": "parquet"},
                "DataLoader(read_parquet(p), batch_size=1024, shuffle=True, seed=0)", peer=False),
-        Runner("naiad defaults, CSV", "main", "peer_naiad", {"source": "csv"},
+        Runner("naiad-csv", "naiad defaults, CSV", "main", "peer_naiad", {"source": "csv"},
                "DataLoader(read_csv(p), batch_size=1024, shuffle=True, seed=0)", peer=False),
-        Runner("naiad drop-in (TensorDataset)", "main", "peer_naiad", {"source": "tensors"},
+        Runner("naiad-dropin", "naiad drop-in (TensorDataset)", "main", "peer_naiad", {"source": "tensors"},
                "DataLoader(TensorDataset, batch_size=1024, shuffle=True, seed=0)", peer=False),
     ]
     if args.naiad_best_args:
         best = json.loads(args.naiad_best_args)
         for source, label in (("parquet", "Parquet"), ("csv", "CSV")):
-            out.append(Runner(f"naiad best, {label}", "main", "peer_naiad", {"source": source, "loader_args": best},
-                              f"defaults + {best}", peer=False))
+            out.append(Runner(f"naiad-best-{source}", f"naiad best, {label}", "main", "peer_naiad",
+                              {"source": source, "loader_args": best}, f"defaults + {best}", peer=False))
     return out
 
 
 def conversions() -> dict[str, tuple[str, str, dict[str, Any]]]:
     """Conversion key -> (environment, adapter module, options)."""
     return {
-        "webdataset": ("peers", "peer_webdataset", {"shard_rows": 1 << 17, "chunk_rows": 1024}),
+        "webdataset": ("peers", "peer_webdataset", {"shards": SHARDS, "chunk_rows": 1024}),
         "litdata": ("peers", "peer_litdata", {"num_workers": 2, "chunk_bytes": "64MB"}),
         "mosaic": ("mosaic", "peer_mosaic", {}),
         "hf": ("peers", "peer_hf", {}),
@@ -277,12 +279,13 @@ def report(runs: list[Runner], summary: dict[str, dict[str, Any]], setup: dict[s
         table.append([run.name, f"{s['rows_s']:,.0f}", ratio, f"{s['first_batch_s']:.2f}", f"{s['import_s']:.2f}",
                       f"{setup_s:.1f}{note}", f"{size_mb:.0f}", f"{s['pss_mb']:.0f}", f"{s['rss_mb']:.0f}",
                       f"{s['corr']:+.4f}", f"{s['span']:.3f}", s["once"]])
-    lines = [markdown_table(header, table), "", "Settings (batch_size=1024 everywhere, seed 0 where the loader takes one):"]
+    lines = [markdown_table(header, table), "",
+             "Settings (batch_size=1024 everywhere, seed 0 where the loader takes one):"]
     for run in runs:
         s = summary[run.name]
         extra = f" [{s['versions']}]" if "versions" in s else ""
         errors = f" ({len(s['errors'])} of {args.rounds} rounds failed: {s['errors'][0]})" if s.get("errors") else ""
-        lines.append(f"- {run.name}: {run.settings}{extra}{errors}")
+        lines.append(f"- {run.name} (`{run.key}`): {run.settings}{extra}{errors}")
     if any(note for _, _, note in setup.values()):
         lines.append("- setup s marked * : measured when the conversion was made (reused; --reconvert to redo)")
     lines += ["", target_line(runs, summary)]
@@ -313,6 +316,60 @@ def target_line(runs: list[Runner], summary: dict[str, dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def convert_all(runs: list[Runner], pythons: dict[str, tuple[str | None, str | None]], paths: dict[str, str],
+                setup: dict[str, tuple[float, float, str]], data_dir: str, args: argparse.Namespace) -> dict[str, str]:
+    """Make (or reuse) each format the runs need, each in a new process; fills ``setup``, returns the failures."""
+    failed_setup: dict[str, str] = {}
+    for key, (env_name, module, opts) in conversions().items():
+        if not any(r.convert == key for r in runs):
+            continue
+        python, why = pythons[env_name]
+        out = os.path.join(data_dir, "converted", key)
+        marker = os.path.join(out, "naiad-bench-convert.json")
+        if python is None:
+            failed_setup[key] = why or "no environment"
+            continue
+        made = json.load(open(marker)) if os.path.exists(marker) else {}
+        if made.get("opts") == opts and not args.reconvert:
+            setup[key] = (made["convert_s"], disk_mb(out), "*")
+            continue
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"converting for {key} ...", flush=True)
+        res = run_child(python, "convert", module, opts, {**paths, "out": out},
+                        os.path.join(data_dir, "logs", f"convert-{key}"), args.timeout_s)
+        if "error" in res:
+            failed_setup[key] = "conversion failed: " + res["error"]
+            print(f"  {failed_setup[key]}", flush=True)
+            continue
+        with open(marker, "w") as f:
+            json.dump({"convert_s": res["convert_s"], "opts": opts}, f)
+        setup[key] = (res["convert_s"], disk_mb(out), "")
+    return failed_setup
+
+
+def run_rounds(runs: list[Runner], pythons: dict[str, tuple[str | None, str | None]], failed_setup: dict[str, str],
+               paths: dict[str, str], data_dir: str, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """``args.rounds`` epochs of every run, each in a new process, each round starting one run later."""
+    results: dict[str, list[dict[str, Any]]] = {r.name: [] for r in runs}
+    for round_i in range(args.rounds):
+        for k in range(len(runs)):
+            run = runs[(k + round_i) % len(runs)]
+            python, why = pythons[run.env]
+            if python is None or run.convert in failed_setup:
+                error = why if python is None else failed_setup[str(run.convert)]
+                print(f"round {round_i + 1}/{args.rounds}: {run.name}: not run: {error}", flush=True)
+                results[run.name].append({"error": error})
+                continue
+            out = os.path.join(data_dir, "converted", run.convert) if run.convert else data_dir
+            child_paths = {**paths, "out": out, "batch_size": args.batch_size}
+            res = run_child(python, "epoch", run.module, run.opts, child_paths,
+                            os.path.join(data_dir, "logs", f"r{round_i}-{run.key}"), args.timeout_s)
+            status = res.get("error") or f"{res['rows'] / res['epoch_s']:,.0f} rows/s"
+            print(f"round {round_i + 1}/{args.rounds}: {run.name}: {status}", flush=True)
+            results[run.name].append(res)
+    return results
+
+
 # ------------------------------------------------------------------------------------------ main
 
 
@@ -325,7 +382,7 @@ def main() -> int:
                         help="the peers' row shuffle buffer (default: naiad's default buffer, so the sizes match)")
     parser.add_argument("--naiad-best-args", default=None,
                         help='JSON keywords for naiad\'s "best" rows, e.g. \'{"num_workers": 0}\' (default: none)')
-    parser.add_argument("--only", default=None, help="comma-separated loader names (or unique prefixes) to run")
+    parser.add_argument("--only", default=None, help="comma-separated loader keys (see the settings list) to run")
     parser.add_argument("--work-dir", default=os.path.expanduser("~/.cache/naiad-bench/peers"))
     parser.add_argument("--venv-dir", default=os.path.expanduser("~/.cache/naiad-bench/peers-venv"))
     parser.add_argument("--no-install", action="store_true", help="use the environments as they are")
@@ -336,8 +393,11 @@ def main() -> int:
 
     runs = runners(args)
     if args.only:
-        wanted = [w.strip().lower() for w in args.only.split(",")]
-        runs = [r for r in runs if any(r.name.lower().startswith(w) for w in wanted)]
+        wanted = {w.strip() for w in args.only.split(",")}
+        unknown = wanted - {r.key for r in runs}
+        if unknown:
+            parser.error(f"--only: unknown {sorted(unknown)}; the keys are {[r.key for r in runs]}")
+        runs = [r for r in runs if r.key in wanted]
     header = environment()
     print(header, flush=True)
     data_dir = os.path.join(args.work_dir, f"rows-{args.rows}")
@@ -352,50 +412,11 @@ def main() -> int:
 
     setup: dict[str, tuple[float, float, str]] = {
         "parquet": (0.0, disk_mb(paths["parquet"]), ""), "csv": (0.0, disk_mb(paths["csv"]), ""),
-        "tensors": (0.0, disk_mb(paths["parquet"]), ""), "shards": (shards_s, disk_mb(paths["shards"]), "*" if paths.pop("reused", None) else ""),
+        "tensors": (0.0, disk_mb(paths["parquet"]), ""),
+        "shards": (shards_s, disk_mb(paths["shards"]), "*" if paths.pop("reused", None) else ""),
     }
-    failed_setup: dict[str, str] = {}
-    for key, (env_name, module, opts) in conversions().items():
-        if not any(r.convert == key for r in runs):
-            continue
-        python, why = pythons[env_name]
-        out = os.path.join(data_dir, "converted", key)
-        marker = os.path.join(out, "naiad-bench-convert.json")
-        if python is None:
-            failed_setup[key] = why or "no environment"
-            continue
-        if os.path.exists(marker) and not args.reconvert:
-            setup[key] = (json.load(open(marker))["convert_s"], disk_mb(out), "*")
-            continue
-        shutil.rmtree(out, ignore_errors=True)
-        print(f"converting for {key} ...", flush=True)
-        res = run_child(python, "convert", module, opts, {**paths, "out": out},
-                        os.path.join(data_dir, "logs", f"convert-{key}"), args.timeout_s)
-        if "error" in res:
-            failed_setup[key] = "conversion failed: " + res["error"]
-            print(f"  {failed_setup[key]}", flush=True)
-            continue
-        with open(marker, "w") as f:
-            json.dump({"convert_s": res["convert_s"]}, f)
-        setup[key] = (res["convert_s"], disk_mb(out), "")
-
-    results: dict[str, list[dict[str, Any]]] = {r.name: [] for r in runs}
-    for round_i in range(args.rounds):
-        for k in range(len(runs)):
-            run = runs[(k + round_i) % len(runs)]
-            python, why = pythons[run.env]
-            if python is None or run.convert in failed_setup:
-                error = why if python is None else failed_setup[str(run.convert)]
-                print(f"round {round_i + 1}/{args.rounds}: {run.name}: not run: {error}", flush=True)
-                results[run.name].append({"error": error})
-                continue
-            out = os.path.join(data_dir, "converted", run.convert) if run.convert else data_dir
-            child_paths = {**paths, "out": out, "batch_size": args.batch_size}
-            res = run_child(python, "epoch", run.module, run.opts, child_paths,
-                            os.path.join(data_dir, "logs", f"r{round_i}-{k}"), args.timeout_s)
-            status = res.get("error") or f"{res['rows'] / res['epoch_s']:,.0f} rows/s"
-            print(f"round {round_i + 1}/{args.rounds}: {run.name}: {status}", flush=True)
-            results[run.name].append(res)
+    failed_setup = convert_all(runs, pythons, paths, setup, data_dir, args)
+    results = run_rounds(runs, pythons, failed_setup, paths, data_dir, args)
 
     summary = {run.name: summarize(results[run.name], args.rows) for run in runs}
     text = (f"{header}\n\nOne shuffled epoch, batch {args.batch_size}, {args.rows:,} rows x 10 columns "

@@ -24,10 +24,12 @@ def versions() -> str:
 
 
 def convert(paths: dict[str, Any], opts: dict[str, Any]) -> None:
-    """Write ``shard_rows``-row tar shards of ``chunk_rows``-row samples."""
+    """Write ``opts["shards"]`` tar shards (whole chunks each) of ``opts["chunk_rows"]``-row samples."""
     x, ids = read_columns(paths["parquet"])
     os.makedirs(paths["out"], exist_ok=True)
-    for shard, (lo, hi) in enumerate(row_ranges(len(ids), opts["shard_rows"])):
+    chunks = -(-len(ids) // opts["chunk_rows"])
+    shard_rows = -(-chunks // opts["shards"]) * opts["chunk_rows"]
+    for shard, (lo, hi) in enumerate(row_ranges(len(ids), shard_rows)):
         with wds.TarWriter(os.path.join(paths["out"], f"shard-{shard:05d}.tar")) as sink:
             for c_lo, c_hi in row_ranges(hi - lo, opts["chunk_rows"]):
                 a, b = lo + c_lo, lo + c_hi

@@ -93,8 +93,9 @@ def run_child(python: str, step: str, runner_module: str, opts: dict[str, Any], 
             rc: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             rc = None
-        memory.stop()
-    _end_leftovers(proc, memory)
+        finally:  # Ctrl-C included: the child is in a session of its own and would outlive us
+            memory.stop()
+            _end_leftovers(proc, memory)
     if rc != 0:
         lines = [ln for ln in open(os.path.join(work, "stderr.txt")).read().splitlines() if ln.strip()]
         why = f"timed out after {timeout_s:.0f} s" if rc is None else (lines[-1] if lines else f"exit code {rc}")
