@@ -32,6 +32,9 @@ round starting at the next loader, so a noisy spell does not land on one loader 
   (max id - min id) / rows (a full permutation gives about 0 and about 1);
 - every row once: the ids delivered, sorted, are exactly 0..rows-1 (else what was missing or repeated).
 
+A loader that fails to install, convert or run shows the error in its row; the others go on. The
+peers' row shuffle buffers default to naiad's default buffer (``--peer-buffer``), so the sizes match.
+
 The target line: naiad's defaults reach >= 10x the rows/s of the fastest peer whose shuffle is
 row-level (batch span >= 0.9, every row once), with equal or better quality (|correlation| at most
 the peer's + 0.01, span at least the peer's - 0.01).
