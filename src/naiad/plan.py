@@ -90,11 +90,11 @@ class GroupTask(NamedTuple):
     def parts(self, rows: np.ndarray) -> list[ReadTask]:
         """The reads that yield the group's output rows ``rows`` (ascending), one per block."""
         ends = np.cumsum([t.rows for t in self.reads])
-        which = np.searchsorted(ends, rows, side="right")
+        which = np.searchsorted(ends, rows, side="right")  # ascending, as ``rows`` are
+        cuts = np.flatnonzero(np.diff(which)) + 1
         out = []
-        for k in np.unique(which).tolist():
-            mine = rows[which == k] - (int(ends[k - 1]) if k else 0)
-            out.append(self.reads[k].select(mine))
+        for k, mine in zip(which[np.concatenate(([0], cuts))].tolist(), np.split(rows, cuts)):
+            out.append(self.reads[k].select(mine - (int(ends[k - 1]) if k else 0)))
         return out
 
     def without_first(self, k: int) -> GroupTask:

@@ -42,6 +42,7 @@ from naiad.plan import (
     TAG_BUFFER,
     GroupTask,
     RankPlan,
+    ReadTask,
     RestoreTask,
     Task,
     block_permutation,
@@ -200,6 +201,7 @@ def _read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> t
 
 
 _SEQUENCES: weakref.WeakKeyDictionary[Source, dict[tuple[Any, ...], Segments]] = weakref.WeakKeyDictionary()
+_PLANS: weakref.WeakKeyDictionary[Source, dict[tuple[Any, ...], RankPlan]] = weakref.WeakKeyDictionary()
 
 
 def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[Leg] = ()) -> RankPlan:
@@ -208,11 +210,22 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
     rank, world_size = options.topology()
     source.prepare()  # the row count and the schema, at once
     if not legs:
-        return make_plan(
-            source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,
-            world_size=world_size, batch_size=options.batch_size, drop_last=options.drop_last,
-            group_rows=group_rows(current_leg(options).buffer_rows),
-        )
+        # A plan is a pure function of these: made once per source (a load_state_dict checks the
+        # saved one, the pass after it runs it, len() counts its batches).
+        buffer = current_leg(options).buffer_rows
+        key = (options.seed, epoch, options.shuffle, rank, world_size, options.batch_size, options.drop_last,
+               buffer, len(source.blocks()))
+        plans = _PLANS.setdefault(source, {})
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = make_plan(
+                source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,
+                world_size=world_size, batch_size=options.batch_size, drop_last=options.drop_last,
+                group_rows=group_rows(buffer),
+            )
+            if len(plans) > 4:
+                plans.pop(next(iter(plans)))
+        return plan
     blocks = source.blocks()
     order = block_permutation(len(blocks), seed=options.seed, epoch=epoch, shuffle=options.shuffle)
     ordered = [blocks[int(i)] for i in order]
@@ -233,11 +246,11 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
 
     # The positions the legs left are the same for every new rank: worked out once per source
     # (a job's ranks, a load_state_dict and the pass after it all ask).
-    key = (options.seed, epoch, options.shuffle, tuple(legs), len(blocks), total)
+    legs_key = (options.seed, epoch, options.shuffle, tuple(legs), len(blocks), total)
     cached = _SEQUENCES.setdefault(source, {})
-    sequence = cached.get(key)
+    sequence = cached.get(legs_key)
     if sequence is None:
-        sequence = cached[key] = epoch_sequence(total, legs, leftovers_for)
+        sequence = cached[legs_key] = epoch_sequence(total, legs, leftovers_for)
         if len(cached) > 8:
             cached.pop(next(iter(cached)))
     leg = current_leg(options)
@@ -459,19 +472,25 @@ class BatchStream(Iterator[Batch]):
         tasks: list[Task | RestoreTask] = list(plan.tasks[restore.next_task :])
         if restore.remainder is not None:
             tasks.insert(0, restore.remainder)
-        if restore.window:
-            tasks.insert(0, RestoreTask(tuple(restore.window)))
-        else:
+        # The window a resume reads again, in a few tasks that the workers (or read-ahead
+        # threads) parse side by side; its rows are put back once all have come.
+        restoring = [RestoreTask(tuple(p)) for p in split_reads(restore.window, group_rows(o.buffer_rows))]
+        tasks[:0] = restoring
+        if not restoring:
             batcher.add(restore.finish(buffer))
         results = self.imap(tasks)
+        restored: list[dict[str, np.ndarray]] = []
         try:
             for i, (task, (columns, bad)) in enumerate(zip(tasks, results)):
                 self._count(task, columns)
                 arrays = {name: as_array(col) for name, col in columns.items()}
                 if tracker is not None:  # skipped rows keep their positions until their batch
                     arrays = tracker.tag(arrays, bad)
-                if i == 0 and restore.window:
-                    restore.put(arrays)
+                if i < len(restoring):
+                    restored.append(arrays)
+                    if i + 1 < len(restoring):
+                        continue
+                    restore.put(concat_arrays(restored))
                     batcher.add(restore.finish(buffer))
                     yield from self._emit(batcher.ready())
                     continue
@@ -504,6 +523,26 @@ class BatchStream(Iterator[Batch]):
             self.counters.rows_yielded += n
             self.counters.batches += 1
             yield transform(batch) if transform is not None else batch
+
+
+def split_reads(reads: Sequence[ReadTask], max_rows: int) -> list[list[ReadTask]]:
+    """``reads`` cut into consecutive runs of about ``max_rows`` rows (each read whole)."""
+    out: list[list[ReadTask]] = []
+    rows = 0
+    for r in reads:
+        if not out or rows + r.rows > max_rows:
+            out.append([])
+            rows = 0
+        out[-1].append(r)
+        rows += r.rows
+    return out
+
+
+def concat_arrays(pieces: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Chunks of the same columns, one after another."""
+    if len(pieces) == 1:
+        return dict(pieces[0])
+    return {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
 
 
 def to_torch(arrays: Mapping[str, np.ndarray]) -> Batch:
