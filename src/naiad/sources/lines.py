@@ -80,19 +80,19 @@ def _header_end(head: bytes, header_lines: int, path: str) -> int:
 
 
 def default_block_bytes(path: str) -> int:
-    """About 1/4096 of the file, between 32 KiB and 4 MiB.
+    """About 1/4096 of the file, between 64 KiB and 4 MiB.
 
     Blocks are what the epoch permutation shuffles: the more there are, the less a row's place
     in the epoch says about its place in the file (the correlation of the two falls as one over
     the square root of the count: about 0.015 for 4,096 blocks). Small blocks cost little since
-    consecutive reads are parsed together (NOTE [ Read groups ] in plan.py); below 32 KiB the
+    consecutive reads are parsed together (NOTE [ Read groups ] in plan.py); below 64 KiB the
     scan and the plan would hold more blocks than they are worth.
     """
     try:
         size = storage.size(path)
     except OSError:
         size = 0
-    return int(min(4 << 20, max(32 << 10, size // 4096)))
+    return int(min(4 << 20, max(64 << 10, size // 4096)))
 
 
 def count_rows(buf: bytes | memoryview, keep_blank: bool) -> int:
