@@ -58,6 +58,11 @@ def _skip_row(row: object) -> str:
     return "skip"
 
 
+def _open_quote_on_last_line(data: bytes, quote: bytes) -> bool:
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    return data.count(quote, data.rfind(b"\n", 0, end) + 1, end) % 2 == 1
+
+
 def read_csv(
     paths: PathLike,
     *,
@@ -347,7 +352,7 @@ class CsvSource(Source):
         quote = self._quote.encode() if self._quote else None
 
         def parse(data: bytes) -> pa.Table:
-            if not data.strip():
+            if not data or data.isspace():  # (no copy, unlike strip())
                 return schema.empty_table()
             try:
                 table = pacsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse_opts, convert_options=convert)
@@ -357,12 +362,13 @@ class CsvSource(Source):
                 # A line longer than PyArrow's parse block (1 MiB): parse the buffer as one block.
                 whole = pacsv.ReadOptions(column_names=full.names, use_threads=use_threads, block_size=len(data) + 1)
                 table = pacsv.read_csv(pa.py_buffer(data), read_options=whole, parse_options=parse_opts, convert_options=convert)
-            lines = count_rows(data, keep_blank=False)
-            if table.num_rows != lines or (quote is not None and data.count(quote) % 2):
-                # A quote left open runs on over the following lines (PyArrow accepts that), or,
-                # on a piece's last line, to its end without a row going missing: an odd count
-                # of quotes tells (a well-formed line has an even one, "" included); bisection
-                # finds the line that opens it.
+            # The whole buffer's rows are known from the scan; a piece's are counted.
+            lines = expected if data is buf else count_rows(data, keep_blank=False)
+            if table.num_rows != lines or (quote is not None and _open_quote_on_last_line(data, quote)):
+                # A quote left open runs on over the following lines (PyArrow accepts that):
+                # rows go missing. Opened on the last line, it runs to the end and none does,
+                # but that line's count of quotes is odd (a well-formed line's is even, ""
+                # included). Bisection finds the line that opens it.
                 raise BadRow("a quoted value is not closed on its line (pass newlines_in_values=True if values hold newlines)")
             if null_rows(table).size:
                 col = null_column(table)
