@@ -47,7 +47,14 @@ from naiad.parallel import WorkerPool
 from naiad.plan import GroupTask, Task
 from naiad.shuffle import BufferReplay, ShuffleBuffer
 from naiad.sources.base import Block, BlockData, PathLike, Source
-from naiad.stream import BatchStream, StreamOptions, buffer_keys, current_leg, make_handler_factory
+from naiad.stream import (
+    BatchStream,
+    StreamOptions,
+    buffer_keys,
+    current_leg,
+    default_buffer_rows,
+    make_handler_factory,
+)
 
 __all__ = [
     "CoverageReport", "EpochCoverage", "PositionSource", "ShuffleQuality", "Topology", "check_coverage",
@@ -215,6 +222,12 @@ def check_coverage(
         raise ConfigError(f"`epochs` must be an int >= 1, got {epochs!r}.")
     if resume_at is not None and not 0 <= resume_at < epochs:
         raise ConfigError(f"`resume_at` must be in [0, epochs={epochs}), in epochs, got {resume_at!r}.")
+    if not isinstance(source, Source):
+        from naiad.sources.auto import read
+
+        source = read(source)
+    if shuffle_buffer is None and shuffle:
+        shuffle_buffer = default_buffer_rows(source)  # what the loader would take
     before = Topology(world_size, num_workers, batch_size, drop_last, shuffle_buffer)
     after = Topology(
         before.world_size if new_world_size is None else new_world_size,
@@ -222,10 +235,6 @@ def check_coverage(
         before.batch_size if new_batch_size is None else new_batch_size,
         drop_last, before.shuffle_buffer if new_shuffle_buffer is None else new_shuffle_buffer,
     )
-    if not isinstance(source, Source):
-        from naiad.sources.auto import read
-
-        source = read(source)
     pos = PositionSource(source)
     check = _Check(pos, seed=int(seed), shuffle=bool(shuffle), stream_rows=stream_rows)
     runs0 = check.epoch_runs(before, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from naiad.errors import StateError
@@ -15,6 +16,7 @@ from naiad.stream import (
     BatchStream,
     StreamCounters,
     StreamOptions,
+    default_buffer_rows,
     make_handler_factory,
     num_batches,
 )
@@ -30,6 +32,8 @@ class StreamPipeline:
 
     def __init__(self, source: Source, options: StreamOptions, counters: StreamCounters) -> None:
         self.source = source
+        if options.shuffle and options.shuffle_buffer is None:
+            options = replace(options, shuffle_buffer=default_buffer_rows(source))
         self.options = options
         self.counters = counters
 

@@ -86,6 +86,8 @@ def open_ipc(path: str) -> pa.ipc.RecordBatchFileReader:
 class ArrowSource(Source):
     """Arrow IPC files cut into record batches (see :func:`read_arrow`)."""
 
+    blocks_from_metadata = True
+
     def __init__(
         self,
         paths: PathLike,

@@ -16,7 +16,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, TypeAlias, Union
+from typing import Any, ClassVar, Literal, NamedTuple, TypeAlias, Union
 
 import numpy as np
 import pyarrow as pa
@@ -257,6 +257,10 @@ class Source(ABC):
             SourceError summarises them. None: no limit.
         storage: how remote files are reached (options, retries; docs/STORAGE.md).
     """
+
+    blocks_from_metadata: ClassVar[bool] = False
+    """Whether the blocks are the file's own parts, read from its metadata (row groups, record
+    batches) rather than cut to a size: they may be large (see ``stream.default_buffer_rows``)."""
 
     def __init__(
         self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise", max_bad_rows: int | float | None = None,

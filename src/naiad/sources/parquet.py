@@ -84,6 +84,8 @@ def open_parquet(path: str) -> pq.ParquetFile:
 class ParquetSource(Source):
     """Parquet files cut into row groups (see :func:`read_parquet`)."""
 
+    blocks_from_metadata = True
+
     def __init__(
         self,
         paths: PathLike,
