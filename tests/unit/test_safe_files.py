@@ -79,3 +79,22 @@ def test_a_trace_is_written_through_a_fresh_name(tmp_path: Path) -> None:
     assert victim.read_text() == "precious"
     assert not path.is_symlink() and "traceEvents" in path.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json", "trace.json.tmp", "victim"]
+
+
+def test_a_url_listing_cannot_leave_the_pattern(monkeypatch: pytest.MonkeyPatch) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    from naiad.sources.storage import Storage
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/naiad-glob/a/x.csv", b"id\n1\n")
+    fs.pipe("/naiad-glob/other/y.csv", b"id\n2\n")
+    storage = Storage()
+    assert [u.replace(":///", "://") for u in storage.expand("memory://naiad-glob/a/*.csv")] == ["memory://naiad-glob/a/x.csv"]
+    real_glob = type(fs).glob
+
+    def hostile_glob(self: Any, path: str, **kw: Any) -> Any:  # a listing that names more than it was asked
+        return {**real_glob(self, path, **kw), "/naiad-glob/other/y.csv": {"type": "file", "size": 5}}
+
+    monkeypatch.setattr(type(fs), "glob", hostile_glob)
+    with pytest.raises(SourceError, match="outside the pattern"):
+        Storage().expand("memory://naiad-glob/a/*.csv")
