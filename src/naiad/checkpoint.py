@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from naiad.elastic import state_int
 from naiad.epoch import PassProgress
 from naiad.errors import StateError
 from naiad.pipelines import STATE_VERSION, Pipeline, PipelinePass
@@ -100,15 +101,11 @@ def read_state(pipeline: Pipeline, state: Any) -> dict[str, Any] | None:
             f"loader state kind: stored {state.get('kind')!r}, current {pipeline.kind!r}; "
             "the state comes from a loader over another kind of dataset."
         )
-    epoch = state.get("epoch")
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-        raise StateError(f"loader state epoch: stored {epoch!r}, expected an int >= 0.")
-    batches = state.get("batches_yielded")
-    if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
-        raise StateError(f"loader state batches_yielded: stored {batches!r}, expected an int >= 0.")
+    epoch = state_int(state.get("epoch"), "loader state epoch")
+    batches = state_int(state.get("batches_yielded"), "loader state batches_yielded")
     base_seed = state.get("base_seed")
-    if base_seed is not None and not isinstance(base_seed, int):
-        raise StateError(f"loader state base_seed: stored {base_seed!r}, expected an int or None.")
+    if base_seed is not None:  # torch draws an int64; `seed=` may be any uint64
+        state_int(base_seed, "loader state base_seed", -(2**63), 2**64 - 1)
     why = state.get("reason") if state.get("resumable") is False else pipeline.why_not_resumable()
     if why is not None:
         if batches:
@@ -120,6 +117,9 @@ def read_state(pipeline: Pipeline, state: Any) -> dict[str, Any] | None:
         return None
     part = state.get("pipeline")
     if not isinstance(part, Mapping):
-        raise StateError(f"loader state pipeline: stored {part!r:.100}, expected a dict.")
-    pipeline.check_state(part, epoch)
-    return copy.deepcopy(state)
+        raise StateError(f"loader state pipeline: stored {type(part).__name__}, expected a dict.")
+    try:
+        pipeline.check_state(part, epoch)
+        return copy.deepcopy(state)
+    except RecursionError:  # a hostile state nested a thousand deep somewhere
+        raise StateError("loader state: nested too deeply to be a state of naiad.DataLoader.") from None

@@ -8,6 +8,7 @@ depends on the features through a logistic model, so a small network can learn i
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -81,14 +82,17 @@ def diabetes_csv(rows: int = 1_000_000, path: str | os.PathLike[str] | None = No
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    # A fresh name (O_EXCL, mode 0600): a predictable one could be a link planted in a shared folder.
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
         options = pacsv.WriteOptions(include_header=True, quoting_style="none")
         # Write in slices so making a large file stays in bounded memory.
         chunk = 1_000_000
-        with pacsv.CSVWriter(tmp, make_diabetes_table(1, seed).schema, write_options=options) as writer:
+        with os.fdopen(fd, "wb") as f, pacsv.CSVWriter(f, make_diabetes_table(1, seed).schema, write_options=options) as writer:
             for start in range(0, rows, chunk):
                 writer.write_table(make_diabetes_table(min(chunk, rows - start), seed + start))
+        os.chmod(tmp, 0o644)  # synthetic data: readable like any file once in place
         os.replace(tmp, target)  # atomic: a reader never sees half a file
     finally:
         tmp.unlink(missing_ok=True)

@@ -21,6 +21,10 @@ The new ranks split that input as any leg does, so every remaining row is delive
 across them, with equal batch counts. A state records each finished leg as five integers, so
 resuming again (elastic or not) during a resumed epoch replays the legs in turn. The next epoch
 is an ordinary epoch for the new topology.
+
+A state is data from a file, so every leg read from one is checked strictly (ints that are ints,
+within bounds): replaying a leg costs time in its ranks, so a hostile state that asks for 10**18
+ranks or a million legs is a StateError, not a hang (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -33,7 +37,28 @@ import numpy as np
 
 from naiad.errors import StateError
 
-__all__ = ["Leg", "Segments", "leg_remaining", "rank_share"]
+__all__ = ["MAX_LEGS", "MAX_WORLD_SIZE", "Leg", "Segments", "leg_remaining", "rank_share", "state_int"]
+
+MAX_WORLD_SIZE = 1 << 16
+"""The most ranks a stored leg, and the finished legs of a state together, may have."""
+
+MAX_LEGS = 1024
+"""The most finished legs (elastic resumes within one epoch) a state may hold."""
+
+
+def state_int(value: Any, what: str, lo: int = 0, hi: int | None = None) -> int:
+    """``value`` if it is an int in ``[lo, hi]`` (not a bool, float or string), else a StateError.
+
+    Example:
+        >>> state_int(3, "loader state epoch")
+        3
+    """
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        if value >= lo and (hi is None or value <= hi):
+            return int(value)
+    bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+    shown = f"{value!r:.80}" if not isinstance(value, int) or value.bit_length() < 256 else f"an int of {value.bit_length()} bits"
+    raise StateError(f"{what}: stored {shown}, expected an int {bound}.")
 
 Piece = tuple[int, int] | np.ndarray
 """A run of positions: a range ``(start, stop)`` or an explicit int64 array."""
@@ -62,18 +87,22 @@ class Leg:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Leg:
-        """The leg from :meth:`as_dict`; a malformed one is a StateError."""
-        try:
-            leg = cls(
-                int(data["world_size"]), int(data["batch_size"]), bool(data["drop_last"]),
-                int(data["buffer_rows"]), int(data["batches"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed leg in the loader state: {dict(data)!r:.200} ({exc}).") from None
-        if leg.world_size < 1 or leg.batch_size < 1 or leg.buffer_rows < 0 or leg.batches < 0:
-            raise StateError(f"malformed leg in the loader state: {leg}.")
-        return leg
+    def from_dict(cls, data: Mapping[str, Any], batches_key: str = "batches") -> Leg:
+        """The leg from :meth:`as_dict` (a stream's state counts its batches under
+        ``batches_yielded``); a malformed one is a StateError."""
+        missing = [k for k in ("world_size", "batch_size", "drop_last", "buffer_rows", batches_key) if k not in data]
+        if missing:
+            raise StateError(f"malformed leg in the loader state: no {', '.join(missing)}.")
+        drop_last = data["drop_last"]
+        if not isinstance(drop_last, bool):
+            raise StateError(f"malformed leg in the loader state: drop_last is {drop_last!r:.80}, expected a bool.")
+        return cls(
+            state_int(data["world_size"], "loader state leg world_size", 1, MAX_WORLD_SIZE),
+            state_int(data["batch_size"], "loader state leg batch_size", 1),
+            drop_last,
+            state_int(data["buffer_rows"], "loader state leg buffer_rows", 0),
+            state_int(data[batches_key], f"loader state leg {batches_key}", 0),
+        )
 
     def same_topology(self, other: Leg) -> bool:
         """True when ``other`` runs the same plan as this leg (only ``batches`` may differ)."""
@@ -207,7 +236,14 @@ def iter_legs(data: Any) -> Iterator[Leg]:
     """The finished legs stored in a state (a list of dicts); a malformed list is a StateError."""
     if not isinstance(data, list):
         raise StateError(f"loader state `legs` must be a list, got {type(data).__name__}.")
+    if len(data) > MAX_LEGS:
+        raise StateError(f"loader state `legs` holds {len(data)} legs, more than the {MAX_LEGS} an epoch may have.")
+    ranks = 0
     for item in data:
         if not isinstance(item, Mapping):
             raise StateError(f"loader state `legs` holds {item!r:.100}, not a dict.")
-        yield Leg.from_dict(item)
+        leg = Leg.from_dict(item)
+        ranks += leg.world_size
+        if ranks > MAX_WORLD_SIZE:
+            raise StateError(f"loader state `legs` have more than {MAX_WORLD_SIZE} ranks in all.")
+        yield leg

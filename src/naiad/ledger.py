@@ -144,14 +144,17 @@ class BadRowLedger:
             StateError: the state is not a ledger.
         """
         try:
-            counts = Counter({(str(p), str(r)): int(n) for p, r, n in state["counts"]})
-            entries = [dict(e) for e in state["entries"]]
-            if any(n < 0 for n in counts.values()) or not all(isinstance(e.get("file"), str) for e in entries):
-                raise ValueError("negative counts or entries without a file")
+            counts = Counter({(str(p), str(r)): n for p, r, n in state["counts"]})
+            # Only the first `keep` entries are kept: a hostile list costs no more than it weighs.
+            entries = [dict(e) for e in state["entries"][: self.keep]]
+            if not all(type(n) is int and n >= 0 for n in counts.values()):
+                raise ValueError("counts must be ints >= 0")
+            if not all(isinstance(e.get("file"), str) for e in entries):
+                raise ValueError("entries without a file")
         except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"stream state bad_row_ledger: stored {state!r:.200}, expected a ledger ({exc}).") from None
+            raise StateError(f"stream state bad_row_ledger: stored {type(state).__name__}, expected a ledger ({str(exc):.200}).") from None
         self.counts = counts
-        self.entries = entries[: self.keep]
+        self.entries = entries
         self._journal.clear()
 
     def summary(self, top: int = 3) -> str:

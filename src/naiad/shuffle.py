@@ -425,6 +425,10 @@ def _replay_draws(capacity: int, keys: tuple[int, ...], offsets: np.ndarray, sta
     buffer as usual.)
     """
     total = int(offsets[-1])
+    # A buffer at least as large as the stream never fills, so no exchange draws from its
+    # slots: replaying it with `total` slots is the same and allocates no more than the rows
+    # (a state's buffer_rows is data from a file, and 10**18 must not be an allocation).
+    capacity = min(capacity, max(total, 1))
     task, first, size = _exchanges(capacity, offsets)
     emitted = np.cumsum(size)
     i = int(np.searchsorted(emitted, start, side="left"))  # the exchange that emits row `start`

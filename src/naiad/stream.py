@@ -449,11 +449,7 @@ class BatchStream(Iterator[Batch]):
                     "make the loader as it was, or resume at an epoch boundary."
                 )
         legs = list(iter_legs(state.get("legs", [])))
-        try:
-            saved = Leg(int(state["world_size"]), int(state["batch_size"]), bool(state["drop_last"]),
-                        int(state["buffer_rows"]), int(state["batches_yielded"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed stream state: {exc!r}.") from None
+        saved = Leg.from_dict(state, batches_key="batches_yielded")
         k = saved.batches
         skipped = state.get("bad_rows", 0)
         if not isinstance(skipped, int) or isinstance(skipped, bool) or skipped < 0:

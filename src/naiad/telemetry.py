@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import threading
 import time
 from array import array
@@ -395,9 +396,16 @@ class Telemetry:
             "displayTimeUnit": "ms",
             "otherData": {"producer": "naiad", "ring_buffer_events": self._trace_events},
         }
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps(doc))
-        tmp.replace(target)  # never leave a half-written trace behind
+        # A fresh temporary name beside it (O_EXCL): "trace.json.tmp" in /tmp could be a planted link.
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)  # never leave a half-written trace behind
+        except BaseException:
+            os.unlink(tmp)
+            raise
         return target
 
 

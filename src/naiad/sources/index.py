@@ -14,7 +14,14 @@ used only when both still match, so a changed file is rescanned. Entries are wri
 temporary file and renamed into place, so ranks that scan the same file at once each write a
 whole entry and a reader never sees half of one. A missing, unreadable or malformed entry is a
 cache miss, never an error; a folder that cannot be written to is skipped (the scan still works).
-JSON only: an index is data, never code (no pickle).
+
+An entry is data naiad reads back, possibly written by someone else (a shared data folder), so
+it is checked before use: JSON only (never pickle), ints that are ints, blocks that start in
+ascending order inside the file and end at its size, rows no more than a block's bytes; the
+caller checks that the blocks start where lines start (``scan_file``), and every reader checks
+a block's row count as it parses. Anything else is a miss. The entry's name is a hash of the
+path and the cut's parameters, never of the file's content; an index folder beside the data
+that is a symbolic link, or is not the user's, is never written to (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -93,12 +101,38 @@ def load_index(index_dir: IndexDir, path: str, params: Mapping[str, Any]) -> lis
             or doc.get("mtime_ns") != mtime or doc.get("params") != dict(params)
         ):
             return None
-        starts, rows, lines = doc["starts"], doc["rows"], doc["first_lines"]
-        stops = [*starts[1:], doc["end"]]
-        entries = [(int(a), int(b), int(n), int(ln)) for a, b, n, ln in zip(starts, stops, rows, lines, strict=True)]
-    except (OSError, ValueError, KeyError, TypeError):
+        return _checked_entries(doc, size)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None  # missing or malformed: scan again
-    return entries
+
+
+def _checked_entries(doc: dict[str, Any], size: int) -> list[Entry] | None:
+    """The blocks an entry describes, if they are a plausible cut of a file of ``size`` bytes:
+    contiguous, ascending, ending at the file's end, with no more rows than bytes."""
+    starts, rows, lines, end = doc["starts"], doc["rows"], doc["first_lines"], doc["end"]
+    if not (isinstance(starts, list) and isinstance(rows, list) and isinstance(lines, list)):
+        return None
+    if not starts or not len(starts) == len(rows) == len(lines) or end != size:
+        return None
+    if not all(type(v) is int for v in (*starts, *rows, *lines)):
+        return None  # bools, floats and strings are not offsets
+    stops = [*starts[1:], end]
+    if starts[0] < 0 or lines[0] < 1:
+        return None
+    for a, b, n, ln, next_ln in zip(starts, stops, rows, lines, [*lines[1:], None], strict=True):
+        # A block holds at least one byte, a row at least one, and a line at least its newline.
+        if not (a < b and 0 <= n <= b - a and (next_ln is None or ln <= next_ln <= ln + (b - a))):
+            return None
+    return list(zip(starts, stops, rows, lines, strict=True))
+
+
+def _writable_folder(index_dir: IndexDir, folder: Path) -> bool:
+    """Whether entries may be written into ``folder``: beside the data, where others may write,
+    only a real directory of this user (not a link someone planted to send writes elsewhere)."""
+    if index_dir != "beside" or not hasattr(os, "geteuid"):
+        return True
+    st = os.lstat(folder)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entries: Sequence[Entry]) -> None:
@@ -117,6 +151,8 @@ def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entrie
     }
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        if not _writable_folder(index_dir, folder):
+            return
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:

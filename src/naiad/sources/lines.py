@@ -22,7 +22,7 @@ description of the problem.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -146,10 +146,37 @@ def scan_file(
         return [Block(path, start, -1, count_rows(memoryview(data)[start:], keep_blank), 1 + header_lines)]
     params = {"cut": "lines", "block_bytes": block_bytes, "header_lines": header_lines, "keep_blank": keep_blank}
     entries = load_index(index_dir, path, params)
+    if entries is not None and not _cut_holds(path, entries, block_bytes, header_lines, keep_blank):
+        entries = None  # a stale or forged entry: scan again
     if entries is None:
         entries = _scan_plain(path, block_bytes, header_lines, keep_blank)
         save_index(index_dir, path, params, entries)
     return [Block(path, a, b, n, line) for a, b, n, line in entries]
+
+
+def _cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], block_bytes: int, header_lines: int,
+               keep_blank: bool) -> bool:
+    """Whether a stored cut of ``path`` starts after its header, every block starts a line (a
+    boundary inside a line would split a row in two: one byte read per block), and a block said
+    to hold no rows holds none (the plan never reads it, so its count is checked here; any
+    other count is checked as the block is parsed)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(max(block_bytes, 1 << 16)) if header_lines else b""
+            if entries[0][0] != (_header_end(head, header_lines, path) if header_lines else 0):
+                return False
+            for start, stop, rows, _ in entries:
+                if start:
+                    f.seek(start - 1)
+                    if f.read(1) != b"\n":
+                        return False
+                if rows == 0:
+                    f.seek(start)
+                    if count_rows(memoryview(f.read(stop - start)), keep_blank):
+                        return False
+    except (OSError, SourceError):
+        return False
+    return True
 
 
 _SCAN_CHUNK = 16 << 20

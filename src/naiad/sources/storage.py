@@ -179,6 +179,12 @@ class Storage:
         if _has_magic(path):
             found = self.call(url, None, lambda: fs.glob(path, detail=True))
             entries = {p: i for p, i in found.items() if i.get("type", "file") == "file"}
+            # The listing is the server's answer: an object outside the pattern's fixed part
+            # (another bucket, host or prefix) is refused, not read (docs/SECURITY.md).
+            fixed = path[: min(path.find(c) for c in "*?[" if c in path)]
+            outside = [p for p in entries if not p.startswith(fixed)]
+            if outside:
+                raise SourceError(f"the listing returned {outside[0]!r:.200}, outside the pattern.", path=url)
             if not entries:
                 raise SourceError("the pattern matches no object.", path=url)
             urls = []

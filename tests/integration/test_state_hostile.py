@@ -1,0 +1,211 @@
+"""Hostile loader states: any JSON value a checkpoint file can hold, put anywhere in a real state,
+is either a state that resumes or a StateError, quickly (never another exception, a hang, a huge
+allocation, or code run). The states are real: a map-style loader over tensors, a CSV stream, and
+a stream and a map-style loader after an elastic resume (their states carry legs)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import TensorDataset
+
+import naiad
+from naiad.errors import StateError
+
+LoaderFactory = Callable[[], naiad.DataLoader]
+
+
+def _map_loader(world_size: int = 1) -> naiad.DataLoader:
+    ds = TensorDataset(torch.arange(100))
+    return naiad.DataLoader(ds, batch_size=7, shuffle=True, seed=3, rank=0, world_size=world_size)
+
+
+def _stream_loader(path: Path, world_size: int = 1) -> naiad.DataLoader:
+    return naiad.DataLoader(naiad.read_csv(str(path)), batch_size=8, shuffle=True, seed=5, shuffle_buffer=20,
+                            rank=0, world_size=world_size)
+
+
+def _state_after(loader: naiad.DataLoader, batches: int) -> dict[str, Any]:
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    return state
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[LoaderFactory, dict[str, Any]]]:
+    path = tmp_path_factory.mktemp("hostile") / "rows.csv"
+    path.write_text("id,x\n" + "".join(f"{i},{i * 0.25}\n" for i in range(150)))
+    out: dict[str, tuple[LoaderFactory, dict[str, Any]]] = {
+        "map": (_map_loader, _state_after(_map_loader(), 4)),
+        "csv": (lambda: _stream_loader(path), _state_after(_stream_loader(path), 3)),
+    }
+    # After an elastic resume (2 ranks -> 1), the state holds the finished leg.
+    for name, make in (("map-elastic", _map_loader), ("csv-elastic", lambda world_size=1: _stream_loader(path, world_size))):
+        resumed = make()
+        resumed.load_state_dict(_state_after(make(world_size=2), 2))  # type: ignore[call-arg]
+        state = _state_after(resumed, 2)
+        assert state["pipeline"]["legs"], name
+        out[name] = (make, state)
+    return out
+
+
+# What a JSON checkpoint can hold (json.loads gives NaN and Infinity as floats, and ints up to
+# 4,300 digits), weighted towards the values that break arithmetic, loops and allocations.
+EDGE_INTS = [-1, 0, 1, 2**31, 2**63 - 1, 2**63, -(2**63), 2**64, 10**18, 10**30, 10**4000]
+scalars = st.one_of(
+    st.sampled_from(EDGE_INTS), st.integers(), st.booleans(), st.none(),
+    st.sampled_from([math.nan, math.inf, -math.inf, 1e308, -0.0, 0.5]), st.floats(),
+    st.text(max_size=20), st.just("x" * 1_000_000),
+)
+json_values = st.recursive(
+    scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=12,
+)
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _long_legs(state: dict[str, Any]) -> list[Any]:
+    """A `legs` list of a million copies of the state's own leg (each valid on its own)."""
+    part = state["pipeline"]
+    keys = ("world_size", "batch_size", "drop_last", "buffer_rows")
+    return [{**{k: part[k] for k in keys}, "batches": 1}] * 1_000_000
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in ``value`` a mutation can hit: dict keys and list items, nested."""
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _mutate(state: dict[str, Any], path: tuple[Any, ...], how: str, value: Any) -> Any:
+    if not path:
+        return value if how == "set" else state
+    copy = json.loads(json.dumps(state))
+    parent = copy
+    for key in path[:-1]:
+        parent = parent[key]
+    last = path[-1]
+    if how == "delete":
+        del parent[last]
+    elif how == "set":
+        parent[last] = value
+    elif how == "add" and isinstance(parent[last], dict):
+        parent[last]["extra"] = value
+    elif how == "add" and isinstance(parent[last], list):
+        parent[last].append(value)
+    else:
+        parent[last] = value
+    return copy
+
+
+def _check(make: LoaderFactory, state: Any) -> None:
+    """Loading ``state`` either fails with StateError or gives a loader that runs its first batches."""
+    loader = make()
+    try:
+        loader.load_state_dict(state)
+    except StateError:
+        return
+    it = iter(loader)
+    for _ in range(3):
+        if next(it, None) is None:
+            break
+    json.dumps(loader.state_dict())  # and its state is still JSON
+    del it
+
+
+CASES = ["map", "csv", "map-elastic", "csv-elastic"]
+
+
+@pytest.mark.timeout(600)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(case=st.sampled_from(CASES), data=st.data(), how=st.sampled_from(["set", "set", "delete", "add"]),
+       value=json_values)
+def test_a_mutated_state_resumes_or_is_a_state_error(cases: dict[str, tuple[LoaderFactory, dict[str, Any]]], case: str,
+                                                     data: st.DataObject, how: str, value: Any) -> None:
+    make, state = cases[case]
+    path = data.draw(st.sampled_from(_paths(state)), label="path")
+    _check(make, _mutate(state, path, how, value))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", CASES)
+def test_hostile_shapes_are_state_errors(cases: dict[str, tuple[LoaderFactory, dict[str, Any]]], case: str) -> None:
+    make, state = cases[case]
+    must_fail, may_pass = hostile_states(state)
+    for bad in must_fail:
+        with pytest.raises(StateError):
+            make().load_state_dict(bad)  # type: ignore[arg-type]
+    for bad in may_pass:
+        _check(make, bad)
+
+
+def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """Hand-made hostile variants of ``state``: those that must be refused, and those that may
+    load (unknown keys are ignored, a far epoch is an epoch) but must not fail otherwise."""
+    part = state["pipeline"]
+    legs_key = ("pipeline", "legs")
+    must_fail = [
+        _mutate(state, legs_key, "set", _long_legs(state)),  # LONG
+        _mutate(state, ("batches_yielded",), "set", -1),
+        _mutate(state, ("base_seed",), "set", 10**30),
+        _mutate(state, ("pipeline", "world_size"), "set", 10**18),
+        _mutate(state, ("pipeline", "batch_size"), "set", 0),
+        _mutate(state, ("pipeline", "batch_size"), "set", -3),
+        _mutate(state, ("pipeline", "world_size"), "set", math.inf),
+        _mutate(state, ("pipeline", "drop_last"), "set", "no"),
+        [state],
+        "x" * 10_000_000,
+    ]
+    if part["legs"]:
+        must_fail += [
+            _mutate(state, ("pipeline", "legs", 0, "world_size"), "set", 10**12),
+            _mutate(state, ("pipeline", "legs", 0, "batches"), "set", math.inf),
+            _mutate(state, ("pipeline", "legs", 0, "batches"), "set", math.nan),
+            _mutate(state, ("pipeline", "legs", 0, "batch_size"), "set", "7"),
+            _mutate(state, ("pipeline", "legs", 0, "batches"), "set", 1.5),
+            _mutate(state, ("pipeline", "legs", 0, "drop_last"), "set", "no"),
+            _mutate(state, ("pipeline", "legs", 0), "set", {"world_size": 1}),
+        ]
+    if "batches_yielded" in part:  # a stream's own count
+        must_fail.append(_mutate(state, ("pipeline", "batches_yielded"), "set", 10**18))
+    if "buffer_rows" in part:
+        must_fail.append(_mutate(state, ("pipeline", "buffer_rows"), "set", -1))
+    may_pass = [
+        _mutate(state, ("epoch",), "set", 10**18),
+        _mutate(state, ("batches_yielded",), "set", 10**18),
+        _mutate(state, ("pipeline", "buffer_rows"), "set", 10**18),
+        _mutate(state, ("pipeline", "batch_size"), "set", 10**18),
+        _mutate(state, ("extra",), "set", _deep(900)),
+        _mutate(state, ("pipeline", "extra"), "set", _deep(900)),
+    ]
+    if "bad_row_ledger" in part:
+        must_fail.append(_mutate(state, ("pipeline", "bad_row_ledger", "counts"), "set", [["f.csv", "r", math.inf]]))
+        may_pass += [
+            _mutate(state, ("pipeline", "bad_row_ledger", "counts"), "set", [["f.csv", "r", 10**18]] * 100_000),
+            _mutate(state, ("pipeline", "bad_row_ledger", "entries"), "set", [{"file": "f.csv", "line": 1}] * 1_000_000),
+        ]
+    return must_fail, may_pass
