@@ -118,7 +118,8 @@ def _loader(kind: str, workers: int, shuffle: bool, csv_path: Path, flags: Path,
     workers=st.integers(1, 3),
     shuffle=st.booleans(),
     gaps=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 2)), min_size=1, max_size=3),
-    self_kill=st.lists(st.integers(0, N - 1), max_size=2, unique=True),
+    # One index: two in one batch would end that batch's worker twice (tested on its own below).
+    self_kill=st.lists(st.integers(0, N - 1), max_size=1),
 )
 def test_killed_workers_are_replaced_and_the_epoch_is_the_uninterrupted_one(
     kind: str, workers: int, shuffle: bool, gaps: list[tuple[int, int]], self_kill: list[int],

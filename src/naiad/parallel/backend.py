@@ -302,6 +302,8 @@ class ProcessBackend:
             proc.join(timeout=POLL_S)
             self.dead.add(w)
             stopped = w in self.stopping and proc.exitcode == 0
+            if not stopped and proc.pid is not None:
+                remove_shm_of(proc.pid)
             out.append((w, "retired" if stopped else "died", -1, proc.exitcode, {}))
         return out
 
@@ -479,6 +481,21 @@ class ThreadBackend:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def remove_shm_of(pid: int, root: str = "/dev/shm") -> None:
+    """Unlink the shared-memory files a dead worker left: torch names the segment of a tensor
+    it shares ``torch_<pid>_...`` and unlinks it once the file descriptor has crossed, so a
+    worker killed between the two leaves one behind."""
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(f"torch_{pid}_")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            os.unlink(os.path.join(root, name))
+        except OSError:
+            pass
 
 
 _LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
