@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -57,3 +59,14 @@ def shm_entries() -> set[str]:
         return set(os.listdir("/dev/shm"))
     except FileNotFoundError:
         return set()
+
+
+def settle_workers(before_pids: set[int], before_shm: set[str], timeout_s: float = 10.0) -> None:
+    """Wait for the workers started since ``before_pids`` to go (garbage-collecting what holds
+    them), then assert that none and no shared memory outside ``before_shm`` is left."""
+    gc.collect()
+    deadline = time.monotonic() + timeout_s
+    while child_pids() - before_pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (child_pids() - before_pids), f"workers left behind: {child_pids() - before_pids}"
+    assert shm_entries() <= before_shm, f"shared memory left behind: {shm_entries() - before_shm}"

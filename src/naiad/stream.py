@@ -29,7 +29,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -53,7 +53,7 @@ from naiad.plan import (
     tasks_for,
 )
 from naiad.shuffle import BufferReplay, ShuffleBuffer, as_array
-from naiad.sources.base import Source, numpy_dtype
+from naiad.sources.base import Source, concat_columns, numpy_dtype
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER_ROWS",
@@ -229,8 +229,19 @@ def _read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> t
 # -- the calling side ------------------------------------------------------------------------
 
 
-_SEQUENCES: weakref.WeakKeyDictionary[Source, dict[tuple[Any, ...], Segments]] = weakref.WeakKeyDictionary()
-_PLANS: weakref.WeakKeyDictionary[Source, dict[tuple[Any, ...], RankPlan]] = weakref.WeakKeyDictionary()
+_PER_SOURCE: weakref.WeakKeyDictionary[Source, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
+T = TypeVar("T")
+
+
+def _per_source(source: Source, key: tuple[Any, ...], make: Callable[[], T]) -> T:
+    """``make()``, remembered for ``source`` under ``key`` (a pure function of both: the last
+    few results per source, gone with the source)."""
+    memo = _PER_SOURCE.setdefault(source, {})
+    if key not in memo:
+        memo[key] = make()
+        if len(memo) > 8:
+            memo.pop(next(iter(memo)))
+    return cast(T, memo[key])
 
 
 def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[Leg] = ()) -> RankPlan:
@@ -242,19 +253,13 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
         # A plan is a pure function of these: made once per source (a load_state_dict checks the
         # saved one, the pass after it runs it, len() counts its batches).
         buffer = current_leg(options).buffer_rows
-        key = (options.seed, epoch, options.shuffle, rank, world_size, options.batch_size, options.drop_last,
-               buffer, len(source.blocks()))
-        plans = _PLANS.setdefault(source, {})
-        plan = plans.get(key)
-        if plan is None:
-            plan = plans[key] = make_plan(
-                source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,
-                world_size=world_size, batch_size=options.batch_size, drop_last=options.drop_last,
-                group_rows=group_rows(buffer),
-            )
-            if len(plans) > 4:
-                plans.pop(next(iter(plans)))
-        return plan
+        key = ("plan", options.seed, epoch, options.shuffle, rank, world_size, options.batch_size,
+               options.drop_last, buffer, len(source.blocks()))
+        return _per_source(source, key, lambda: make_plan(
+            source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,
+            world_size=world_size, batch_size=options.batch_size, drop_last=options.drop_last,
+            group_rows=group_rows(buffer),
+        ))
     blocks = source.blocks()
     order = block_permutation(len(blocks), seed=options.seed, epoch=epoch, shuffle=options.shuffle)
     ordered = [blocks[int(i)] for i in order]
@@ -275,13 +280,8 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
 
     # The positions the legs left are the same for every new rank: worked out once per source
     # (a job's ranks, a load_state_dict and the pass after it all ask).
-    legs_key = (options.seed, epoch, options.shuffle, tuple(legs), len(blocks), total)
-    cached = _SEQUENCES.setdefault(source, {})
-    sequence = cached.get(legs_key)
-    if sequence is None:
-        sequence = cached[legs_key] = epoch_sequence(total, legs, leftovers_for)
-        if len(cached) > 8:
-            cached.pop(next(iter(cached)))
+    legs_key = ("legs", options.seed, epoch, options.shuffle, tuple(legs), len(blocks), total)
+    sequence = _per_source(source, legs_key, lambda: epoch_sequence(total, legs, leftovers_for))
     leg = current_leg(options)
     share, sizes = rank_share(sequence, leg, rank)
     return RankPlan(group_tasks(tasks_for(ordered, share), group_rows(leg.buffer_rows)), len(share), sizes, total)
@@ -515,7 +515,8 @@ class BatchStream(Iterator[Batch]):
                     restored.append(arrays)
                     if i + 1 < len(restoring):
                         continue
-                    restore.put(concat_arrays(restored))
+                    # Array columns joined stay arrays (concat_columns keeps lists only for lists).
+                    restore.put(restored[0] if len(restored) == 1 else cast(dict[str, np.ndarray], concat_columns(restored)))
                     batcher.add(restore.finish(buffer))
                     yield from self._emit(batcher.ready())
                     continue
@@ -561,13 +562,6 @@ def split_reads(reads: Sequence[ReadTask], max_rows: int) -> list[list[ReadTask]
         out[-1].append(r)
         rows += r.rows
     return out
-
-
-def concat_arrays(pieces: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Chunks of the same columns, one after another."""
-    if len(pieces) == 1:
-        return dict(pieces[0])
-    return {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
 
 
 def to_torch(arrays: Mapping[str, np.ndarray]) -> Batch:

@@ -7,7 +7,6 @@ comes after them, ``get_worker_info()``, random draws, warnings and error messag
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import pickle
@@ -27,18 +26,9 @@ from torch.utils.data import Dataset, IterableDataset
 import naiad
 from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 from naiad.parallel import WorkerContext, WorkerPool, get_worker_context, worker_rng
-from tests.helpers import assert_same_batches, child_pids, shm_entries
+from tests.helpers import assert_same_batches, child_pids, settle_workers, shm_entries
 
 LOADERS = [TorchDataLoader, naiad.DataLoader]
-
-
-def _settle(before_pids: set[int], before_shm: set[str], timeout_s: float = 10.0) -> None:
-    gc.collect()
-    deadline = time.monotonic() + timeout_s
-    while child_pids() - before_pids and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not (child_pids() - before_pids), f"workers left behind: {child_pids() - before_pids}"
-    assert shm_entries() <= before_shm, f"shared memory left behind: {shm_entries() - before_shm}"
 
 
 def _outcomes(it: Iterator[Any], catch: type[BaseException] = ValueError) -> list[Any]:
@@ -138,7 +128,7 @@ def test_a_failed_batch_is_skipped_and_the_epoch_goes_on_as_in_torch(workers: in
     for mode in ("process", "thread") if workers else ("process",):
         loader = naiad.DataLoader(ds, batch_size=2, num_workers=workers, collate_fn=collate, worker_mode=mode)
         assert _outcomes(iter(loader)) == expected, mode
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 @pytest.mark.timeout(120)
@@ -203,7 +193,7 @@ def test_a_dead_worker_ends_the_pass() -> None:
     with pytest.raises(StopIteration):
         next(it)
     del it
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_keyboard_interrupt_ends_the_pass() -> None:
@@ -559,7 +549,7 @@ def test_a_worker_that_dies_while_starting_says_so() -> None:
     assert isinstance(info.value, WorkerError) and "while starting" in str(info.value)
     assert "unpickle" in str(info.value)
     del info
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ Complements tests/integration/test_loader_workers.py (SIGKILL, Ctrl-C, timeouts,
 from __future__ import annotations
 
 import faulthandler
-import gc
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 import naiad
 from naiad.parallel import WorkerContext, WorkerPool
-from tests.helpers import assert_same_batches, child_pids, shm_entries
+from tests.helpers import assert_same_batches, child_pids, settle_workers, shm_entries
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,15 +47,6 @@ class Crashing(Dataset):
         return np.full(4, i, np.float32)
 
 
-def _settle(before_pids: set[int], before_shm: set[str], timeout_s: float = 10.0) -> None:
-    gc.collect()
-    deadline = time.monotonic() + timeout_s
-    while child_pids() - before_pids and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not (child_pids() - before_pids), f"workers left behind: {child_pids() - before_pids}"
-    assert shm_entries() <= before_shm, f"shared memory left behind: {shm_entries() - before_shm}"
-
-
 @pytest.mark.parametrize(
     ("how", "exitcode", "words"),
     [("exit", 3, "exited with code 3"), ("segv", -signal.SIGSEGV, "killed by signal SIGSEGV")],
@@ -72,7 +62,7 @@ def test_worker_crash_raises_worker_error_naming_worker_code_and_batch(how: str,
     # Row 21 is in batch 5, which went to worker 1 (batches alternate between the two).
     assert err.worker_id == 1 and err.exitcode == exitcode
     assert words in str(err) and "batch 5" in str(err) and "21" in str(err)
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_thread_worker_error_keeps_type_and_names_worker_and_index() -> None:
@@ -95,7 +85,7 @@ def test_out_of_order_error_is_raised_and_names_the_index(mode: str) -> None:
     # The pass goes on after a batch's exception (as torch's); the traceback holds its
     # iterator, so the workers stop once the exception is let go.
     del info
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_out_of_order_crash_is_a_worker_error() -> None:
@@ -103,7 +93,7 @@ def test_out_of_order_crash_is_a_worker_error() -> None:
     loader = naiad.DataLoader(Crashing(64, at=21, how="exit"), batch_size=4, num_workers=2, in_order=False)
     with pytest.raises(naiad.WorkerError, match="exited with code 3"):
         list(loader)
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_persistent_workers_after_a_break_give_a_full_correct_next_epoch() -> None:
@@ -164,7 +154,7 @@ def test_killed_worker_with_shared_memory_batches_leaves_no_segment() -> None:
             assert float(batch["x"][0]) == k and float(batch["t"][-1]) == k
     pool.close()
     del pool, batch
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_worker_local_factory_error_is_a_start_up_error() -> None:

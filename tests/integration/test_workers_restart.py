@@ -5,7 +5,6 @@ and a spent budget are WorkerErrors; nothing is left behind.
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import time
@@ -22,7 +21,7 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset, get_worker
 import naiad
 from naiad.parallel import WorkerContext, WorkerPool
 from naiad.parallel.restart import RestartBudget
-from tests.helpers import assert_same_batches, child_pids, shm_entries
+from tests.helpers import assert_same_batches, child_pids, settle_workers, shm_entries
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,15 +79,6 @@ def _flag(flags: Path, *indices: int) -> None:
     flags.mkdir(exist_ok=True)
     for i in indices:
         (flags / str(i)).touch()
-
-
-def _settle(before_pids: set[int], before_shm: set[str], timeout_s: float = 10.0) -> None:
-    gc.collect()
-    deadline = time.monotonic() + timeout_s
-    while child_pids() - before_pids and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not (child_pids() - before_pids), f"workers left behind: {child_pids() - before_pids}"
-    assert shm_entries() <= before_shm, f"shared memory left behind: {shm_entries() - before_shm}"
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +147,7 @@ def test_killed_workers_are_replaced_and_the_epoch_is_the_uninterrupted_one(
     assert info["restarts"] == len(info["restart_log"]) <= len(at) + len(self_kill)
     assert all(e["exitcode"] == -signal.SIGKILL for e in info["restart_log"])
     del it, loader
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 @pytest.mark.parametrize(("how", "code"), [("exit", 3), ("segv", -signal.SIGSEGV), ("kill", -signal.SIGKILL)])
@@ -181,7 +171,7 @@ def test_restarts_are_counted_with_exit_code_and_task(how: str, code: int, in_or
     assert sorted(("21" in e["task"], "70" in e["task"]) for e in log) == [(False, True), (True, False)]
     assert all(e["task"].startswith("while loading batch") and e["epoch"] == 0 for e in log)
     assert f"workers restarted: 2 (exit codes {code}, {code})" in str(loader.stats())
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_a_task_that_kills_its_worker_every_time_is_named(tmp_path: Path) -> None:
@@ -196,7 +186,7 @@ def test_a_task_that_kills_its_worker_every_time_is_named(tmp_path: Path) -> Non
     assert "batch 9" in str(err) and "37" in str(err) and "2 deaths" in str(err)
     assert err.exitcode == -signal.SIGKILL and "batch 9" in err.task
     assert loader.stats().workers["restarts"] == 1
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_a_spent_budget_is_a_worker_error(tmp_path: Path) -> None:
@@ -207,7 +197,7 @@ def test_a_spent_budget_is_a_worker_error(tmp_path: Path) -> None:
         list(loader)
     assert "batch 20" in str(info.value) and "80" in str(info.value)  # the third death
     assert loader.stats().workers["restarts"] == 2
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_without_restarts_a_death_is_a_worker_error_as_before(tmp_path: Path) -> None:
@@ -226,7 +216,7 @@ def test_iterable_dataset_worker_walks_its_iterator_again(tmp_path: Path) -> Non
     loader = naiad.DataLoader(ds, batch_size=4, num_workers=3, seed=2, max_worker_restarts=3)
     assert_same_batches(expected, list(loader))
     assert loader.stats().workers["restarts"] == 3
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_persistent_worker_killed_between_epochs_is_replaced(tmp_path: Path) -> None:
@@ -242,7 +232,7 @@ def test_persistent_worker_killed_between_epochs_is_replaced(tmp_path: Path) -> 
     assert_same_batches(list(reference), list(loader))
     assert loader.stats().workers["restart_log"][0]["task"] == "while idle"
     loader.close()
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def slow_square(context: WorkerContext) -> Any:
@@ -269,7 +259,7 @@ def test_resized_pool_replaces_a_killed_worker_and_keeps_every_result() -> None:
     pool.close()
     assert got == [x * x for x in range(200)]
     assert budget.count == 2 and [e["exitcode"] for e in budget.log] == [-signal.SIGKILL] * 2
-    _settle(before, set())
+    settle_workers(before, set())
 
 
 def test_batches_in_shared_memory_survive_a_killed_worker() -> None:
@@ -288,7 +278,7 @@ def test_batches_in_shared_memory_survive_a_killed_worker() -> None:
     assert got == list(range(12))
     assert loader.stats().workers["restarts"] == 2
     del it, loader, x
-    _settle(before, shm)
+    settle_workers(before, shm)
 
 
 def test_max_worker_restarts_must_be_a_count() -> None:

@@ -383,14 +383,7 @@ class Source(ABC):
             self._read(block, lo, hi, use_threads) if take is None else self.read_rows(block, lo + take, use_threads=use_threads)
             for block, lo, hi, take in parts
         ]
-        if len(datas) == 1:
-            return datas[0]
-        bad: list[dict[str, Any]] = []
-        offset = 0
-        for (_, lo, hi, take), d in zip(parts, datas):
-            bad += [{**e, "at": e["at"] + offset} for e in d.bad]  # positions within the group
-            offset += hi - lo if take is None else len(take)
-        return BlockData(concat_columns([d.columns for d in datas]), tuple(bad))
+        return join_data(datas, [hi - lo if take is None else len(take) for _, lo, hi, take in parts])
 
     def read_rows(self, block: Block, rows: np.ndarray, *, use_threads: bool = False) -> BlockData:
         """Read only the rows ``rows`` of ``block`` (ascending row numbers within the block).
@@ -425,13 +418,7 @@ class Source(ABC):
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
         """The parts' rows: by default each part's span, read whole, then taken."""
         datas = [self._read_span_take(block, rows, use_threads) for block, rows in parts]
-        if len(datas) == 1:
-            return datas[0]
-        bad, offset = [], 0
-        for (_, rows), d in zip(parts, datas):
-            bad += [{**e, "at": e["at"] + offset} for e in d.bad]
-            offset += len(rows)
-        return BlockData(concat_columns([d.columns for d in datas]), tuple(bad))
+        return join_data(datas, [len(rows) for _, rows in parts])
 
     def _read_span_take(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:
         lo, hi = int(rows[0]), int(rows[-1]) + 1
@@ -465,7 +452,7 @@ class Source(ABC):
         return state
 
 
-def concat_columns(pieces: Sequence[Columns]) -> Columns:
+def concat_columns(pieces: Sequence[Mapping[str, np.ndarray | list]]) -> Columns:
     """Chunks of the same columns, one after another."""
     out: Columns = {}
     for name in pieces[0]:
@@ -475,6 +462,19 @@ def concat_columns(pieces: Sequence[Columns]) -> Columns:
         else:
             out[name] = [v for c in cols for v in c]
     return out
+
+
+def join_data(datas: Sequence[BlockData], positions: Sequence[int]) -> BlockData:
+    """Reads one after another as one: their columns joined, each skipped row's ``at`` counted
+    from the start of the whole (``positions``: how many rows each read was asked for)."""
+    if len(datas) == 1:
+        return datas[0]
+    bad: list[dict[str, Any]] = []
+    offset = 0
+    for d, n in zip(datas, positions):
+        bad += [{**e, "at": e["at"] + offset} for e in d.bad]
+        offset += n
+    return BlockData(concat_columns([d.columns for d in datas]), tuple(bad))
 
 
 def take_positions(data: BlockData, span: int, rel: np.ndarray) -> BlockData:

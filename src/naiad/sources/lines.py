@@ -310,12 +310,7 @@ def parse_selected_lines(
     which that path names with its exact line."""
     if len(parts) == 1 and len(parts[0][1]) * 2 > int(parts[0][1][-1] - parts[0][1][0]) + 1:
         return None
-    buf = read_selected_lines(parts, compression, keep_blank)
-    try:
-        data = parse(buf, sum(len(rows) for _, rows in parts))
-    except SourceError:
-        return None
-    return None if data.bad_rows else data
+    return _parse_clean(parse, read_selected_lines(parts, compression, keep_blank), sum(len(rows) for _, rows in parts))
 
 
 def parse_group_lines(
@@ -337,8 +332,14 @@ def parse_group_lines(
         if piece and not piece.endswith(b"\n"):
             piece += b"\n"  # a file's last line: the next part's first line must not join it
         pieces.append(piece)
+    return _parse_clean(parse, b"".join(pieces), sum(hi - lo if take is None else len(take) for _, lo, hi, take in parts))
+
+
+def _parse_clean(parse: Callable[[bytes, int], BlockData], buf: bytes, rows: int) -> BlockData | None:
+    """``parse(buf, rows)`` when every line is good; None when a line is not (the caller then
+    reads part by part, which names the line's file and number exactly, or skips it)."""
     try:
-        data = parse(b"".join(pieces), sum(hi - lo if take is None else len(take) for _, lo, hi, take in parts))
+        data = parse(buf, rows)
     except SourceError:
         return None
     return None if data.bad_rows else data
