@@ -136,3 +136,83 @@ def test_resume_with_groups(tmp_path: Path, workers: int) -> None:
                                 shuffle_buffer=500, num_workers=workers)
 
     check_resume(make, epochs=2, positions=[0.0, 0.3, 0.61, 1.0])
+
+
+def write_parquets(tmp_path: Path, sizes: list[int], group_rows: int, null_at: int | None = None) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out, first = [], 0
+    for k, n in enumerate(sizes):
+        ids = pa.array(range(first, first + n), pa.int64(), mask=np.arange(first, first + n) == null_at)
+        table = pa.table({"id": ids, "x": pa.array(np.arange(first, first + n) * 0.5, pa.float32())})
+        path = str(tmp_path / f"p{k}.parquet")
+        pq.write_table(table, path, row_group_size=group_rows)
+        out.append(path)
+        first += n
+    return out
+
+
+def test_parquet_group_reads_row_groups_of_several_files_in_plan_order(tmp_path: Path) -> None:
+    source = naiad.read_parquet(write_parquets(tmp_path, [130, 75], group_rows=20))
+    blocks = source.blocks()
+    picked = [blocks[9], blocks[2], blocks[7], blocks[2], blocks[0]]  # two files, out of order, one twice
+    parts = [(b, 3 if i == 1 else 0, b.rows - (4 if i == 2 else 0), None) for i, b in enumerate(picked)]
+    group = source.read_group(parts)
+    one_by_one = [source.read_block(b, lo, hi) for b, lo, hi, _ in parts]
+    for name in ("id", "x"):
+        assert group.columns[name].tolist() == [v for d in one_by_one for v in d.columns[name].tolist()]
+
+
+def test_parquet_group_with_a_missing_integer_names_the_row(tmp_path: Path) -> None:
+    paths = write_parquets(tmp_path, [100], group_rows=10, null_at=57)
+    loader = naiad.DataLoader(naiad.read_parquet(paths), batch_size=8, shuffle=True, seed=1, shuffle_buffer=200)
+    with pytest.raises(naiad.SourceError, match=r"row 57"):
+        list(loader)
+    skipping = naiad.DataLoader(naiad.read_parquet(paths, on_bad_rows="skip"), batch_size=8, shuffle=True, seed=1,
+                                shuffle_buffer=200)
+    assert sorted(ids_of(skipping).tolist()) == [i for i in range(100) if i != 57]
+
+
+def write_arrow(tmp_path: Path, batch_rows: list[int], name: str = "a.arrow") -> str:
+    import pyarrow as pa
+
+    path, first = str(tmp_path / name), 0
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+    with pa.ipc.new_file(path, schema) as writer:
+        for n in batch_rows:
+            ids = np.arange(first, first + n)
+            writer.write_batch(pa.record_batch([pa.array(ids), pa.array([f"r{i}" for i in ids])], schema=schema))
+            first += n
+    return path
+
+
+def test_big_record_batches_become_slices_read_without_copying_the_rest(tmp_path: Path) -> None:
+    path = write_arrow(tmp_path, [5000, 300, 2500])
+    source = naiad.read_arrow(path, block_rows=1000)
+    blocks = source.blocks()
+    assert [b.rows for b in blocks] == [1000] * 5 + [300] + [833, 833, 834]
+    assert [b.first_line for b in blocks][:7] == [0, 1000, 2000, 3000, 4000, 5000, 5300]
+    for b in (blocks[3], blocks[6], blocks[8]):
+        got = source.read_block(b, 10, 20).columns
+        assert got["id"].tolist() == list(range(b.first_line + 10, b.first_line + 20))
+        assert got["s"] == [f"r{i}" for i in range(b.first_line + 10, b.first_line + 20)]
+    parts = [(blocks[7], 0, blocks[7].rows, None), (blocks[1], 5, 900, None), (blocks[5], 0, 300, np.array([3, 7]))]
+    group = source.read_group(parts)
+    assert group.columns["id"].tolist() == (list(range(6133, 6966)) + list(range(1005, 1900)) + [5003, 5007])
+    assert naiad.read_arrow(path).blocks() == naiad.read_arrow(path, block_rows=None).blocks()
+    with pytest.raises(naiad.ConfigError, match="block_rows"):
+        naiad.read_arrow(path, block_rows=0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_arrow_slices_shuffle_every_row_once_and_resume(tmp_path: Path, workers: int) -> None:
+    path = write_arrow(tmp_path, [3000, 1, 1700])
+
+    def make() -> naiad.DataLoader:
+        return naiad.DataLoader(naiad.read_arrow(path, block_rows=128), batch_size=50, shuffle=True, seed=3,
+                                shuffle_buffer=600, num_workers=workers)
+
+    assert sorted(ids_of(make()).tolist()) == list(range(4701))
+    check_resume(make, epochs=2, positions=[0.0, 0.45, 1.0])

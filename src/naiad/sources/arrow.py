@@ -1,18 +1,20 @@
-"""Arrow IPC files (Feather v2): one block per record batch, memory-mapped."""
+"""Arrow IPC files (Feather v2): blocks are record batches, or slices of big ones, memory-mapped."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
-from naiad.errors import SourceError
+from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
 from naiad.sources.base import (
     Block,
     BlockData,
     DTypes,
+    GroupPart,
     OnBadRows,
     PathLike,
     ReaderCache,
@@ -22,6 +24,7 @@ from naiad.sources.base import (
     check_columns_present,
     check_no_nulls,
     indexed_blocks,
+    null_rows,
     resolve_dtypes,
     select_columns,
     table_to_columns,
@@ -38,6 +41,7 @@ def read_arrow(
     dtypes: DTypes = None,
     on_bad_rows: OnBadRows = "raise",
     max_bad_rows: int | float | None = None,
+    block_rows: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
 ) -> ArrowSource:
@@ -54,6 +58,10 @@ def read_arrow(
         max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
             a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
             summarises the skipped rows (docs/STREAMING.md, "Bad input").
+        block_rows: the most rows of a block: a bigger record batch is read as slices of it,
+            each a block of the shuffle (None: about 1/4096 of each file's rows, between 1,024
+            and 65,536, for local files; remote files keep whole batches, which are what one
+            range read fetches). NOTE [ Record batch slices ].
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
@@ -61,7 +69,8 @@ def read_arrow(
     Example:
         >>> ds = naiad.read_arrow("train.arrow")  # doctest: +SKIP
     """
-    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows,
+                       block_rows=block_rows, storage_options=storage_options, retry=retry)
 
 
 def _open(path: str) -> pa.ipc.RecordBatchFileReader:
@@ -96,10 +105,18 @@ class ArrowSource(Source):
         dtypes: DTypes = None,
         on_bad_rows: OnBadRows = "raise",
         max_bad_rows: int | float | None = None,
+        block_rows: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+        if block_rows is not None and (isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1):
+            raise ConfigError(f"`block_rows` must be an int >= 1 or None, got {block_rows!r}.")
+        self.block_rows = block_rows
+        # Per file, the first row of each record batch: a block's offset in its batch is its
+        # first row less its batch's.
+        self._batch_first_row: dict[str, list[int]] = {}
+        self._batches: dict[tuple[str, int], pa.RecordBatch] = {}
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
         self.schema()  # the schema is metadata: check columns and dtypes now
@@ -114,26 +131,94 @@ class ArrowSource(Source):
         if storage.is_remote(path):
             # Fetching each batch to count its rows would download the file: read the counts
             # from the footer and each batch's metadata instead.
-            return indexed_blocks(path, ipc_batch_rows(path))
-        # Memory-mapped: reading a batch's header touches no column data.
-        counts = []
-        for i in range(reader.num_record_batches):
+            counts = ipc_batch_rows(path)
+            step = self.block_rows
+        else:
+            # Memory-mapped: reading a batch's header touches no column data.
+            counts = []
+            for i in range(reader.num_record_batches):
+                try:
+                    counts.append(reader.get_batch(i).num_rows)
+                except (OSError, pa.ArrowException) as exc:
+                    raise SourceError(f"cannot read record batch {i} ({exc}); is the file truncated?", path=path) from None
+            step = self.block_rows or min(1 << 16, max(1 << 10, sum(counts) // 4096))
+        self._batch_first_row[path] = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        return sliced_blocks(indexed_blocks(path, counts), step)
+
+    def _batch(self, block: Block) -> pa.RecordBatch:
+        """``block``'s record batch, checked, with the schema's columns (kept per local file:
+        a memory-mapped batch costs no memory, and a batch of many slices is checked once)."""
+        key = (block.path, block.start)
+        batch = self._batches.get(key)
+        if batch is None:
             try:
-                counts.append(reader.get_batch(i).num_rows)
+                batch = open_ipc(block.path).get_batch(block.start)
+                # A damaged file can hold offsets that point outside the memory map: reading
+                # them would crash the process (SIGBUS, SIGSEGV), so every batch is checked first.
+                batch.validate(full=True)
             except (OSError, pa.ArrowException) as exc:
-                raise SourceError(f"cannot read record batch {i} ({exc}); is the file truncated?", path=path) from None
-        return indexed_blocks(path, counts)
+                raise SourceError(f"cannot read record batch {block.start} ({exc}); is the file truncated?", path=block.path) from None
+            batch = batch.select(self.schema().names)
+            if not storage.is_remote(block.path):
+                self._batches[key] = batch
+        return batch
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_batches"] = {}  # views of this process's memory maps
+        return state
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         schema = self.schema()
-        try:
-            batch = open_ipc(block.path).get_batch(block.start)
-            # A damaged file can hold offsets that point outside the memory map: reading them
-            # would crash the process (SIGBUS, SIGSEGV), so every batch is checked first.
-            batch.validate(full=True)
-        except (OSError, pa.ArrowException) as exc:
-            raise SourceError(f"cannot read record batch {block.start} ({exc}); is the file truncated?", path=block.path) from None
-        table = pa.Table.from_batches([batch.slice(lo, hi - lo)]).select(schema.names)
-        table = cast_to_schema(table, schema, f"record batch {block.start}", block.path)
+        piece = self._batch(block).slice(self._offset(block) + lo, hi - lo)
+        table = cast_to_schema(pa.Table.from_batches([piece]), schema, f"record batch {block.start}", block.path)
         table, bad = check_no_nulls(table, block, lo, self.on_bad_rows)
         return BlockData(table_to_columns(table), bad)
+
+    def _offset(self, block: Block) -> int:
+        """Where ``block`` starts in its record batch (0 unless the batch is sliced)."""
+        if block.path not in self._batch_first_row:
+            self.blocks()
+        return block.first_line - self._batch_first_row[block.path][block.start]
+
+    def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
+        """A read group as one table: each part a zero-copy slice of its (memory-mapped) batch,
+        checked, cast and converted once for the group instead of once per part. Anything unusual
+        (a row pick, a damaged batch, a failed cast, a missing value) takes the one-by-one path,
+        which names the batch and row."""
+        if len(parts) < 2 or any(take is not None for *_, take in parts):
+            return super()._read_group(parts, use_threads)
+        schema = self.schema()
+        try:
+            pieces = [self._batch(block).slice(self._offset(block) + lo, hi - lo) for block, lo, hi, _ in parts]
+            table = cast_to_schema(pa.Table.from_batches(pieces), schema, "record batches", parts[0][0].path)
+        except SourceError:
+            return super()._read_group(parts, use_threads)
+        if null_rows(table).size:
+            return super()._read_group(parts, use_threads)
+        return BlockData(table_to_columns(table), ())
+
+
+def sliced_blocks(blocks: list[Block], step: int | None) -> list[Block]:
+    """Record batches of more than ``step`` rows cut into near-equal slices of at most ``step``.
+
+    NOTE [ Record batch slices ]
+    A block shuffle mixes no better than its blocks are many: writers put 64 Ki to 1 Mi rows in
+    a record batch, so a file has tens of batches, and the correlation of a row's place in the
+    epoch with its place in the file stays about ``1/sqrt(blocks)`` whatever the buffer. A
+    memory-mapped batch is sliced without copying or decoding, so a slice costs what a small
+    batch costs, and big batches become many blocks (the same 1/4096 of the file as ``.npy``
+    row ranges). A remote batch is one range read of its body, so remote files keep whole
+    batches unless ``block_rows`` asks otherwise.
+    """
+    if not step:
+        return blocks
+    out = []
+    for b in blocks:
+        pieces = -(-b.rows // step)
+        if pieces <= 1:
+            out.append(b)
+            continue
+        edges = np.linspace(0, b.rows, pieces + 1).astype(np.int64).tolist()
+        out += [Block(b.path, b.start, b.stop, hi - lo, b.first_line + lo) for lo, hi in zip(edges, edges[1:])]
+    return out

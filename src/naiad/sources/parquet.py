@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -14,6 +15,7 @@ from naiad.sources.base import (
     Block,
     BlockData,
     DTypes,
+    GroupPart,
     OnBadRows,
     PathLike,
     ReaderCache,
@@ -23,6 +25,7 @@ from naiad.sources.base import (
     check_columns_present,
     check_no_nulls,
     indexed_blocks,
+    null_rows,
     resolve_dtypes,
     select_columns,
     table_to_columns,
@@ -127,3 +130,40 @@ class ParquetSource(Source):
         table = cast_to_schema(table, schema, f"row group {block.start}", block.path)
         table, bad = check_no_nulls(table, block, lo, self.on_bad_rows)
         return BlockData(table_to_columns(table), bad)
+
+
+    def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
+        """A read group's row groups decoded by one ``read_row_groups`` call per file.
+
+        A call per row group costs about as much as decoding 4,000 rows of ten float columns, so
+        files in small row groups (what ``naiad convert`` writes for block shuffling) read at half
+        speed one group at a time. The slices are then put in the plan's order without copying.
+        Anything unusual (a row pick from a restore, a damaged group, a failed cast, a missing
+        value) takes the one-by-one path, which names the row group and row.
+        """
+        if len(parts) < 2 or any(take is not None for *_, take in parts):
+            return super()._read_group(parts, use_threads)
+        schema = self.schema()
+        by_file: dict[str, list[int]] = {}
+        for i, (block, *_) in enumerate(parts):
+            by_file.setdefault(block.path, []).append(i)
+        pieces: list[pa.Table | None] = [None] * len(parts)
+        try:
+            for path, members in by_file.items():
+                table = open_parquet(path).read_row_groups(
+                    [parts[i][0].start for i in members], columns=schema.names, use_threads=use_threads)
+                table.validate(full=True)
+                starts = np.cumsum([0] + [parts[i][0].rows for i in members])
+                for i, start in zip(members, starts.tolist()):
+                    _, lo, hi, _ = parts[i]
+                    pieces[i] = table.slice(start + lo, hi - lo)
+        except (OSError, pa.ArrowException):
+            return super()._read_group(parts, use_threads)
+        joined = pa.concat_tables([p for p in pieces if p is not None])
+        try:
+            joined = cast_to_schema(joined, schema, "row groups", parts[0][0].path)
+        except SourceError:
+            return super()._read_group(parts, use_threads)
+        if null_rows(joined).size:
+            return super()._read_group(parts, use_threads)
+        return BlockData(table_to_columns(joined), ())
