@@ -299,8 +299,9 @@ def buffer_keys(seed: int, epoch: int, rank: int, leg: int) -> tuple[int, ...]:
 
 
 def source_fingerprint(source: Source) -> dict[str, Any]:
-    """What identifies the data of a stream in a state: files, rows, columns and a digest of the
-    file names (not directories: a job may mount its data elsewhere), row counts and columns."""
+    """What identifies the data of a stream in a state: files, rows, columns, blocks (the plan
+    permutes them: another ``block_bytes`` is another plan) and a digest of the file names (not
+    directories: a job may mount its data elsewhere), row counts and columns."""
     rows_per_file: dict[str, int] = {}
     for b in source.blocks():
         rows_per_file[b.path] = rows_per_file.get(b.path, 0) + b.rows
@@ -310,7 +311,7 @@ def source_fingerprint(source: Source) -> dict[str, Any]:
     digest.update("\0".join(source.column_names).encode())
     return {
         "files": len(source.paths), "total_rows": sum(rows_per_file.values()),
-        "columns": len(source.column_names), "digest": digest.hexdigest()[:16],
+        "columns": len(source.column_names), "blocks": len(source.blocks()), "digest": digest.hexdigest()[:16],
     }
 
 
@@ -442,11 +443,13 @@ class BatchStream(Iterator[Batch]):
             raise StateError(f"stream state epoch: stored {state.get('epoch')!r}, current {self.epoch}.")
         current = {"seed": self.options.seed, "shuffle": self.options.shuffle, **source_fingerprint(self.source)}
         for key, value in current.items():
+            if key == "blocks" and key not in state:
+                continue  # saved before states named their block count
             if state.get(key) != value:
                 raise StateError(
                     f"stream state {key!r}: stored {state.get(key)!r}, current {value!r}; a mid-epoch "
-                    "resume needs the same files (rows, columns) and the same seed and shuffle; "
-                    "make the loader as it was, or resume at an epoch boundary."
+                    "resume needs the same files (rows, columns), blocks (`block_bytes`, `block_rows`) "
+                    "and the same seed and shuffle; make the loader as it was, or resume at an epoch boundary."
                 )
         legs = list(iter_legs(state.get("legs", [])))
         saved = Leg.from_dict(state, batches_key="batches_yielded")

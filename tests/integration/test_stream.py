@@ -310,3 +310,29 @@ def test_resume_after_skipped_rows_in_the_window_is_exact(tmp_path):
     rest = [b["a"].tolist() for b in iter_batches(src, opts, epoch=0, imap=pool.imap, state=state, counters=counters)]
     assert rest == whole[3:]
     assert counters.bad_rows == 10  # counted once each: before the state, or after it
+
+
+def test_resume_rejects_another_block_layout_and_accepts_a_state_without_one(tmp_path):
+    import naiad
+
+    path = write_numbered(str(tmp_path), "csv", [400])
+
+    def make(block_bytes: int) -> naiad.DataLoader:
+        return naiad.DataLoader(naiad.read_csv(path, block_bytes=block_bytes), batch_size=16, shuffle=True, seed=2,
+                                shuffle_buffer=64)
+
+    loader = make(300)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    other = make(500)
+    with pytest.raises(StateError, match=r"'blocks': stored \d+, current \d+.*block_bytes"):
+        other.load_state_dict(state)
+        next(iter(other))
+    # A state from before the block count was recorded still loads (the layout is assumed).
+    old = json.loads(json.dumps(state).replace('"blocks": ', '"blocks_": '))
+    same = make(300)
+    same.load_state_dict(old)
+    expected = [ids_of(b).tolist() for b in it]
+    assert [ids_of(b).tolist() for b in same] == expected
