@@ -10,10 +10,17 @@ position in the epoch with row number; batch span, the median over batches of
 ceiling) in the same run, the first epoch of a fresh process (it scans the file for row
 counts), and the time to the first batch of a new process without and with the block index.
 
+Contention (the defaults must hold up when the cores are shared): ``--step-ms 5`` runs a
+CPU-bound training step of about 5 ms after every batch (torch matmuls on all cores), as a CPU
+training loop does; ``--busy 2`` keeps two spinning processes running beside the whole
+measurement, as other jobs or preprocessing on the same machine do.
+
 The table: ten columns (an int64 row id and nine floats with four decimals, about 74 bytes a
 row as CSV). ``--sizes`` are CSV megabytes; every format gets the same rows.
 
     python bench/bench_defaults.py --sizes 10,150,1000 --formats csv,jsonl,parquet,arrow,npy
+    python bench/bench_defaults.py --sizes 150 --formats csv,parquet --step-ms 5
+    python bench/bench_defaults.py --sizes 150 --formats csv,parquet --busy 2
 """
 
 from __future__ import annotations
@@ -40,6 +47,34 @@ from harness import environment  # noqa: E402
 import naiad  # noqa: E402
 
 BYTES_PER_ROW = 74
+STEP: list[Any] = []  # the training step's operands and repeats, when --step-ms is given
+
+
+def calibrate_step(ms: float) -> None:
+    """Size a CPU-bound step (square float32 matmuls, torch's threads on every core) to ``ms``."""
+    import torch
+
+    a = torch.randn(384, 384)
+    for _ in range(5):
+        a @ a
+    t = time.perf_counter()
+    for _ in range(50):
+        a @ a
+    one = (time.perf_counter() - t) / 50
+    STEP[:] = [a, max(1, round(ms / 1000 / one))]
+    print(f"- training step: {STEP[1]} matmuls of 384x384 per batch, about {STEP[1] * one * 1000:.1f} ms")
+
+
+def train_step() -> None:
+    if STEP:
+        a, n = STEP
+        for _ in range(n):
+            a @ a
+
+
+def spin() -> None:  # a busy process beside the measurement
+    while True:
+        pass
 
 
 def make_table(rows: int) -> pa.Table:
@@ -112,6 +147,7 @@ def epoch(loader: naiad.DataLoader, ep: int, keep_ids: bool = False) -> tuple[fl
         n += len(i)
         if keep_ids:
             ids.append(i)
+        train_step()
     dt = time.perf_counter() - t
     return dt, n, ids
 
@@ -156,9 +192,27 @@ def main() -> None:
     p.add_argument("--formats", default="csv,jsonl,parquet,arrow,npy")
     p.add_argument("--repeats", type=int, default=3, help="epochs per setting after a first one (median)")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "naiad-bench" / "defaults"))
+    p.add_argument("--step-ms", type=float, default=0.0, help="a CPU-bound training step after every batch (ms)")
+    p.add_argument("--busy", type=int, default=0, help="spinning processes beside the measurement")
     args = p.parse_args()
     print(environment())
     print(f"\n`python bench/bench_defaults.py {' '.join(sys.argv[1:])}`")
+    if args.step_ms:
+        calibrate_step(args.step_ms)
+    import multiprocessing as mp
+
+    busy = [mp.get_context("fork").Process(target=spin, daemon=True) for _ in range(args.busy)]
+    for proc in busy:
+        proc.start()
+    try:
+        run_all(args)
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.join(5)
+
+
+def run_all(args: argparse.Namespace) -> None:
     cache = Path(args.cache_dir)
     for size in [int(s) for s in args.sizes.split(",")]:
         rows = size * 1_000_000 // BYTES_PER_ROW
