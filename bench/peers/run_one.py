@@ -16,6 +16,8 @@ An adapter module (bench/peers/peer_*.py) defines:
 
 ``epoch`` records the seconds from opening the loader to its first batch and to the end of the
 epoch, and writes the ids in delivery order with the batch lengths, for the parent to check.
+With ``paths["epoch_budget_s"]``, an epoch still running after that many seconds stops there
+(``partial``: its rows/s and quality are those of the part read).
 """
 
 from __future__ import annotations
@@ -46,11 +48,17 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         loader = adapter.open_loader(paths, batch_size, opts)
         t_first = None
+        budget = paths.get("epoch_budget_s")
+        partial = False
         for batch in loader:
             ids.append(np.asarray(adapter.batch_ids(batch), dtype=np.int64).reshape(-1))
             if t_first is None:
                 t_first = time.perf_counter()
+            if budget is not None and time.perf_counter() - t0 > budget:
+                partial = True
+                break
         t_end = time.perf_counter()
+        result["partial"] = partial
         if hasattr(adapter, "close"):
             adapter.close()
         result["first_batch_s"] = (t_first if t_first is not None else t_end) - t0
