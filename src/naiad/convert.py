@@ -142,7 +142,7 @@ def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None =
     compression = opts.compression if opts.compression is not None else ("snappy" if fmt == "parquet" else None)
     shards = ShardSet(dest, fmt, schema, row_group_rows=group_rows, rows_per_shard=opts.rows_per_shard,
                       compression=None if compression == "none" else compression)
-    reading = _Reading(source, schema, opts)
+    reading = _Reading(source, schema)
     buckets = 0
     try:
         if opts.shuffle:
@@ -217,7 +217,7 @@ def _shuffle(reading: _Reading, shards: ShardSet, opts: ConvertOptions, dst: str
 class _Reading:
     """The source read block by block, as record batches of the output schema; counts skipped rows."""
 
-    def __init__(self, source: Source, schema: pa.Schema, opts: ConvertOptions) -> None:
+    def __init__(self, source: Source, schema: pa.Schema) -> None:
         self.source = source
         self.schema = schema
         self.rows_read = 0

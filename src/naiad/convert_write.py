@@ -87,19 +87,22 @@ class Destination:
 
     def join(self, name: str) -> str:
         """The full path or URL of ``name`` in the destination folder."""
-        return f"{self.folder}/{name}" if self.remote else os.path.join(self.folder or ".", name)
+        if self.remote:
+            return f"{self.folder}/{name}"
+        return os.path.join(self.folder, name) if self.folder else name
 
     def existing(self) -> list[str]:
         """Names in the destination that this convert would write or replace (shards, manifest)."""
-        pattern = self.shard_name(0) if self._single else f"{self._stem}-[0-9]*{self.suffix}"
-        names = [self.manifest_name, pattern]
         if self.remote:
+            pattern = self._single or f"{self._stem}-[0-9]*{self.suffix}"
             fs = self.storage.filesystem(self.folder)
-            found: list[str] = []
-            for n in names:
-                found += [PurePosixPath(p).name for p in fs.glob(fs._strip_protocol(self.join(n)))]
-            return sorted(set(found))
-        return sorted({os.path.basename(p) for n in names for p in globlib.glob(self.join(globlib.escape(n) if n == self.manifest_name else n))})
+            found = [p for n in (self.manifest_name, pattern) for p in fs.glob(fs._strip_protocol(self.join(n)))]
+            return sorted({PurePosixPath(p).name for p in found})
+        esc = globlib.escape
+        pattern = esc(self._single) if self._single else f"{esc(self._stem)}-[0-9]*{self.suffix}"
+        folder = esc(self.folder) if self.folder else ""
+        found = [p for n in (esc(self.manifest_name), pattern) for p in globlib.glob(os.path.join(folder, n))]
+        return sorted({os.path.basename(p) for p in found})
 
     # -- writing -----------------------------------------------------------------------------
 
