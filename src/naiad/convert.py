@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from naiad.convert_shuffle import BucketSpill, bucket_count
 from naiad.convert_write import Destination, ShardInfo, ShardSet, format_of
-from naiad.errors import ConfigError, SourceError
+from naiad.errors import ConfigError, NaiadError, SourceError
 from naiad.sources.auto import READERS, _suffix
 from naiad.sources.base import Columns, Source, expand_paths
 from naiad.sources.storage import Storage, is_remote
@@ -153,8 +153,11 @@ def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None =
                 if progress:
                     progress("convert", reading.rows_read, total, shards.bytes_written)
         written = shards.finish()
-    except BaseException:
+    except BaseException as exc:
         shards.abort()
+        if isinstance(exc, (OSError, pa.ArrowException)) and not isinstance(exc, NaiadError):
+            # Read errors are the readers' SourceErrors already: this one is the destination's.
+            raise SourceError(f"cannot write the shards: {type(exc).__name__}: {exc}", path=dst) from exc
         raise
     for name in existing:  # stale shards of an earlier, larger convert
         if name not in {s.file for s in written} and name != dest.manifest_name:

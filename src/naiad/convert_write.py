@@ -12,6 +12,7 @@ A temporary name ends in ``.tmp``, so a glob of ``*.parquet`` never picks one up
 
 from __future__ import annotations
 
+import functools
 import glob as globlib
 import hashlib
 import io
@@ -96,7 +97,11 @@ class Destination:
         if self.remote:
             pattern = self._single or f"{self._stem}-[0-9]*{self.suffix}"
             fs = self.storage.filesystem(self.folder)
-            found = [p for n in (self.manifest_name, pattern) for p in fs.glob(fs._strip_protocol(self.join(n)))]
+            found: list[str] = []
+            for n in (self.manifest_name, pattern):
+                url = self.join(n)
+                # Through Storage.call: transient errors retried, others a SourceError naming the URL.
+                found += self.storage.call(url, None, functools.partial(fs.glob, fs._strip_protocol(url)))
             return sorted({PurePosixPath(p).name for p in found})
         esc = globlib.escape
         pattern = esc(self._single) if self._single else f"{esc(self._stem)}-[0-9]*{self.suffix}"
@@ -111,7 +116,7 @@ class Destination:
         if self.remote:
             tmp = self.join(f".{name}.{secrets.token_hex(6)}.tmp")
             fs = self.storage.filesystem(tmp)
-            return fs.open(fs._strip_protocol(tmp), "wb"), tmp
+            return self.storage.call(tmp, None, lambda: fs.open(fs._strip_protocol(tmp), "wb")), tmp
         fd, tmp = tempfile.mkstemp(dir=self.folder or ".", prefix=f".{name}.", suffix=".tmp")
         # mkstemp makes the file private (0600); a shard gets the mode any new file would.
         os.fchmod(fd, 0o666 & ~_umask())
@@ -122,7 +127,7 @@ class Destination:
         final = self.join(name)
         if self.remote:
             fs = self.storage.filesystem(tmp)
-            fs.mv(fs._strip_protocol(tmp), fs._strip_protocol(final))
+            self.storage.call(final, None, lambda: fs.mv(fs._strip_protocol(tmp), fs._strip_protocol(final)))
         else:
             os.replace(tmp, final)
 
@@ -131,7 +136,7 @@ class Destination:
         try:
             if self.remote:
                 fs = self.storage.filesystem(path)
-                fs.rm(fs._strip_protocol(path))
+                self.storage.call(path, None, lambda: fs.rm(fs._strip_protocol(path)))
             else:
                 os.unlink(path)
         except FileNotFoundError:

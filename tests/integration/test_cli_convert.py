@@ -225,3 +225,10 @@ def test_convert_to_and_from_an_s3_url(s3, tmp_path):
     # ... and from the URL back to a local Arrow file, in the same order.
     assert convert(f"{dst}part-*.parquet", str(tmp_path / "back.arrow"), "--storage-options", options) == 0
     np.testing.assert_array_equal(read_back(str(tmp_path / "back.arrow"))["id"], cols["id"])
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_destination_bucket_is_an_error_naming_it(s3, tmp_path, capsys):
+    src = write_csv(tmp_path / "a.csv", n=10)
+    assert convert(src, "s3://no-such-bucket-here/out/", "--storage-options", json.dumps(s3.options())) == 1
+    assert "s3://no-such-bucket-here/out/" in capsys.readouterr().err.split("not found")[0]
