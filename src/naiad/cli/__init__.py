@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 # Subcommands in the order `naiad --help` lists them.
-_COMMANDS = ("demo", "bench", "tune", "check")
+_COMMANDS = ("demo", "bench", "tune", "check", "convert", "inspect")
 
 
 def build_parser() -> argparse.ArgumentParser:

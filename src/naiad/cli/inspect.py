@@ -1,0 +1,60 @@
+"""``naiad inspect PATH|URL|GLOB``: files, format, columns with naiad's types, rows, blocks, the
+first rows, and a shuffled epoch's read time estimated from a short timed read.
+
+    naiad inspect "data/*.parquet"
+    naiad inspect s3://bucket/train.csv --storage-options '{"anon": true}' --json
+
+docs/CONVERT.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from naiad.cli.convert import parse_json_object
+
+NAME = "inspect"
+HELP = "Show what naiad sees in some files (format, columns, rows, blocks, first rows) and time a shuffled read."
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``naiad inspect`` options to ``parser``."""
+    parser.add_argument("source", help="a file, glob or URL (read with naiad.read: the reader by suffix)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
+    parser.add_argument("--rows", type=_non_negative, default=5, help="first rows to show (default 5)")
+    parser.add_argument("--time-budget", type=_non_negative_float, default=1.0, metavar="SECONDS",
+                        help="how long the timed read of random blocks may take (default 1 s; 0: one block)")
+    parser.add_argument("--max-blocks", type=_non_negative, default=32,
+                        help="most blocks the timed read reads (default 32)")
+    parser.add_argument("--storage-options", type=parse_json_object, default=None, metavar="JSON",
+                        help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://...", "anon": true}\'')
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``naiad inspect``."""
+    from naiad.inspection import inspect_source
+
+    report = inspect_source(args.source, storage_options=args.storage_options, head_rows=args.rows,
+                            time_budget_s=args.time_budget, max_blocks=max(1, args.max_blocks))
+    print(report.to_json() if args.json else report.summary())
+    return 0

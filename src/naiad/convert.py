@@ -1,0 +1,335 @@
+"""``naiad convert``: any readable source to Parquet or Arrow IPC shards made for streaming.
+
+The input is read through naiad's own readers (any format, local or URL, the same errors) a block
+at a time, so memory stays bounded whatever the input's size; the output is shards of
+``rows_per_shard`` rows in row groups sized for block shuffling, float columns without
+dictionary pages, optionally in a seeded global permutation (NOTE [ External shuffle ] in
+convert_shuffle.py), written atomically (NOTE [ Atomic shards ] in convert_write.py) with a
+manifest of row counts and SHA-256 checksums. docs/CONVERT.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from naiad.convert_shuffle import BucketSpill, bucket_count
+from naiad.convert_write import Destination, ShardInfo, ShardSet, format_of
+from naiad.errors import ConfigError, NaiadError, SourceError
+from naiad.sources.auto import READERS, _suffix
+from naiad.sources.base import Columns, Source, expand_paths
+from naiad.sources.storage import Storage, is_remote
+
+__all__ = ["ConvertOptions", "ConvertResult", "ProgressFn", "convert", "default_row_group_rows", "to_batch"]
+
+ProgressFn = Callable[[str, int, int, int], None]
+"""Called as ``progress(stage, rows_done, rows_total, bytes_written)``; stage is "convert", or
+"scatter" then "write" for a shuffle."""
+
+MANIFEST_VERSION = 1
+_BAD_EXAMPLES = 20
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How :func:`convert` writes (every field has a default; docs/CONVERT.md).
+
+    Attributes:
+        format: "parquet" or "arrow" (IPC file); None: from the destination's suffix, else Parquet.
+        rows_per_shard: rows per output file; None: one file.
+        row_group_rows: rows per Parquet row group or IPC record batch (the streaming block);
+            None: :func:`default_row_group_rows` of the row count.
+        shuffle: write the rows in a seeded global permutation.
+        seed: the permutation's seed.
+        memory_bytes: the memory a shuffle may use (about half of it on average).
+        columns: keep only these columns (file order kept).
+        dtypes: column types for the reader (a mapping or one type for every numeric column).
+        on_bad_rows: "raise" (a SourceError naming the file and line or row) or "skip" (counted).
+        compression: Parquet codec (default "snappy") or IPC codec ("lz4", "zstd"; default none,
+            so the files can be memory-mapped without decoding).
+        overwrite: replace shards and a manifest already at the destination.
+        storage_options: fsspec options for a URL source (and destination, unless
+            ``output_storage_options`` is given); never written to the manifest.
+        output_storage_options: fsspec options for a URL destination.
+        tmp_dir: where a shuffle's temporary buckets go; None: a private folder in the
+            destination's folder (local) or the system's temporary folder (URL).
+    """
+
+    format: Literal["parquet", "arrow"] | None = None
+    rows_per_shard: int | None = None
+    row_group_rows: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    memory_bytes: int = 1 << 30
+    columns: Sequence[str] | None = None
+    dtypes: Mapping[str, Any] | str | None = None
+    on_bad_rows: Literal["raise", "skip"] = "raise"
+    compression: str | None = None
+    overwrite: bool = False
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
+    output_storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
+    tmp_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("rows_per_shard", "row_group_rows"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"`{name}` must be an int >= 1, got {value!r}.")
+        if self.memory_bytes < 1 << 20:
+            raise ConfigError(f"`memory_bytes` must be >= 1 MiB, got {self.memory_bytes}.")
+        if self.on_bad_rows not in ("raise", "skip"):
+            raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {self.on_bad_rows!r}.")
+
+
+@dataclass
+class ConvertResult:
+    """What :func:`convert` wrote: the shards, the rows, the skipped rows and the manifest."""
+
+    shards: list[ShardInfo]
+    rows: int
+    bad_rows: int
+    seconds: float
+    manifest_path: str
+    manifest: dict[str, Any]
+
+
+def default_row_group_rows(total_rows: int) -> int:
+    """About 1/4096 of the rows, between 1,024 and 65,536: thousands of blocks for the epoch's
+    block permutation on a large input, and never so small that per-group overhead (metadata, one
+    decode call, one plan task) shows, nor past the 64 Ki rows docs/STREAMING.md measured to mix
+    well in the default shuffle buffer (which holds two such groups)."""
+    return min(1 << 16, max(1 << 10, total_rows // 4096))
+
+
+def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None = None, *,
+            progress: ProgressFn | None = None) -> ConvertResult:
+    """Convert ``src`` (a file, glob or URL of any format naiad reads) to shards at ``dst``.
+
+    ``dst`` is a file name (``out/train.parquet``: that file, or ``train-00000.parquet``, ...
+    with ``rows_per_shard``) or a folder (``out/``, ``s3://bucket/train/``: ``part-00000.parquet``,
+    ...). A manifest (``train.manifest.json`` or ``manifest.json``) is written last.
+
+    Raises:
+        SourceError: bad input, naming the file and line or row (unless ``on_bad_rows="skip"``).
+        ConfigError: bad options, or files already at ``dst`` without ``overwrite``.
+
+    Example:
+        >>> convert("train.csv", "out/train.parquet", ConvertOptions(rows_per_shard=1_000_000, shuffle=True))  # doctest: +SKIP
+    """
+    opts = options or ConvertOptions()
+    began = time.monotonic()
+    source = open_source(src, opts)
+    fmt = format_of(dst, opts.format)
+    total = len(source)  # a text source's newline scan: exact row counts before any row is written
+    schema = output_schema(source, opts.columns)
+    group_rows = opts.row_group_rows or default_row_group_rows(total)
+    out_storage = Storage(opts.output_storage_options if opts.output_storage_options is not None else opts.storage_options)
+    dest = Destination(dst, fmt, sharded=opts.rows_per_shard is not None, storage=out_storage)
+    existing = dest.existing()
+    if existing and not opts.overwrite:
+        raise ConfigError(f"{dest.join(existing[0])} exists; pass --overwrite (overwrite=True) to replace "
+                          f"{'it' if len(existing) == 1 else f'it and {len(existing) - 1} other file(s)'}.")
+    compression = opts.compression if opts.compression is not None else ("snappy" if fmt == "parquet" else None)
+    shards = ShardSet(dest, fmt, schema, row_group_rows=group_rows, rows_per_shard=opts.rows_per_shard,
+                      compression=None if compression == "none" else compression)
+    reading = _Reading(source, schema)
+    buckets = 0
+    try:
+        if opts.shuffle:
+            buckets = _shuffle(reading, shards, opts, dst, total, progress)
+        else:
+            for batch, _ in reading.chunks(0):
+                shards.add(batch)
+                if progress:
+                    progress("convert", reading.rows_read, total, shards.bytes_written)
+        written = shards.finish()
+    except BaseException as exc:
+        shards.abort()
+        if isinstance(exc, (OSError, pa.ArrowException)) and not isinstance(exc, NaiadError):
+            # Read errors are the readers' SourceErrors already: this one is the destination's.
+            raise SourceError(f"cannot write the shards: {type(exc).__name__}: {exc}", path=dst) from exc
+        raise
+    for name in existing:  # stale shards of an earlier, larger convert
+        if name not in {s.file for s in written} and name != dest.manifest_name:
+            dest.remove(dest.join(name))
+    rows = sum(s.rows for s in written)
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "format": fmt,
+        "rows": rows,
+        "bad_rows": reading.bad_rows,
+        "bad_row_examples": reading.bad_examples,
+        "shards": [s.as_dict() for s in written],
+        "schema": [{"name": f.name, "type": str(f.type)} for f in schema],
+        "source": {"paths": list(source.paths), "rows": total},
+        "options": {**{k: v for k, v in asdict(opts).items() if "storage_options" not in k},
+                    "format": fmt, "row_group_rows": group_rows, "compression": compression or "none",
+                    **({"buckets": buckets} if opts.shuffle else {})},
+        "naiad": _version(),
+    }
+    dest.write_json(dest.manifest_name, manifest)
+    return ConvertResult(written, rows, reading.bad_rows, time.monotonic() - began, dest.join(dest.manifest_name), manifest)
+
+
+def _shuffle(reading: _Reading, shards: ShardSet, opts: ConvertOptions, dst: str, total: int,
+             progress: ProgressFn | None) -> int:
+    """NOTE [ External shuffle ] in convert_shuffle.py: scatter into buckets, then gather."""
+    folder = opts.tmp_dir
+    if folder is None and not is_remote(dst):
+        folder = os.path.dirname(os.path.abspath(dst.rstrip("/"))) if not dst.endswith("/") else os.path.abspath(dst)
+    if folder is not None:
+        os.makedirs(folder, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".naiad-convert-", dir=folder)
+    spill: BucketSpill | None = None
+    try:
+        for batch, positions in reading.chunks(opts.memory_bytes // 4):
+            if spill is None:
+                per_row = batch.nbytes / max(1, batch.num_rows)
+                spill = BucketSpill(tmp, shards.schema, bucket_count(per_row * total, opts.memory_bytes), opts.seed)
+            assert positions is not None
+            spill.scatter(batch, positions)
+            if progress:
+                progress("scatter", reading.rows_read, total, 0)
+        if spill is None:
+            return 0
+        kept = total - reading.bad_rows
+        for table in spill.tables():
+            for batch in table.to_batches():
+                shards.add(batch)
+            if progress:
+                progress("write", shards.rows_written, kept, shards.bytes_written)
+        return spill.buckets
+    finally:
+        if spill is not None:
+            spill.close()
+        for name in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, name))
+        os.rmdir(tmp)
+
+
+class _Reading:
+    """The source read block by block, as record batches of the output schema; counts skipped rows."""
+
+    def __init__(self, source: Source, schema: pa.Schema) -> None:
+        self.source = source
+        self.schema = schema
+        self.rows_read = 0
+        self.bad_rows = 0
+        self.bad_examples: list[dict[str, Any]] = []
+
+    def chunks(self, min_bytes: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:
+        """Batches of at least ``min_bytes`` (0: one per block), with their rows' input positions
+        (the position a skipped row had is not reused: positions are the input's)."""
+        pending: list[pa.RecordBatch] = []
+        positions: list[np.ndarray] = []
+        size = 0
+        start = 0
+        for block in self.source.blocks():
+            data = self.source.read_block(block, use_threads=True)
+            batch = to_batch(data.columns, self.schema)
+            pos = np.arange(start, start + block.rows, dtype=np.int64)
+            if data.bad:
+                self.bad_rows += len(data.bad)
+                room = _BAD_EXAMPLES - len(self.bad_examples)
+                self.bad_examples += [{k: v for k, v in e.items() if k != "at"} for e in data.bad[:max(0, room)]]
+                keep = np.ones(block.rows, bool)
+                keep[[e["at"] for e in data.bad]] = False
+                pos = pos[keep]
+            start += block.rows
+            self.rows_read += block.rows
+            if min_bytes <= 0:
+                yield batch, pos
+                continue
+            pending.append(batch)
+            positions.append(pos)
+            size += batch.nbytes
+            if size >= min_bytes:
+                yield _concat(pending, self.schema), np.concatenate(positions)
+                pending, positions, size = [], [], 0
+        if pending:
+            yield _concat(pending, self.schema), np.concatenate(positions)
+
+
+def _concat(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches, schema=schema).combine_chunks().to_batches()[0]
+
+
+def open_source(src: str | Sequence[str], opts: ConvertOptions) -> Source:
+    """The reader for ``src``'s suffix with the options it takes (``columns``, ``dtypes``,
+    ``on_bad_rows``); ``columns`` a reader does not take are selected after reading."""
+    storage = Storage(opts.storage_options)
+    files = expand_paths(src, storage)
+    suffixes = {_suffix(f) for f in files}
+    if len(suffixes) > 1 or next(iter(suffixes)) not in READERS:
+        raise ConfigError(f"naiad convert reads one format at a time, one of {', '.join(sorted(READERS))}; "
+                          f"got {', '.join(sorted(suffixes)) or 'files without a suffix'}.")
+    reader, implied = READERS[suffixes.pop()]
+    accepted = inspect.signature(reader).parameters
+    kw: dict[str, Any] = dict(implied)
+    for name, value in (("columns", opts.columns), ("dtypes", opts.dtypes), ("on_bad_rows", opts.on_bad_rows)):
+        if name in accepted:
+            kw[name] = value
+        elif name == "dtypes" and value is not None:
+            raise ConfigError(f"{reader.__name__} takes no `dtypes`; its column is text.")
+    return reader(files, **kw, storage_options=storage)
+
+
+def output_schema(source: Source, columns: Sequence[str] | None) -> pa.Schema:
+    """The shards' schema: the source's, where an array column of shape (rows, d1, ...) becomes a
+    fixed-size list of d1 * ... values (the shape kept in the field's ``naiad.shape`` metadata
+    when it has more than one axis), which naiad's readers give back as (rows, width) arrays."""
+    schema = source.schema()
+    if columns is not None:
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise SourceError(f"unknown column(s) {unknown} in `columns`; the source has {schema.names}.",
+                              path=source.paths[0])
+    empty = source.empty_columns()
+    fields = []
+    for f in schema:
+        if columns is not None and f.name not in columns:
+            continue
+        col, t, meta = empty.get(f.name), f.type, None
+        if isinstance(col, np.ndarray) and col.ndim > 1 and not pa.types.is_fixed_size_list(t):
+            t = pa.list_(t, math.prod(col.shape[1:]))
+            if col.ndim > 2:
+                meta = {b"naiad.shape": json.dumps(list(col.shape[1:])).encode()}
+        fields.append(pa.field(f.name, t, metadata=meta))
+    return pa.schema(fields)
+
+
+def to_batch(columns: Columns, schema: pa.Schema) -> pa.RecordBatch:
+    """A reader's columns as a record batch of ``schema`` (NumPy columns without a copy)."""
+    arrays = []
+    for f in schema:
+        col = columns[f.name]
+        if isinstance(col, np.ndarray):
+            if col.ndim > 1:
+                flat = pa.array(np.ascontiguousarray(col).reshape(-1))
+                arr: pa.Array = pa.FixedSizeListArray.from_arrays(flat, math.prod(col.shape[1:]))
+            else:
+                arr = pa.array(col)
+            if arr.type != f.type:
+                arr = arr.cast(f.type)
+        else:
+            arr = pa.array(col, type=f.type)
+        arrays.append(arr)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _version() -> str:
+    from naiad import __version__
+
+    return __version__
