@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from naiad.plan import group_rows
 from naiad.sources import storage
 from naiad.sources.auto import _suffix, read
-from naiad.sources.base import Block, Source
+from naiad.sources.base import Block, GroupPart, Source
+from naiad.stream import default_buffer_rows
 
 __all__ = ["InspectReport", "inspect_source"]
 
@@ -106,7 +108,7 @@ class InspectReport:
 
 
 def inspect_source(paths: str | Sequence[str], *, storage_options: Mapping[str, Any] | None = None,
-                   head_rows: int = 5, time_budget_s: float = 1.0, max_blocks: int = 32, seed: int = 0,
+                   head_rows: int = 5, time_budget_s: float = 1.0, max_blocks: int = 256, seed: int = 0,
                    **reader_options: Any) -> InspectReport:
     """Inspect ``paths`` (a file, glob or URL naiad reads): see :class:`InspectReport`.
 
@@ -197,16 +199,26 @@ def _head(source: Source, blocks: list[Block], n: int) -> list[dict[str, Any]]:
 
 
 def _timed_read(source: Source, blocks: list[Block], budget_s: float, max_blocks: int, seed: int) -> dict[str, Any]:
-    order = np.random.default_rng(seed).permutation(len(blocks))
+    # Random blocks read as a shuffled epoch reads them: joined into read groups of up to a
+    # quarter of the default buffer, each parsed in one call (NOTE [ Read groups ]); block by
+    # block, a CSV of small blocks reads several times slower than an epoch does.
+    order = np.random.default_rng(seed).permutation(len(blocks)).tolist()
+    most = group_rows(default_buffer_rows(source))
     rows = done = 0
     began = time.perf_counter()
     elapsed = 0.0
-    for i in order.tolist():
-        source.read_block(blocks[i])
-        rows += blocks[i].rows
-        done += 1
+    while order and done < max_blocks:
+        parts: list[GroupPart] = []
+        n = 0
+        while order and done + len(parts) < max_blocks and (not parts or n + blocks[order[0]].rows <= most):
+            b = blocks[order.pop(0)]
+            parts.append((b, 0, b.rows, None))
+            n += b.rows
+        source.read_group(parts)
+        rows += n
+        done += len(parts)
         elapsed = time.perf_counter() - began
-        if elapsed >= budget_s or done >= max_blocks:
+        if elapsed >= budget_s:
             break
     total = sum(b.rows for b in blocks)
     rate = rows / elapsed if elapsed > 0 else 0.0

@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=_non_negative, default=5, help="first rows to show (default 5)")
     parser.add_argument("--time-budget", type=_non_negative_float, default=1.0, metavar="SECONDS",
                         help="how long the timed read of random blocks may take (default 1 s; 0: one block)")
-    parser.add_argument("--max-blocks", type=_non_negative, default=32,
-                        help="most blocks the timed read reads (default 32)")
+    parser.add_argument("--max-blocks", type=_non_negative, default=256,
+                        help="most blocks the timed read reads (default 256)")
     parser.add_argument("--storage-options", type=parse_json_object, default=None, metavar="JSON",
                         help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://...", "anon": true}\'')
 
