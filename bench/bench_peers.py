@@ -129,6 +129,10 @@ def runners(args: argparse.Namespace) -> list[Runner]:
                "DataLoader(read_parquet(p), batch_size=1024, shuffle=True, seed=0)", peer=False),
         Runner("naiad-csv", "naiad defaults, CSV", "main", "peer_naiad", {"source": "csv"},
                "DataLoader(read_csv(p), batch_size=1024, shuffle=True, seed=0)", peer=False),
+        Runner("naiad-converted", "naiad defaults, Parquet from naiad convert", "main", "peer_naiad",
+               {"source": "converted"}, "`naiad convert table.parquet out/` (row groups of 1/4096 of the rows, "
+               "no --shuffle), then DataLoader(read_parquet(out/*.parquet), batch_size=1024, shuffle=True, seed=0)",
+               "naiad", peer=False),
         Runner("naiad-dropin", "naiad drop-in (TensorDataset)", "main", "peer_naiad", {"source": "tensors"},
                "DataLoader(TensorDataset, batch_size=1024, shuffle=True, seed=0)", peer=False),
     ]
@@ -147,6 +151,7 @@ def conversions() -> dict[str, tuple[str, str, dict[str, Any]]]:
         "litdata": ("peers", "peer_litdata", {"num_workers": 2, "chunk_bytes": "64MB"}),
         "mosaic": ("mosaic", "peer_mosaic", {}),
         "hf": ("peers", "peer_hf", {}),
+        "naiad": ("main", "peer_naiad", {}),
     }
 
 
@@ -311,7 +316,7 @@ def target_line(runs: list[Runner], summary: dict[str, dict[str, Any]]) -> str:
     out = [f"Target: naiad defaults >= 10x the fastest row-level peer ({peer}: {peer_rate:,.0f} rows/s, "
            f"corr {p['corr']:+.4f}, span {p['span']:.3f}), equal or better quality (|corr| <= peer's + 0.01, "
            "span >= peer's - 0.01):"]
-    for name in ("naiad defaults, Parquet", "naiad defaults, CSV"):
+    for name in ("naiad defaults, Parquet", "naiad defaults, CSV", "naiad defaults, Parquet from naiad convert"):
         n = summary.get(name)
         if not n or "error" in n:
             out.append(f"- {name}: not run")

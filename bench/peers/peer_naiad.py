@@ -19,6 +19,14 @@ def versions() -> str:
     return f"naiad {getattr(naiad, '__version__', '?')}, torch {torch.__version__}"
 
 
+def convert(paths: dict[str, Any], opts: dict[str, Any]) -> None:
+    """``naiad convert`` of the Parquet table into ``paths["out"]``, with its defaults (row groups
+    of 1/4096 of the rows, plain float pages; no ``--shuffle``: rows stay in file order)."""
+    from naiad.convert import convert as naiad_convert
+
+    naiad_convert(paths["parquet"], paths["out"].rstrip("/") + "/")
+
+
 def open_loader(paths: dict[str, Any], batch_size: int, opts: dict[str, Any]) -> Any:
     """``opts["source"]``: "parquet", "csv" or "tensors"; ``opts["loader_args"]``: extra keywords."""
     extra = dict(opts.get("loader_args") or {})
@@ -27,6 +35,8 @@ def open_loader(paths: dict[str, Any], batch_size: int, opts: dict[str, Any]) ->
         data: Any = TensorDataset(torch.from_numpy(x), torch.from_numpy(ids))
     elif opts["source"] == "csv":
         data = naiad.read_csv(paths["csv"])
+    elif opts["source"] == "converted":
+        data = naiad.read_parquet(paths["out"].rstrip("/") + "/*.parquet")
     else:
         data = naiad.read_parquet(paths["parquet"])
     return naiad.DataLoader(data, batch_size=batch_size, shuffle=True, seed=SEED, **extra)
