@@ -26,6 +26,7 @@ from naiad.sources.base import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.cache import CacheDir
 from naiad.sources.ipc_footer import ipc_batch_rows
 from naiad.sources.storage import RetryPolicy
 
@@ -40,6 +41,8 @@ def read_arrow(
     max_bad_rows: int | float | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
+    cache_dir: CacheDir = None,
+    cache_bytes: int | None = None,
 ) -> ArrowSource:
     """A lazy source over Arrow IPC *file* format (Feather v2) files; a block is a record batch.
 
@@ -57,11 +60,16 @@ def read_arrow(
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
+        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
+            workers and processes of the machine, so later epochs read them locally ("auto":
+            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
+        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
+            (None: half the disk's free space).
 
     Example:
         >>> ds = naiad.read_arrow("train.arrow")  # doctest: +SKIP
     """
-    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
 
 
 def _open(path: str) -> pa.ipc.RecordBatchFileReader:
@@ -98,8 +106,10 @@ class ArrowSource(Source):
         max_bad_rows: int | float | None = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        cache_dir: CacheDir = None,
+        cache_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
         self.schema()  # the schema is metadata: check columns and dtypes now
