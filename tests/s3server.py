@@ -7,9 +7,11 @@ of a response).
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 import boto3
@@ -60,22 +62,33 @@ class S3Server:
 
 
 class FaultProxy:
-    """A TCP proxy on loopback that resets the connection in the middle of every Nth response.
+    """A TCP proxy on loopback that resets the connection in the middle of every Nth response,
+    and can add latency to every request.
 
     It counts the HTTP ``GET`` requests that pass from client to server; when the count is a
     multiple of ``reset_every`` (0: never), it forwards half of the first chunk of that
     request's response and then resets both sides (SO_LINGER 0: an RST, not a clean close).
+    With ``latency_s``, each request waits that long before it is forwarded (a far server's
+    round trip); requests on different connections wait at the same time, and the most that
+    waited at once is ``max_concurrent``.
 
     Attributes:
         reset_every: set at any time; 0 turns the faults off.
+        latency_s: added before each request is forwarded; set at any time.
         resets: how many responses were cut so far.
+        requests: every request so far, as (method, path, Range header or None).
+        max_concurrent: the most requests that were waiting out their latency at once.
     """
 
-    def __init__(self, upstream_port: int, reset_every: int = 0) -> None:
+    def __init__(self, upstream_port: int, reset_every: int = 0, latency_s: float = 0.0) -> None:
         self.upstream_port = upstream_port
         self.reset_every = reset_every
+        self.latency_s = latency_s
         self.resets = 0
         self.gets = 0
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.max_concurrent = 0
+        self._waiting = 0
         self._lock = threading.Lock()
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -107,6 +120,14 @@ class FaultProxy:
     def _requests(self, src: socket.socket, dst: socket.socket, doomed: threading.Event) -> None:
         try:
             while chunk := src.recv(65536):
+                head = _REQUEST_RE.match(chunk)
+                if head:
+                    ranged = _RANGE_RE.search(chunk)
+                    with self._lock:
+                        self.requests.append((head.group(1).decode(), head.group(2).decode(),
+                                              ranged.group(1).decode() if ranged else None))
+                    if self.latency_s:
+                        self._delay()
                 if chunk.startswith(b"GET "):
                     with self._lock:
                         self.gets += 1
@@ -132,6 +153,19 @@ class FaultProxy:
             pass
         _close(dst)
 
+    def _delay(self) -> None:
+        with self._lock:
+            self._waiting += 1
+            self.max_concurrent = max(self.max_concurrent, self._waiting)
+        time.sleep(self.latency_s)
+        with self._lock:
+            self._waiting -= 1
+
+    def object_gets(self, key: str) -> list[str | None]:
+        """The Range header of every GET of the object ``key`` (None: the whole object)."""
+        with self._lock:
+            return [r for method, path, r in self.requests if method == "GET" and path.split("?")[0].endswith(f"/{key}")]
+
     def close(self) -> None:
         """Stop accepting and drop every open connection."""
         self._closed = True
@@ -139,6 +173,10 @@ class FaultProxy:
         with self._lock:
             for s in self._sockets:
                 _close(s)
+
+
+_REQUEST_RE = re.compile(rb"^(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1\.[01]\r\n")
+_RANGE_RE = re.compile(rb"\r\n[Rr]ange: *([^\r]+)\r\n")
 
 
 def _reset(s: socket.socket) -> None:

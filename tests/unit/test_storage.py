@@ -55,7 +55,7 @@ def test_a_storage_pickles_as_plain_data_without_a_filesystem(mem):
     src = naiad.read_text("memory://naiad-unit/a.txt", storage_options={})
     src.storage.filesystem("memory://naiad-unit/a.txt")
     state = pickle.loads(pickle.dumps(src.storage)).__dict__
-    assert set(state) == {"options", "retry", "infos", "_key"}
+    assert set(state) == {"options", "retry", "infos", "_key", "cache_dir", "cache_bytes", "endpoint"}
     assert state["infos"]["memory://naiad-unit/a.txt"].size == 6
 
 

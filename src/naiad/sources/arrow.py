@@ -29,6 +29,7 @@ from naiad.sources.base import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.cache import CacheDir
 from naiad.sources.ipc_footer import ipc_batch_rows
 from naiad.sources.storage import RetryPolicy
 
@@ -44,6 +45,8 @@ def read_arrow(
     block_rows: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
+    cache_dir: CacheDir = None,
+    cache_bytes: int | None = None,
 ) -> ArrowSource:
     """A lazy source over Arrow IPC *file* format (Feather v2) files; a block is a record batch.
 
@@ -65,12 +68,18 @@ def read_arrow(
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
+        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
+            workers and processes of the machine, so later epochs read them locally ("auto":
+            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
+        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
+            (None: half the disk's free space).
 
     Example:
         >>> ds = naiad.read_arrow("train.arrow")  # doctest: +SKIP
     """
     return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows,
-                       block_rows=block_rows, storage_options=storage_options, retry=retry)
+                       block_rows=block_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir,
+                       cache_bytes=cache_bytes)
 
 
 def _open(path: str) -> pa.ipc.RecordBatchFileReader:
@@ -108,8 +117,11 @@ class ArrowSource(Source):
         block_rows: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        cache_dir: CacheDir = None,
+        cache_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options,
+                         retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
         if block_rows is not None and (isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1):
             raise ConfigError(f"`block_rows` must be an int >= 1 or None, got {block_rows!r}.")
         self.block_rows = block_rows
@@ -186,7 +198,8 @@ class ArrowSource(Source):
         checked, cast and converted once for the group instead of once per part. Anything unusual
         (a row pick, a damaged batch, a failed cast, a missing value) takes the one-by-one path,
         which names the batch and row."""
-        if len(parts) < 2 or any(take is not None for *_, take in parts):
+        if len(parts) < 2 or any(take is not None for *_, take in parts) \
+                or any(storage.is_remote(b.path) for b, *_ in parts):  # remote: fetched at once by the base
             return super()._read_group(parts, use_threads)
         schema = self.schema()
         try:

@@ -40,7 +40,7 @@ def read(paths: PathLike, **options: Any) -> Source:
 
     ``.csv``/``.tsv`` (also compressed: ``.csv.gz``, ``.csv.zst``), ``.parquet``,
     ``.arrow``/``.feather``/``.ipc``, ``.jsonl``/``.ndjson``, ``.npy`` and ``.txt``. ``options``
-    go to that reader (``columns=``, ``dtypes=``, ``storage_options=``, ...). ``paths`` may be
+    go to that reader (``columns=``, ``dtypes=``, ``storage_options=``, ``cache_dir=``, ...). ``paths`` may be
     URLs (``s3://bucket/train-*.parquet``; docs/STORAGE.md).
 
     Raises:
@@ -51,7 +51,8 @@ def read(paths: PathLike, **options: Any) -> Source:
         >>> ds = naiad.read("train-*.parquet", columns=["x", "y"])  # doctest: +SKIP
     """
     # Listed once: the reader gets the files and the Storage that recorded them.
-    storage = Storage(options.pop("storage_options", None), options.pop("retry", None))
+    storage = Storage(options.pop("storage_options", None), options.pop("retry", None),
+                      cache_dir=options.pop("cache_dir", None), cache_bytes=options.pop("cache_bytes", None))
     files = expand_paths(paths, storage)
     suffixes = {_suffix(f) for f in files}
     if len(suffixes) > 1:

@@ -23,6 +23,8 @@ import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
 from naiad.ledger import check_max_bad_rows
+from naiad.sources.cache import CacheDir
+from naiad.sources.readahead import io_map
 from naiad.sources.storage import RetryPolicy, Storage, is_remote, local_path
 
 __all__ = [
@@ -255,7 +257,7 @@ class Source(ABC):
         max_bad_rows: with "skip", the most bad rows an epoch may skip on a rank: a count (int)
             or a fraction (float) of the rows the rank reads in the epoch; past it, a
             SourceError summarises them. None: no limit.
-        storage: how remote files are reached (options, retries; docs/STORAGE.md).
+        storage: how remote files are reached (options, retries, the local cache; docs/STORAGE.md).
     """
 
     blocks_from_metadata: ClassVar[bool] = False
@@ -265,12 +267,13 @@ class Source(ABC):
     def __init__(
         self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise", max_bad_rows: int | float | None = None,
         storage_options: Mapping[str, Any] | Storage | None = None, retry: RetryPolicy | None = None,
+        cache_dir: CacheDir = None, cache_bytes: int | None = None,
     ) -> None:
         if on_bad_rows not in ("raise", "skip"):
             raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {on_bad_rows!r}.")
         if max_bad_rows is not None and on_bad_rows != "skip":
             raise ConfigError(f"`max_bad_rows` limits the rows on_bad_rows='skip' skips; got it with on_bad_rows={on_bad_rows!r}.")
-        self.storage = Storage.of(storage_options, retry)
+        self.storage = Storage.of(storage_options, retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self.paths: list[str] = expand_paths(paths, self.storage)
         self.on_bad_rows: OnBadRows = on_bad_rows
         self.max_bad_rows = check_max_bad_rows(max_bad_rows)
@@ -378,11 +381,13 @@ class Source(ABC):
         return self._read_group(list(parts), use_threads)
 
     def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
-        """The parts read one by one, their columns joined."""
-        datas = [
-            self._read(block, lo, hi, use_threads) if take is None else self.read_rows(block, lo + take, use_threads=use_threads)
-            for block, lo, hi, take in parts
-        ]
+        """The parts read one by one (remote ones at once: NOTE [ Remote read-ahead ]), their
+        columns joined."""
+        def one(part: GroupPart) -> BlockData:
+            block, lo, hi, take = part
+            return self._read(block, lo, hi, use_threads) if take is None else self.read_rows(block, lo + take, use_threads=use_threads)
+
+        datas = io_map(one, parts) if any(is_remote(p[0].path) for p in parts) else [one(p) for p in parts]
         return join_data(datas, [hi - lo if take is None else len(take) for _, lo, hi, take in parts])
 
     def read_rows(self, block: Block, rows: np.ndarray, *, use_threads: bool = False) -> BlockData:
@@ -417,7 +422,10 @@ class Source(ABC):
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
         """The parts' rows: by default each part's span, read whole, then taken."""
-        datas = [self._read_span_take(block, rows, use_threads) for block, rows in parts]
+        def one(part: tuple[Block, np.ndarray]) -> BlockData:
+            return self._read_span_take(part[0], part[1], use_threads)
+
+        datas = io_map(one, parts) if any(is_remote(b.path) for b, _ in parts) else [one(p) for p in parts]
         return join_data(datas, [len(rows) for _, rows in parts])
 
     def _read_span_take(self, block: Block, rows: np.ndarray, use_threads: bool) -> BlockData:

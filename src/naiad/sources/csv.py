@@ -29,6 +29,7 @@ from naiad.sources.base import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
@@ -80,6 +81,8 @@ def read_csv(
     index_dir: IndexDir = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
+    cache_dir: CacheDir = None,
+    cache_bytes: int | None = None,
 ) -> CsvSource:
     """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow.
 
@@ -114,6 +117,11 @@ def read_csv(
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
+        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
+            workers and processes of the machine, so later epochs read them locally ("auto":
+            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
+        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
+            (None: half the disk's free space).
 
     Example:
         >>> ds = naiad.read_csv("diabetes.csv", dtypes="float32")  # doctest: +SKIP
@@ -124,7 +132,7 @@ def read_csv(
         paths, delimiter=delimiter, header=header, column_names=column_names, columns=columns,
         dtypes=dtypes, compression=compression, quote_char=quote_char,
         newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-        storage_options=storage_options, retry=retry, index_dir=index_dir,
+        storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir,
     )
 
 
@@ -149,8 +157,10 @@ class CsvSource(Source):
         index_dir: IndexDir = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        cache_dir: CacheDir = None,
+        cache_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
         if len(delimiter) != 1:
             raise ConfigError(f"`delimiter` must be one character, got {delimiter!r}.")
         if block_bytes is not None and block_bytes < 1:

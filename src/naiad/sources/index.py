@@ -22,6 +22,15 @@ caller checks that the blocks start where lines start (``scan_file``), and every
 a block's row count as it parses. Anything else is a miss. The entry's name is a hash of the
 path and the cut's parameters, never of the file's content; an index folder beside the data
 that is a symbolic link, or is not the user's, is never written to (docs/SECURITY.md).
+
+An object behind a URL has an index too, so a new process or rank skips the scan without
+downloading the object again. Its entry lives in the source's ``cache_dir`` (``<cache_dir>/index``)
+or, without one, in the user's cache folder (an object has no folder beside it), and is keyed by
+the endpoint, the URL and the cut, and used only while the object's size and ETag (else its
+modification time) are the ones recorded when the source was made; an object that has neither
+gets no entry. Checking that every block starts a line would cost a request per block, so
+the check on loading reads only the header and the blocks said to be empty, and each block is
+checked to end a line as it is read (``lines.read_block_bytes``).
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from naiad.errors import ConfigError
+from naiad.errors import ConfigError, NaiadError
+from naiad.sources import storage
 
 __all__ = ["INDEX_VERSION", "IndexDir", "index_folder", "load_index", "save_index"]
 
@@ -62,6 +72,11 @@ def index_folder(index_dir: IndexDir, path: str) -> Path | None:
     """The folder that holds ``path``'s index under ``index_dir`` (None: not persisted)."""
     if index_dir is False:
         return None
+    if storage.is_remote(path) and (index_dir is None or index_dir is True or index_dir == "beside"):
+        cache = storage.storage_for(path).cache_dir
+        if cache is not None:
+            return Path(cache) / "index"
+        index_dir = None
     if index_dir is None or index_dir is True:
         from naiad.datasets import cache_dir
 
@@ -71,18 +86,27 @@ def index_folder(index_dir: IndexDir, path: str) -> Path | None:
     return Path(os.fspath(index_dir))
 
 
-def _entry_name(real: str, params: Mapping[str, Any]) -> str:
-    key = json.dumps({"path": real, **params}, sort_keys=True)
+def _entry_name(real: str, params: Mapping[str, Any], where: str = "") -> str:
+    key = json.dumps({"path": real, **params, **({"endpoint": where} if where else {})}, sort_keys=True)
     stem = os.path.basename(real)[:40]
     return f"{stem}.{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
 
 
-def _identity(path: str) -> tuple[str, int, int] | None:
+def _identity(path: str) -> tuple[str, int, dict[str, Any]] | None:
+    """(the real path or URL, the size, what tells this version of it: the modification time of
+    a file; the endpoint and ETag, else modification time, of an object), or None."""
+    if storage.is_remote(path):
+        store = storage.storage_for(path)
+        try:
+            size, version = store.stat(path).size, store.version(path)
+        except (OSError, NaiadError):
+            return None
+        return None if version is None else (path, size, {"endpoint": store.endpoint, "object": version})
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return os.path.realpath(path), st.st_size, st.st_mtime_ns
+    return os.path.realpath(path), st.st_size, {"mtime_ns": st.st_mtime_ns}
 
 
 def load_index(index_dir: IndexDir, path: str, params: Mapping[str, Any]) -> list[Entry] | None:
@@ -92,13 +116,13 @@ def load_index(index_dir: IndexDir, path: str, params: Mapping[str, Any]) -> lis
     ident = _identity(path)
     if folder is None or ident is None:
         return None
-    real, size, mtime = ident
+    real, size, stamp = ident
     try:
-        with open(folder / _entry_name(real, params), encoding="utf-8") as f:
+        with open(folder / _entry_name(real, params, stamp.get("endpoint", "")), encoding="utf-8") as f:
             doc = json.load(f)
         if not isinstance(doc, dict) or (
             doc.get("version") != INDEX_VERSION or doc.get("path") != real or doc.get("size") != size
-            or doc.get("mtime_ns") != mtime or doc.get("params") != dict(params)
+            or any(doc.get(k) != v for k, v in stamp.items()) or doc.get("params") != dict(params)
         ):
             return None
         return _checked_entries(doc, size)
@@ -143,9 +167,9 @@ def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entrie
         return
     if any(entries[i][1] != entries[i + 1][0] for i in range(len(entries) - 1)):
         return  # only contiguous cuts are stored (compressed files are one block: nothing to save)
-    real, size, mtime = ident
+    real, size, stamp = ident
     doc = {
-        "version": INDEX_VERSION, "path": real, "size": size, "mtime_ns": mtime, "params": dict(params),
+        "version": INDEX_VERSION, "path": real, "size": size, **stamp, "params": dict(params),
         "starts": [e[0] for e in entries], "end": entries[-1][1],
         "rows": [e[2] for e in entries], "first_lines": [e[3] for e in entries],
     }
@@ -157,7 +181,7 @@ def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entrie
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(doc, f, separators=(",", ":"))
-            os.replace(tmp, folder / _entry_name(real, params))
+            os.replace(tmp, folder / _entry_name(real, params, stamp.get("endpoint", "")))
         except BaseException:
             os.unlink(tmp)
             raise

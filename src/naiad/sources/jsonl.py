@@ -28,6 +28,7 @@ from naiad.sources.base import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
@@ -72,6 +73,8 @@ def read_jsonl(
     index_dir: IndexDir = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
+    cache_dir: CacheDir = None,
+    cache_bytes: int | None = None,
 ) -> JsonlSource:
     """A lazy source over JSON Lines files (a path, a glob or a list), parsed by PyArrow.
 
@@ -97,13 +100,18 @@ def read_jsonl(
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
+        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
+            workers and processes of the machine, so later epochs read them locally ("auto":
+            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
+        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
+            (None: half the disk's free space).
 
     Example:
         >>> ds = naiad.read_jsonl("events-*.jsonl.gz", columns=["x", "label"])  # doctest: +SKIP
     """
     return JsonlSource(paths, columns=columns, dtypes=dtypes, compression=compression,
                        on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-                       storage_options=storage_options, retry=retry, index_dir=index_dir)
+                       storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir)
 
 
 class JsonlSource(Source):
@@ -122,8 +130,10 @@ class JsonlSource(Source):
         index_dir: IndexDir = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        cache_dir: CacheDir = None,
+        cache_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self.compression = compression
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)

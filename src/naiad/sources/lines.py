@@ -31,6 +31,7 @@ from naiad.errors import SourceError
 from naiad.sources import storage
 from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows
 from naiad.sources.index import IndexDir, load_index, save_index
+from naiad.sources.readahead import io_map
 
 __all__ = [
     "BadRow", "default_block_bytes", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
@@ -160,6 +161,8 @@ def _cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], block_by
     boundary inside a line would split a row in two: one byte read per block), and a block said
     to hold no rows holds none (the plan never reads it, so its count is checked here; any
     other count is checked as the block is parsed)."""
+    if storage.is_remote(path):
+        return _remote_cut_holds(path, entries, header_lines, keep_blank)
     try:
         with open(path, "rb") as f:
             head = f.read(max(block_bytes, 1 << 16)) if header_lines else b""
@@ -179,7 +182,23 @@ def _cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], block_by
     return True
 
 
+def _remote_cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], header_lines: int, keep_blank: bool) -> bool:
+    """:func:`_cut_holds` for an object, without a request per block: the header (the range a
+    CSV reader reads anyway, so a cached one costs nothing) and the blocks said to be empty
+    here; that every block ends a line is checked as it is read (:func:`read_block_bytes`)."""
+    try:
+        if header_lines:
+            head = storage.read_range(path, 0, min(storage.size(path), 1 << 16))
+            if entries[0][0] != _header_end(head, header_lines, path):
+                return False
+        return not any(rows == 0 and count_rows(storage.read_range(path, start, stop), keep_blank)
+                       for start, stop, rows, _ in entries)
+    except (OSError, SourceError):
+        return False
+
+
 _SCAN_CHUNK = 16 << 20
+_SCAN_CACHED_BYTES = 1 << 20
 
 
 def _scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool) -> list[tuple[int, int, int, int]]:
@@ -191,7 +210,11 @@ def _scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool
     line; the cut is then a search per block, not a loop per row.
     """
     out: list[tuple[int, int, int, int]] = []
-    with storage.open_input(path) as f:
+    # An object's scan reads it whole, once: past the block cache, unless it is small enough to
+    # be one range (the same the reader's header and type sample read), which keeps a shard
+    # that has no index entry (no rows) from being fetched again by the next process.
+    small = storage.is_remote(path) and storage.size(path) <= _SCAN_CACHED_BYTES
+    with storage.open_input(path, cached=small) as f:
         pos = 0
         if header_lines:
             pos = _header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path)
@@ -257,7 +280,18 @@ def read_block_bytes(block: Block, compression: str | None) -> bytes:
             "the file shrank after it was scanned.",
             path=block.path,
         )
+    if data and data[-1:] != b"\n" and storage.is_remote(block.path) and block.stop != storage.size(block.path):
+        # A stored cut of an object is not checked byte by byte when loaded (a request per block).
+        raise SourceError(f"the block at bytes {block.start}-{block.stop} ends inside a line: the block index "
+                          "does not fit the object; remove it from the index folder.", path=block.path)
     return data
+
+
+def read_blocks_bytes(blocks: Sequence[Block], compression: str | None) -> list[bytes]:
+    """The bytes of each block, in order; remote ones fetched at once (NOTE [ Remote read-ahead ])."""
+    if len(blocks) > 1 and any(storage.is_remote(b.path) for b in blocks):
+        return io_map(lambda b: read_block_bytes(b, compression), blocks)
+    return [read_block_bytes(b, compression) for b in blocks]
 
 
 def slice_rows(buf: bytes, lo: int, hi: int, rows: int, keep_blank: bool) -> tuple[bytes, int]:
@@ -295,8 +329,9 @@ def select_rows(buf: bytes, rows: np.ndarray, total: int, keep_blank: bool) -> t
 
 def read_selected_lines(parts: list[tuple[Block, np.ndarray]], compression: str | None, keep_blank: bool) -> bytes:
     """The selected lines of every part, one buffer of whole lines (for one parse)."""
+    datas = read_blocks_bytes([block for block, _ in parts], compression)
     return b"".join(
-        select_rows(read_block_bytes(block, compression), rows, block.rows, keep_blank)[0] for block, rows in parts
+        select_rows(buf, rows, block.rows, keep_blank)[0] for buf, (block, rows) in zip(datas, parts, strict=True)
     )
 
 
@@ -320,11 +355,11 @@ def parse_group_lines(
     cut from its block's bytes, all parsed at once with ``parse(buffer, rows)``. None when
     reading part by part is the better way: a compressed file, or a problem in the lines, which
     that path names with its exact line (and skips with its exact count)."""
+    if any(block.stop < 0 for block, _, _, _ in parts):
+        return None
     pieces = []
-    for block, lo, hi, take in parts:
-        if block.stop < 0:
-            return None
-        buf = read_block_bytes(block, compression)
+    datas = read_blocks_bytes([block for block, _, _, _ in parts], compression)
+    for buf, (block, lo, hi, take) in zip(datas, parts, strict=True):
         if take is None:
             piece = slice_rows(buf, lo, hi, block.rows, keep_blank)[0]
         else:

@@ -22,6 +22,7 @@ from naiad.sources.base import (
     expand_paths,
     to_arrow_type,
 )
+from naiad.sources.cache import CacheDir
 from naiad.sources.storage import RetryPolicy, Storage
 
 __all__ = ["NpySource", "read_npy"]
@@ -35,6 +36,8 @@ def read_npy(
     block_rows: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
+    cache_dir: CacheDir = None,
+    cache_bytes: int | None = None,
 ) -> NpySource:
     """A lazy source over memory-mapped ``.npy`` files; a block is ``block_rows`` rows.
 
@@ -51,11 +54,16 @@ def read_npy(
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
+        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
+            workers and processes of the machine, so later epochs read them locally ("auto":
+            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
+        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
+            (None: half the disk's free space).
 
     Example:
         >>> ds = naiad.read_npy({"x": "features.npy", "y": "labels.npy"})  # doctest: +SKIP
     """
-    return NpySource(paths, column=column, dtypes=dtypes, block_rows=block_rows, storage_options=storage_options, retry=retry)
+    return NpySource(paths, column=column, dtypes=dtypes, block_rows=block_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
 
 
 class RemoteNpy:
@@ -134,10 +142,12 @@ class NpySource(Source):
         on_bad_rows: OnBadRows = "raise",
         storage_options: Mapping[str, Any] | Storage | None = None,
         retry: RetryPolicy | None = None,
+        cache_dir: CacheDir = None,
+        cache_bytes: int | None = None,
     ) -> None:
         if block_rows is not None and block_rows < 1:
             raise ConfigError(f"`block_rows` must be >= 1, got {block_rows}.")
-        store = Storage.of(storage_options, retry)
+        store = Storage.of(storage_options, retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
         if isinstance(paths, Mapping):
             groups = {name: expand_paths(p, store) for name, p in paths.items()}
             counts = {name: len(ps) for name, ps in groups.items()}

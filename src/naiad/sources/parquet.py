@@ -30,6 +30,7 @@ from naiad.sources.base import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.cache import CacheDir
 from naiad.sources.storage import RetryPolicy
 
 __all__ = ["ParquetSource", "read_parquet"]
@@ -43,6 +44,8 @@ def read_parquet(
     max_bad_rows: int | float | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
+    cache_dir: CacheDir = None,
+    cache_bytes: int | None = None,
 ) -> ParquetSource:
     """A lazy source over Parquet files (a path, a glob or a list); a block is a row group.
 
@@ -60,11 +63,16 @@ def read_parquet(
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
+        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
+            workers and processes of the machine, so later epochs read them locally ("auto":
+            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
+        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
+            (None: half the disk's free space).
 
     Example:
         >>> ds = naiad.read_parquet("train/*.parquet", columns=["x", "y"])  # doctest: +SKIP
     """
-    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
 
 
 def _open(path: str) -> pq.ParquetFile:
@@ -99,8 +107,10 @@ class ParquetSource(Source):
         max_bad_rows: int | float | None = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        cache_dir: CacheDir = None,
+        cache_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
         self.schema()  # the footer is metadata: check columns and dtypes now
@@ -141,7 +151,8 @@ class ParquetSource(Source):
         Anything unusual (a row pick from a restore, a damaged group, a failed cast, a missing
         value) takes the one-by-one path, which names the row group and row.
         """
-        if len(parts) < 2 or any(take is not None for *_, take in parts):
+        if len(parts) < 2 or any(take is not None for *_, take in parts) \
+                or any(storage.is_remote(b.path) for b, *_ in parts):  # remote: fetched at once by the base
             return super()._read_group(parts, use_threads)
         schema = self.schema()
         by_file: dict[str, list[int]] = {}

@@ -21,6 +21,10 @@ jitter, within a bounded number of attempts and a time budget (:class:`RetryPoli
 a refused credential or a glob that matches nothing is not transient: it fails at once, at
 construction when it can be seen there. A read is idempotent (a range of an object whose size
 and ETag were recorded), so a retried block yields the same rows: exactly-once holds.
+
+With ``cache_dir=`` every range read goes through the local block cache first (NOTE [ Block
+cache ] in cache.py), keyed by the identity recorded here; a scan that reads a whole object
+once (the newline count) bypasses it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any, NamedTuple, TypeVar
 import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
+from naiad.sources.cache import CacheDir, block_cache, cache_key, resolve_cache_dir
 
 __all__ = [
     "ObjectInfo", "RangeFile", "RetryPolicy", "Storage", "input_stream", "is_remote", "is_url",
@@ -122,23 +127,40 @@ class Storage:
         storage_options: passed to the fsspec filesystem (``key``/``secret``, ``anon``,
             ``endpoint_url``, ``client_kwargs``...); None: credentials from the usual places.
         retry: the retry policy for transient errors.
+        cache_dir: where fetched byte ranges are kept on local disk (a folder, or "auto":
+            naiad's user cache folder); None: no cache (NOTE [ Block cache ] in cache.py).
+        cache_bytes: the cache's soft bound in bytes, least recently used entries evicted past
+            it; None: half the disk's free space when the cache is first used.
     """
 
-    def __init__(self, storage_options: Mapping[str, Any] | None = None, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, storage_options: Mapping[str, Any] | None = None, retry: RetryPolicy | None = None, *,
+        cache_dir: CacheDir = None, cache_bytes: int | None = None,
+    ) -> None:
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise ConfigError(f"`storage_options` must be a dict, got {type(storage_options).__name__}.")
         self.options: dict[str, Any] = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
+        self.cache_dir = resolve_cache_dir(cache_dir, cache_bytes)
+        self.cache_bytes = cache_bytes
         self.infos: dict[str, ObjectInfo] = {}
+        client = self.options.get("client_kwargs")
+        # Which server: the same bucket and key on two endpoints are two objects.
+        self.endpoint = str(self.options.get("endpoint_url") or (client.get("endpoint_url") if isinstance(client, Mapping) else "") or "")
         try:
             self._key = json.dumps(self.options, sort_keys=True, default=repr)
         except (TypeError, ValueError):
             self._key = repr(sorted(self.options.items()))
 
     @classmethod
-    def of(cls, storage_options: Mapping[str, Any] | Storage | None, retry: RetryPolicy | None = None) -> Storage:
+    def of(
+        cls, storage_options: Mapping[str, Any] | Storage | None, retry: RetryPolicy | None = None, *,
+        cache_dir: CacheDir = None, cache_bytes: int | None = None,
+    ) -> Storage:
         """A Storage from a reader's arguments (one already made, by ``naiad.read``, is kept)."""
-        return storage_options if isinstance(storage_options, Storage) else cls(storage_options, retry)
+        if isinstance(storage_options, Storage):
+            return storage_options
+        return cls(storage_options, retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -214,10 +236,32 @@ class Storage:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def read_range(self, url: str, start: int, stop: int) -> bytes:
-        """Bytes ``start:stop`` of the object (one range request, retried; see NOTE [ Retries ])."""
+    def version(self, url: str) -> str | None:
+        """What tells this version of ``url`` from another: its ETag, else its modification
+        time; None when the store gives neither (its bytes are then never cached)."""
+        info = self.stat(url)
+        if info.etag:
+            return f"etag:{info.etag}"
+        return f"mtime:{info.mtime}" if info.mtime else None
+
+    def read_range(self, url: str, start: int, stop: int, *, cached: bool = True) -> bytes:
+        """Bytes ``start:stop`` of the object: from the local cache when there is one and it
+        holds them (NOTE [ Block cache ]), else one range request, retried (NOTE [ Retries ]).
+
+        Args:
+            cached: False reads past the cache (a scan that reads the whole object once).
+        """
         if stop <= start:
             return b""
+        if cached and self.cache_dir is not None:
+            version = self.version(url)
+            if version is not None:
+                key = cache_key(self.endpoint, url, self.stat(url).size, version, start, stop)
+                cache = block_cache(self.cache_dir, self.cache_bytes)
+                return cache.get_or_fetch(key, stop - start, lambda: self._fetch(url, start, stop))
+        return self._fetch(url, start, stop)
+
+    def _fetch(self, url: str, start: int, stop: int) -> bytes:
         fs = self.filesystem(url)
         path = fs._strip_protocol(url)
         data: bytes = self.call(url, (start, stop), lambda: fs.cat_file(path, start=start, end=stop))
@@ -384,12 +428,13 @@ def size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def read_range(path: str, start: int, stop: int) -> bytes:
-    """Bytes ``start:stop`` of a file or object (``stop`` < 0: to the end)."""
+def read_range(path: str, start: int, stop: int, *, cached: bool = True) -> bytes:
+    """Bytes ``start:stop`` of a file or object (``stop`` < 0: to the end); ``cached=False``
+    reads an object past its source's block cache."""
     if is_remote(path):
         if stop < 0:
             stop = size(path)
-        return storage_for(path).read_range(path, start, stop)
+        return storage_for(path).read_range(path, start, stop, cached=cached)
     # os.pread on a raw descriptor: a block read costs a third of open()/seek()/read() through
     # a buffered file object, which a CSV's thousands of small blocks per epoch notice.
     fd = os.open(path, os.O_RDONLY)
@@ -406,11 +451,12 @@ def read_range(path: str, start: int, stop: int) -> bytes:
         os.close(fd)
 
 
-def open_input(path: str, buffer_bytes: int = 8 << 20) -> io.BufferedIOBase:
+def open_input(path: str, buffer_bytes: int = 8 << 20, *, cached: bool = True) -> io.BufferedIOBase:
     """A sequential binary file: ``open(path, "rb")`` locally, range reads of ``buffer_bytes``
-    at a time for an object (a scan for newlines reads a whole file this way)."""
+    at a time for an object (a scan for newlines reads a whole file this way, ``cached=False``:
+    past the block cache, which would only fill with ranges no block read asks for)."""
     if is_remote(path):
-        return io.BufferedReader(RangeFile(path), buffer_size=buffer_bytes)
+        return io.BufferedReader(RangeFile(path, cached=cached), buffer_size=buffer_bytes)
     return open(path, "rb")
 
 
@@ -433,9 +479,10 @@ class RangeFile(io.RawIOBase):
     row groups' column chunks or the record batches asked for.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, cached: bool = True) -> None:
         super().__init__()
         self.url = url
+        self._cached = cached
         self._storage = storage_for(url)
         self._size = self._storage.stat(url).size
         self._pos = 0
@@ -468,7 +515,7 @@ class RangeFile(io.RawIOBase):
         stop = min(self._size, self._pos + len(view))
         if stop <= self._pos:
             return 0
-        data = self._storage.read_range(self.url, self._pos, stop)
+        data = self._storage.read_range(self.url, self._pos, stop, cached=self._cached)
         view[: len(data)] = data
         self._pos += len(data)
         return len(data)
@@ -478,6 +525,6 @@ class RangeFile(io.RawIOBase):
         stop = self._size if size is None or size < 0 else min(self._size, self._pos + size)
         if stop <= self._pos:
             return b""
-        data = self._storage.read_range(self.url, self._pos, stop)
+        data = self._storage.read_range(self.url, self._pos, stop, cached=self._cached)
         self._pos += len(data)
         return data

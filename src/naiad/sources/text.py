@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, PathLike, Source, bad_entry
+from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     default_block_bytes,
@@ -37,6 +38,8 @@ def read_text(
     index_dir: IndexDir = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
+    cache_dir: CacheDir = None,
+    cache_bytes: int | None = None,
 ) -> TextSource:
     """A lazy source over text files: each line (without its newline) is one sample.
 
@@ -58,6 +61,11 @@ def read_text(
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
+        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
+            workers and processes of the machine, so later epochs read them locally ("auto":
+            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
+        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
+            (None: half the disk's free space).
 
     Example:
         >>> ds = naiad.read_text("corpus/*.txt")  # doctest: +SKIP
@@ -66,7 +74,7 @@ def read_text(
     """
     return TextSource(paths, column=column, encoding=encoding, compression=compression,
                       on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-                      storage_options=storage_options, retry=retry, index_dir=index_dir)
+                      storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir)
 
 
 class TextSource(Source):
@@ -85,8 +93,10 @@ class TextSource(Source):
         index_dir: IndexDir = None,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        cache_dir: CacheDir = None,
+        cache_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
             raise ConfigError(f"`encoding` must be 'utf-8' or 'latin-1', got {encoding!r}.")
         self.column = column
