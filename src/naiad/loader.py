@@ -42,6 +42,7 @@ from naiad.pipelines import (
     StreamPipeline,
 )
 from naiad.sampling import SeededRandomSampler
+from naiad.sources.storage import is_remote
 from naiad.stream import StreamCounters
 from naiad.telemetry import LoaderStats, Telemetry
 from naiad.worker import prepare_worker
@@ -82,13 +83,18 @@ class LoaderOptions:
     max_worker_restarts: int = 0
 
 
-def default_read_ahead() -> int:
+def default_read_ahead(remote: bool = False) -> int:
     """Read-ahead threads of a streaming source with ``num_workers=0``: two where there are two
-    cores or more (one parses while the other's block is handed over), none on one core."""
+    cores or more (one parses while the other's block is handed over), none on one core. A
+    source with URLs gets twice the cores, 4 to 8: its threads mostly wait on requests, and a
+    Parquet row group or a big block is a task of its own, so only more tasks in flight hide
+    the latency (docs/STORAGE.md, "Read-ahead")."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS, Windows
         cores = os.cpu_count() or 1
+    if remote:
+        return min(8, max(4, 2 * cores))
     return 2 if cores >= 2 else 0
 
 
@@ -513,7 +519,10 @@ class DataLoader(TorchDataLoader[T_co]):
         pass's own pool; they run no user code), else 0."""
         if self._pipeline.kind != "stream" or self.num_workers or self._tuner is not None:
             return 0
-        return default_read_ahead() if self.options.read_ahead is None else self.options.read_ahead
+        if self.options.read_ahead is not None:
+            return self.options.read_ahead
+        source = getattr(self._pipeline, "source", None)
+        return default_read_ahead(remote=source is not None and any(is_remote(p) for p in source.paths))
 
     def _make_pool(self, base_seed: int) -> WorkerPool:
         tuner = self._tuner

@@ -107,3 +107,20 @@ def test_exit_while_threads_parse_is_clean(tmp_path: Path) -> None:
         out = subprocess.run([sys.executable, "-c", EXIT_MID_READ, str(path)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         assert "terminate called" not in out.stderr
+
+
+def test_a_remote_source_reads_further_ahead() -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    with fs.open("memory://naiad-read-ahead/d.csv", "w") as f:
+        f.write("a,b\n" + "".join(f"{i},{i * 2}\n" for i in range(200)))
+    loader = naiad.DataLoader(naiad.read_csv("memory://naiad-read-ahead/d.csv"), batch_size=10)
+    try:
+        assert loader.read_ahead_threads() == default_read_ahead(remote=True) >= 4
+        assert default_read_ahead(remote=True) > default_read_ahead()
+        assert sorted(int(v) for b in loader for v in b["a"]) == list(range(200))
+        assert naiad.DataLoader(naiad.read_csv("memory://naiad-read-ahead/d.csv"), batch_size=10,
+                                read_ahead=1).read_ahead_threads() == 1
+    finally:
+        fs.rm("memory://naiad-read-ahead", recursive=True)
