@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 from collections import Counter
 
 import pytest
@@ -129,10 +130,10 @@ def test_a_changed_object_is_fetched_again_never_mixed_with_the_cached_one(serve
     src = naiad.read_csv(url, storage_options=options(server), cache_dir=cache, block_bytes=64)
     assert sorted(epoch_ids(naiad.DataLoader(src, batch_size=16, shuffle=True, seed=0))) == list(range(1000, 1100))
     server.put("changed/a.csv", body(2000))
+    before = cache_stats(cache).misses  # the new version's scan and blocks are misses (fetched)
     again = naiad.read_csv(url, storage_options=options(server), cache_dir=cache, block_bytes=64)
     assert again.storage.stat(url).size == src.storage.stat(url).size
     assert again.storage.stat(url).etag != src.storage.stat(url).etag
-    before = cache_stats(cache).misses
     assert sorted(epoch_ids(naiad.DataLoader(again, batch_size=16, shuffle=True, seed=0))) == list(range(2000, 2100))
     assert cache_stats(cache).misses > before
 
@@ -166,6 +167,8 @@ def test_two_processes_sharing_one_cache_read_correct_data_and_fetch_each_range_
     cache = tmp_path / "cache"
     opts = options(server)
     len(naiad.read_csv(url, storage_options=opts, cache_dir=cache, block_bytes=64))  # the index, once
+    shutil.rmtree(cache / "blocks")  # the chunks its scan kept: the two processes fetch them again
+    before = cache_stats(cache).misses
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_read_in_a_process, args=(url, opts, str(cache), out)) for _ in range(2)]
@@ -180,7 +183,7 @@ def test_two_processes_sharing_one_cache_read_correct_data_and_fetch_each_range_
                 p.kill()
     assert [ids for ids, _ in results] == [list(range(500))] * 2
     # Every entry was fetched by one process only (the other waited for it, or found it).
-    assert cache_stats(cache).misses + sum(m for _, m in results) == entries(cache)
+    assert cache_stats(cache).misses - before + sum(m for _, m in results) == entries(cache)
     assert sum(m for _, m in results) > 0  # the blocks were fetched by the two, not earlier
 
 
@@ -230,3 +233,31 @@ def test_cache_arguments_are_checked(tmp_path):
         naiad.read_csv(str(tmp_path / "x.csv"), cache_bytes=100)
     with pytest.raises(ConfigError, match="`cache_bytes` must be an int >= 1"):
         naiad.read("s3://b/x.csv", cache_dir=tmp_path, cache_bytes=0)
+
+
+@pytest.mark.timeout(120)
+def test_small_blocks_go_through_chunks_the_scan_already_fetched(server, tmp_path, monkeypatch):
+    import naiad.sources.cache as cache_module
+    import naiad.sources.storage as storage_module
+
+    # Chunks of 4 KiB, so a small object has several (the scan fills them, the epoch reads them).
+    monkeypatch.setattr(cache_module, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(storage_module, "CHUNK_BYTES", 4096)
+    body = b"id,pad\n" + b"".join(b"%d,%s\n" % (i, b"y" * 20) for i in range(1000))  # about 30 KB
+    url = server.put("chunks/a.csv", body)
+    cache = tmp_path / "cache"
+    src = naiad.read_csv(url, storage_options=options(server), cache_dir=cache, block_bytes=500, index_dir=False)
+    src.prepare()
+    scan_gets = object_gets(server, "chunks")
+    assert len(scan_gets) <= -(-len(body) // 4096) + 1  # one request per chunk (and the header's)
+    chunks = -(-len(body) // 4096)
+    assert chunks <= entries(cache) <= chunks + 1  # the chunks, and the type sample (bigger than a chunk here)
+    ids = epoch_ids(naiad.DataLoader(src, batch_size=32, shuffle=True, seed=0))
+    assert sorted(ids) == list(range(1000))
+    assert object_gets(server, "chunks") == scan_gets  # the epoch's ~60 blocks: no request at all
+    # A cache too small to hold the object: each block is its own entry, fetched alone.
+    small = tmp_path / "small"
+    src = naiad.read_csv(url, storage_options=options(server), cache_dir=small, cache_bytes=len(body),
+                         block_bytes=500, index_dir=False)
+    assert sorted(epoch_ids(naiad.DataLoader(src, batch_size=32, shuffle=True, seed=0))) == list(range(1000))
+    assert entries(small) >= len(src.blocks())

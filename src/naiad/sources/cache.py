@@ -25,6 +25,16 @@ so a file cut short (a crash, a full disk) is a miss, removed, never data.
 still retrying) is removed and the waiter fetches itself: a rare second download of the same
 bytes, harmless since both writes are whole and equal.
 
+*Chunks.* Small reads of an object (text blocks of 64 KiB: one range request each costs a
+round trip and, on a busy server, milliseconds of its time) go through aligned chunks of
+``CHUNK_BYTES`` instead, when the source's objects fit in half of ``cache_bytes``: a missing
+chunk is fetched whole (one request for 128 such blocks) and kept, and a block is one
+``pread`` inside it. The newline scan of a text object reads it through the same chunks, so
+the bytes it reads once are the first epoch's too. A shuffled first epoch then fetches each
+chunk once, in the order its blocks are first asked for, and the rest of the object's blocks
+are hits. When the objects do not fit, chunks would be evicted before their other blocks are
+read, so each block is its own entry.
+
 *Eviction.* A hit sets the entry's modification time to now (access times are unreliable:
 ``noatime``, ``relatime``), so modification times order the entries by last use. Each process
 counts what it writes; when its count says the cache may be past ``cache_bytes`` (and after
@@ -52,11 +62,14 @@ from typing import Literal, Union
 
 from naiad.errors import ConfigError
 
-__all__ = ["BlockCache", "CacheDir", "CacheStats", "block_cache", "cache_key", "cache_stats", "resolve_cache_dir"]
+__all__ = ["CHUNK_BYTES", "BlockCache", "CacheDir", "CacheStats", "block_cache", "cache_key", "cache_stats", "resolve_cache_dir"]
 
 CacheDir = Union[str, "os.PathLike[str]", Literal["auto"], None]
 """Where remote byte ranges are cached: a folder, "auto" (naiad's user cache folder), or None
 (no cache)."""
+
+CHUNK_BYTES = 8 << 20
+"""The aligned chunks through which small reads go when the objects fit (NOTE [ Block cache ])."""
 
 LOCK_STALE_S = 60.0
 """A lock file older than this is taken to be a dead or stuck fetch's."""
@@ -142,6 +155,32 @@ class BlockCache:
         except OSError:
             pass  # evicted since: the bytes read are still whole
         return data
+
+    def get_part(self, key: str, nbytes: int, start: int, stop: int) -> bytes | None:
+        """Bytes ``start:stop`` of the entry if it is there and whole (``nbytes`` long), else None:
+        one ``pread``, so a small block inside a big chunk costs its own bytes (NOTE [ Chunks ])."""
+        path = self.path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size != nbytes:
+                self._remove(path)  # cut short: never data
+                return None
+            data = os.pread(fd, stop - start, start)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if len(data) != stop - start:
+            return None
+        self._count(hits=1)
+        return data
+
+    def holds(self, total: int) -> bool:
+        """Whether ``total`` bytes fit comfortably (half the bound): worth fetching whole chunks."""
+        return self.usable and total <= self.max_bytes // 2
 
     def get_or_fetch(self, key: str, nbytes: int, fetch: Callable[[], bytes]) -> bytes:
         """The entry's bytes, fetched and stored by one process when missing (the others wait)."""

@@ -30,6 +30,7 @@ import pyarrow as pa
 from naiad.errors import SourceError
 from naiad.sources import storage
 from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows
+from naiad.sources.cache import CHUNK_BYTES
 from naiad.sources.index import IndexDir, load_index, save_index
 from naiad.sources.readahead import io_map
 
@@ -214,7 +215,10 @@ def _scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool
     # be one range (the same the reader's header and type sample read), which keeps a shard
     # that has no index entry (no rows) from being fetched again by the next process.
     small = storage.is_remote(path) and storage.size(path) <= _SCAN_CACHED_BYTES
-    with storage.open_input(path, cached=small) as f:
+    # Where the objects fit in the cache, the scan reads through its chunks instead: the
+    # bytes it reads are then the first epoch's too (NOTE [ Block cache ], chunks).
+    chunks = storage.is_remote(path) and storage.storage_for(path).chunked(path)
+    with storage.open_input(path, cached="chunks" if chunks else small, buffer_bytes=CHUNK_BYTES if chunks else 8 << 20) as f:
         pos = 0
         if header_lines:
             pos = _header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path)

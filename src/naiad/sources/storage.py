@@ -30,6 +30,7 @@ once (the newline count) bypasses it.
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import json
 import os
@@ -39,12 +40,19 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.cache import CacheDir, block_cache, cache_key, resolve_cache_dir
+from naiad.sources.cache import (
+    CHUNK_BYTES,
+    BlockCache,
+    CacheDir,
+    block_cache,
+    cache_key,
+    resolve_cache_dir,
+)
 
 __all__ = [
     "ObjectInfo", "RangeFile", "RetryPolicy", "Storage", "input_stream", "is_remote", "is_url",
@@ -115,6 +123,9 @@ _BOUND: dict[str, Storage] = {}
 # (pid, protocol, options as JSON) -> filesystem
 _FILESYSTEMS: dict[tuple[int, str, str], Any] = {}
 _LOCK = threading.Lock()
+
+Cached = bool | Literal["chunks"]
+"""How a read uses the block cache: True (when there is one), False (never), "chunks"."""
 
 
 class Storage:
@@ -244,22 +255,47 @@ class Storage:
             return f"etag:{info.etag}"
         return f"mtime:{info.mtime}" if info.mtime else None
 
-    def read_range(self, url: str, start: int, stop: int, *, cached: bool = True) -> bytes:
+    def read_range(self, url: str, start: int, stop: int, *, cached: Cached = True) -> bytes:
         """Bytes ``start:stop`` of the object: from the local cache when there is one and it
         holds them (NOTE [ Block cache ]), else one range request, retried (NOTE [ Retries ]).
 
         Args:
-            cached: False reads past the cache (a scan that reads the whole object once).
+            cached: False reads past the cache (a scan that reads the whole object once);
+                "chunks" reads through the cache's chunks whatever the size (a scan whose
+                bytes the first epoch reads again).
         """
         if stop <= start:
             return b""
         if cached and self.cache_dir is not None:
             version = self.version(url)
             if version is not None:
-                key = cache_key(self.endpoint, url, self.stat(url).size, version, start, stop)
+                size = self.stat(url).size
                 cache = block_cache(self.cache_dir, self.cache_bytes)
+                if cached == "chunks" or (stop - start <= CHUNK_BYTES // 4
+                                          and cache.holds(sum(i.size for i in self.infos.values()))):
+                    return self._read_chunks(cache, url, size, version, start, stop)
+                key = cache_key(self.endpoint, url, size, version, start, stop)
                 return cache.get_or_fetch(key, stop - start, lambda: self._fetch(url, start, stop))
         return self._fetch(url, start, stop)
+
+    def chunked(self, url: str) -> bool:
+        """Whether small reads of ``url`` go through cached chunks (NOTE [ Block cache ])."""
+        if self.cache_dir is None or self.version(url) is None:
+            return False
+        return block_cache(self.cache_dir, self.cache_bytes).holds(sum(i.size for i in self.infos.values()))
+
+    def _read_chunks(self, cache: BlockCache, url: str, size: int, version: str, start: int, stop: int) -> bytes:
+        """Bytes ``start:stop`` from the aligned chunks that hold them, each fetched whole once."""
+        parts = []
+        for c in range(start // CHUNK_BYTES, (stop - 1) // CHUNK_BYTES + 1):
+            lo, hi = c * CHUNK_BYTES, min((c + 1) * CHUNK_BYTES, size)
+            key = cache_key(self.endpoint, url, size, version, lo, hi)
+            a, b = max(start, lo) - lo, min(stop, hi) - lo
+            part = cache.get_part(key, hi - lo, a, b)
+            if part is None:
+                part = cache.get_or_fetch(key, hi - lo, functools.partial(self._fetch, url, lo, hi))[a:b]
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _fetch(self, url: str, start: int, stop: int) -> bytes:
         fs = self.filesystem(url)
@@ -428,7 +464,7 @@ def size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def read_range(path: str, start: int, stop: int, *, cached: bool = True) -> bytes:
+def read_range(path: str, start: int, stop: int, *, cached: Cached = True) -> bytes:
     """Bytes ``start:stop`` of a file or object (``stop`` < 0: to the end); ``cached=False``
     reads an object past its source's block cache."""
     if is_remote(path):
@@ -451,7 +487,7 @@ def read_range(path: str, start: int, stop: int, *, cached: bool = True) -> byte
         os.close(fd)
 
 
-def open_input(path: str, buffer_bytes: int = 8 << 20, *, cached: bool = True) -> io.BufferedIOBase:
+def open_input(path: str, buffer_bytes: int = 8 << 20, *, cached: Cached = True) -> io.BufferedIOBase:
     """A sequential binary file: ``open(path, "rb")`` locally, range reads of ``buffer_bytes``
     at a time for an object (a scan for newlines reads a whole file this way, ``cached=False``:
     past the block cache, which would only fill with ranges no block read asks for)."""
@@ -479,7 +515,7 @@ class RangeFile(io.RawIOBase):
     row groups' column chunks or the record batches asked for.
     """
 
-    def __init__(self, url: str, *, cached: bool = True) -> None:
+    def __init__(self, url: str, *, cached: Cached = True) -> None:
         super().__init__()
         self.url = url
         self._cached = cached
