@@ -234,12 +234,17 @@ def main() -> None:
                                     "read_ahead": read_ahead, "epochs": 1})
                 results.append((f"s3 +{args.latency_ms:g} ms cold, read_ahead={read_ahead or 'default'}", slowed, 0))
             shutil.rmtree(cache, ignore_errors=True)
+            local_total = local["open_s"] + local["epoch_s"][1]
             for name, r, k in results:
                 rate = r["rows"] / r["epoch_s"][k]
+                # A first epoch pays the open too (a text object's scan fetches it whole, into
+                # the cache when there is one): that ratio counts it on both sides.
+                with_open = f"{local_total / (r['open_s'] + r['epoch_s'][k]):.2f}x" if k == 0 else ""
                 table.append([fmt, name, f"{r['open_s']:.2f}", f"{r['epoch_s'][k]:.2f}", f"{rate:,.0f}",
-                              f"{rate / ref:.2f}x", f"{r['fetched_mb']:.0f}", f"{r['peak_rss_mib']:.0f}"])
+                              f"{rate / ref:.2f}x", with_open, f"{r['fetched_mb']:.0f}", f"{r['peak_rss_mib']:.0f}"])
         print(f"\nshuffled epoch, batch_size=1024, num_workers=0 (read-ahead threads); {rows:,} rows")
-        print(markdown_table(["format", "run", "open s", "epoch s", "rows/s", "vs local", "fetched MB", "peak RSS MiB"], table))
+        print(markdown_table(["format", "run", "open s", "epoch s", "rows/s", "vs local", "open + epoch vs local",
+                              "fetched MB", "peak RSS MiB"], table))
     finally:
         for p in procs:
             p.terminate()
