@@ -54,7 +54,7 @@ def read_arrow(
     *stream* format has no index of its batches; convert it with ``pyarrow.ipc.new_file``.
 
     Args:
-        paths: a file, a glob or a list of them; files are read in this order.
+        paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
         columns: read only these columns (output keeps file order).
         dtypes: a mapping column -> dtype, or one dtype for every numeric column.
         on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).

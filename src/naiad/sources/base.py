@@ -111,7 +111,7 @@ def bad_entry(at: int, path: str, reason: str, *, line: int | None = None, row: 
 def expand_paths(paths: PathLike, storage: Storage | None = None) -> list[str]:
     """Turn a path, a glob or a list of them into a sorted-per-pattern list of existing files.
 
-    URLs (``s3://bucket/train-*.csv``) are listed through ``storage`` (its ``storage_options``);
+    A local folder stands for its data files (:func:`folder_files`). URLs (``s3://bucket/train-*.csv``) are listed through ``storage`` (its ``storage_options``);
     ``file://`` URLs become local paths.
 
     Raises:
@@ -133,12 +133,31 @@ def expand_paths(paths: PathLike, storage: Storage | None = None) -> list[str]:
             if not matches:
                 raise SourceError("the pattern matches no file.", path=text)
             out.extend(matches)
+        elif os.path.isdir(text):
+            out.extend(folder_files(text))
         elif not os.path.isfile(text):
-            what = "is a directory, not a file" if os.path.isdir(text) else "file not found"
-            raise SourceError(f"{what}.", path=text)
+            raise SourceError("file not found.", path=text)
         else:
             out.append(text)
     return out
+
+
+def folder_files(folder: str) -> list[str]:
+    """The data files of a local folder, sorted: its files, not its subfolders, less the names
+    that are not data by convention (hidden ``.*``, ``_SUCCESS`` and other ``_*`` markers, and
+    the manifests ``naiad convert`` writes), as Spark, pandas and Hugging Face read a folder.
+
+    Raises:
+        SourceError: the folder holds no such file.
+    """
+    names = sorted(
+        n for n in os.listdir(folder)
+        if not n.startswith((".", "_")) and n != "manifest.json" and not n.endswith(".manifest.json")
+        and os.path.isfile(os.path.join(folder, n))
+    )
+    if not names:
+        raise SourceError("the folder holds no data file (hidden, _* and manifest files are skipped).", path=folder)
+    return [os.path.join(folder, n) for n in names]
 
 
 def resolve_dtypes(dtypes: DTypes, names: Sequence[str]) -> dict[str, pa.DataType] | pa.DataType | None:

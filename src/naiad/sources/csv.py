@@ -90,7 +90,8 @@ def read_csv(
     every block, so a batch never changes dtype; ``dtypes`` overrides them.
 
     Args:
-        paths: a file, a glob ("data/*.csv") or a list of them; files are read in this order.
+        paths: a file, a glob ("data/*.csv"), a folder (its data files) or a list of them; files are
+            read in this order.
         delimiter: the field separator ("\\t" for TSV).
         header: the first line of every file holds the column names.
         column_names: names to use (replacing the header's when ``header`` is True; required

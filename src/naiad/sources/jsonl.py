@@ -83,7 +83,7 @@ def read_jsonl(
     A field missing from a row is NaN (floats) or a bad row (integers: pass a float dtype).
 
     Args:
-        paths: a file, a glob or a list of them; files are read in this order.
+        paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
         columns: keep only these fields (output keeps the inferred order).
         dtypes: a mapping field -> dtype, or one dtype for every numeric field.
         compression: "infer" from the extension, a codec name or None (one block per file).

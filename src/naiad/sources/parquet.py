@@ -53,7 +53,7 @@ def read_parquet(
     shuffle buffer, so files written with small row groups (say 64k rows) shuffle better.
 
     Args:
-        paths: a file, a glob or a list of them; files are read in this order.
+        paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
         columns: read only these columns (output keeps file order).
         dtypes: a mapping column -> dtype, or one dtype for every numeric column.
         on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).

@@ -44,7 +44,7 @@ def read_text(
     """A lazy source over text files: each line (without its newline) is one sample.
 
     Args:
-        paths: a file, a glob or a list of them; files are read in this order.
+        paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
         column: the name of the one column of the batches.
         encoding: "utf-8" (checked; a line that is not UTF-8 is a bad row) or "latin-1".
         compression: "infer" from the extension, a codec name or None (one block per file).
