@@ -332,9 +332,11 @@ class _Check:
         tasks = list(plan.tasks[restore.next_task :])
         if restore.remainder is not None:
             tasks.insert(0, restore.remainder)
-        if restore.window:
-            restore.put({"row": np.concatenate([self.pos.rows_of(t) for t in restore.window])})
-        chunks = [restore.finish(buffer).get("row", np.zeros(0, np.int64))]
+        chunks = [np.zeros(0, np.int64)]
+        if restore.owed_reads:  # owed rows first, then the held ones (NOTE [ Owed rows first ])
+            chunks[0] = restore.owed_rows({"row": np.concatenate([self.pos.rows_of(t) for t in restore.owed_reads])})["row"]
+        if restore.held_reads:
+            restore.install(buffer, {"row": np.concatenate([self.pos.rows_of(t) for t in restore.held_reads])})
         need, have = int(sizes.sum()), len(chunks[0])
         for task in tasks:
             if have >= need:
