@@ -50,7 +50,7 @@ import numpy as np
 
 from naiad.errors import ConfigError, StateError
 from naiad.parallel.threads import run_beside
-from naiad.plan import GroupTask, RankPlan, ReadTask, Task
+from naiad.plan import RankPlan, Task
 
 __all__ = ["BufferReplay", "ShuffleBuffer", "as_array", "shuffle_quality"]
 
@@ -295,13 +295,10 @@ class ShuffleBuffer:
 
 
 class BufferReplay:
-    """Where a resumed stream stands, and what it reads again (NOTE [ Mid-epoch resume ] in
-    stream.py).
-
-    Built by replaying the plan over row positions. ``owed_reads`` yield the rows still owed to
-    batches from the exchange in progress, ``held_reads`` the rows the buffer held; each in
-    ascending position, which :meth:`owed_rows` and :meth:`install` put back in their order
-    (NOTE [ Owed rows first ] in restore.py).
+    """Where a resumed stream stands (NOTE [ Mid-epoch resume ] in stream.py), found by replaying
+    the plan over row positions: the rows the buffer held (``held``, slot by slot), those still
+    owed to batches by the exchange in progress (``owed``, in their order), and where the plan
+    goes on (``restore.window`` names the reads that yield any of those rows again).
     """
 
     def __init__(self, next_task: int, held: np.ndarray | None = None, owed: np.ndarray | None = None) -> None:
@@ -310,25 +307,8 @@ class BufferReplay:
         self.owed = owed if owed is not None else np.zeros(0, np.int64)
         self.consumed = 0  # stream positions taken in by the buffer (shuffled)
         self.remainder: Task | None = None  # the rest of a chunk cut inside, read next
-        self._tasks: Sequence[Task] = ()
-        self._offsets = np.zeros(1, np.int64)
-        self._windows: dict[str, tuple[list[ReadTask], np.ndarray]] = {}
-
-    @property
-    def owed_reads(self) -> list[ReadTask]:
-        """The reads that yield the owed rows, in ascending position (an elastic replay, which
-        wants only the positions, never makes them)."""
-        return self._reads("owed")[0]
-
-    @property
-    def held_reads(self) -> list[ReadTask]:
-        """The reads that yield the held rows, in ascending position."""
-        return self._reads("held")[0]
-
-    def _reads(self, which: str) -> tuple[list[ReadTask], np.ndarray]:
-        if which not in self._windows:
-            self._windows[which] = _window(self._tasks, self._offsets, self.owed if which == "owed" else self.held)
-        return self._windows[which]
+        self.tasks: Sequence[Task] = ()  # the plan's tasks, and where each one's rows start
+        self.offsets = np.zeros(1, np.int64)
 
     @classmethod
     def nothing(cls) -> BufferReplay:
@@ -367,58 +347,18 @@ class BufferReplay:
             next_task += 1
         replay = cls(min(next_task, len(tasks)), held, owed)
         replay.consumed, replay.remainder = consumed, remainder
-        replay._tasks, replay._offsets = tasks, offsets
+        replay.tasks, replay.offsets = tasks, offsets
         return replay
 
-    def owed_rows(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The rows of ``owed_reads`` (read again, one chunk in their order), in the order they
-        are owed to the batches."""
-        return self._placed(arrays, *self._reads("owed"))
-
-    def install(self, buffer: ShuffleBuffer | None, arrays: dict[str, np.ndarray] | None) -> None:
-        """Put the rows of ``held_reads`` (read again, one chunk in their order) back in the
-        buffer's slots; None when there are none."""
-        if buffer is None or arrays is None or not len(self.held):
+    def install(self, buffer: ShuffleBuffer | None, slots: dict[str, np.ndarray]) -> None:
+        """Put the rows of ``held`` (read again, in its order) back in the buffer's slots."""
+        if buffer is None or not len(self.held):
             return
-        slots = self._placed(arrays, *self._reads("held"))
         buffer._allocate(slots)
         assert buffer.slots is not None
         for k, v in slots.items():
             buffer.slots[k][: len(self.held)] = v
         buffer.size = len(self.held)
-
-    def _placed(self, arrays: dict[str, np.ndarray], reads: list[ReadTask], at: np.ndarray) -> dict[str, np.ndarray]:
-        n = len(next(iter(arrays.values()))) if arrays else 0
-        if n != len(at):
-            # Positions shift when rows are skipped; placing rows by position would misplace them.
-            raise StateError(
-                f"cannot resume mid-epoch exactly: {len(at) - n} bad row(s) of {reads[0].block.path} "
-                "and the other files to restore were skipped; resume at the start of the epoch instead."
-            )
-        return {k: np.take(v, at, axis=0) for k, v in arrays.items()}
-
-
-def _window(tasks: Sequence[Task], offsets: np.ndarray, positions: np.ndarray) -> tuple[list[ReadTask], np.ndarray]:
-    """The reads that yield the rows at stream ``positions`` (distinct), in ascending position,
-    and where each of ``positions`` lands among those rows."""
-    if not len(positions):
-        return [], np.zeros(0, np.int64)
-    order = np.argsort(positions)  # distinct: any sort is stable
-    needed = positions[order]
-    at = np.empty(len(positions), np.int64)
-    at[order] = np.arange(len(positions))
-    # The plan's reads from the first task needed to the last, laid end to end.
-    first = int(np.searchsorted(offsets, needed[0], side="right")) - 1
-    last = int(np.searchsorted(offsets, needed[-1], side="right")) - 1
-    reads = [r for t in tasks[first : last + 1] for r in (t.reads if isinstance(t, GroupTask) else (t,))]
-    starts = int(offsets[first]) + np.concatenate(([0], np.cumsum([r.rows for r in reads])))
-    # Only the rows needed are read again, grouped by the read that yields them.
-    which = np.searchsorted(starts, needed, side="right") - 1
-    cuts = np.flatnonzero(np.diff(which)) + 1
-    heads = np.concatenate(([0], cuts))
-    rel = needed - starts[which]
-    window = [reads[k].select(r) for k, r in zip(which[heads].tolist(), np.split(rel, cuts))]
-    return window, at
 
 
 def _exchanges(capacity: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -12,9 +12,9 @@ of the epoch (NOTE [ Elastic resume ] in elastic.py) and the number of batches y
 resume after ``k`` batches, the shuffle buffer's draws are made again over row *positions* only
 (no I/O; each exchange's draw depends only on its seed keys and size), backwards from the
 exchange in progress until every slot is accounted for, which tells which positions it holds and
-which are still owed from the chunk it was emitting (``BufferReplay``). Only the blocks that
-hold those rows (the window since the oldest one) are read again, their rows put back in their
-slots, and the stream continues. Rows skipped by ``on_bad_rows="skip"`` keep their positions
+which are still owed from the chunk it was emitting (``BufferReplay``). Only those rows are read
+again, the owed ones first (NOTE [ Owed rows first ] in restore.py), the held ones put back in
+their slots, and the stream continues. Rows skipped by ``on_bad_rows="skip"`` keep their positions
 until their batch is cut, so a resume after skipped rows is as exact as any (NOTE [ Bad rows keep
 their positions ] in ledger.py).
 """
@@ -495,7 +495,7 @@ class BatchStream(Iterator[Batch]):
             )
         restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
         # A resume's owed rows, then its held rows, come first (NOTE [ Owed rows first ]).
-        restoring = Restoring(plan, restore, group_rows(o.buffer_rows))
+        restoring = Restoring(plan, restore, group_rows(o.buffer_rows), int(sizes[self.batches_yielded]))
         results = self.imap(restoring.tasks())
         try:
             for i, (columns, bad) in enumerate(results):
@@ -504,7 +504,7 @@ class BatchStream(Iterator[Batch]):
                 if tracker is not None:  # skipped rows keep their positions until their batch
                     arrays = tracker.tag(arrays, bad)
                 if restoring.restores(i):
-                    batcher.add(restoring.take(i, arrays, buffer))
+                    batcher.add(restoring.take(arrays, buffer))
                     yield from self._emit(batcher.ready())
                     continue
                 for chunk in buffer.push(arrays) if buffer is not None else [arrays]:

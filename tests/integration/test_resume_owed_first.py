@@ -59,10 +59,11 @@ def test_the_first_batch_after_a_resume_waits_only_for_the_owed_rows(tmp_path, f
         recording = functools.partial(_recording, pool, pulled)
         stream = iter_batches(src, opts, epoch=1, imap=recording, state=_state_after(src, opts, k, pool.imap))
         first = ids_of(next(stream))
-        # Only restore reads of owed rows so far: none of the held rows, none of the plan.
+        # Only the reads of the first batch's rows so far (of all the owed rows when they are
+        # not many more): none of the other owed rows, none of the held rows, none of the plan.
         assert pulled and all(isinstance(t, RestoreTask) for t in pulled)
-        owed = sum(t.rows for t in pulled)
-        assert owed == _owed_after(src, opts, k)
+        owed = _owed_after(src, opts, k)
+        assert sum(t.rows for t in pulled) == (3 if owed > 6 else owed)
         rest = [first] + [ids_of(b) for b in stream]
         assert [a.tolist() for a in rest] == [b.tolist() for b in full[k:]]
 
@@ -119,16 +120,20 @@ def test_restore_tasks_come_owed_then_held_then_the_plan(tmp_path):
     src = open_numbered(write_numbered(str(tmp_path), "csv", [200]), "csv")
     opts = StreamOptions(batch_size=4, shuffle=True, seed=2, shuffle_buffer=48)
     plan = plan_for(src, opts, 1)
-    k = next(k for k in range(20, len(plan.batch_sizes)) if _owed_after(src, opts, k) >= 4)
+    k = next(k for k in range(20, len(plan.batch_sizes)) if _owed_after(src, opts, k) >= 6)
     buffer = ShuffleBuffer(opts.buffer_rows, buffer_keys(opts.seed, 1, 0, 0))
     replay = BufferReplay.replay(plan, buffer, int(plan.batch_sizes[:k].sum()))
-    restoring = Restoring(plan, replay, 12)
+    restoring = Restoring(plan, replay, 12, 1)
+    assert [len(s.tasks) for s in restoring.steps] == [1, 4]  # the first batch's row, the other owed rows
+    assert not restoring.restores(5)  # the held rows' reads are not known yet
     tasks = list(restoring.tasks())
-    owed, held = restoring.owed_tasks, restoring.held_tasks
-    assert held is not None and 1 <= len(owed) <= 4 and len(held) >= 4  # 48 held rows, 12 a task
-    assert tasks[: len(owed) + len(held)] == [*owed, *held] and tasks == restoring.issued
-    assert sum(t.rows for t in owed) == len(replay.owed) and sum(t.rows for t in held) == len(replay.held)
-    assert [restoring.restores(i) for i in range(len(tasks))] == [i < len(owed) + len(held) for i in range(len(tasks))]
+    first, owed, held = restoring.steps
+    assert held.held and not owed.held and len(held.tasks) >= 4  # 48 held rows, a cost of 12 rows a task
+    assert tasks[:9] == [*first.tasks, *owed.tasks, *held.tasks][:9] and tasks == restoring.issued
+    assert first.window.rows == 1 and owed.window.rows == len(replay.owed) - 1
+    assert sum(t.rows for t in held.tasks) == len(replay.held)
+    n = len(first.tasks) + len(owed.tasks) + len(held.tasks)
+    assert [restoring.restores(i) for i in range(len(tasks))] == [i < n for i in range(len(tasks))]
 
 
 def test_split_even_keeps_reads_whole_and_in_order(tmp_path):
