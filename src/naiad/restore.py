@@ -111,21 +111,24 @@ def split_even(reads: Sequence[ReadTask], pieces: int) -> list[list[ReadTask]]:
 
 
 class _Step:
-    """One step of a restore: a window of rows read again in some tasks; owed rows (to the
-    batches) or held ones (to the buffer)."""
+    """One step of a restore: a window of rows read again in some tasks, the first ``owed`` of
+    which go to the batches and the others to the buffer."""
 
-    def __init__(self, window: Window, tasks: list[RestoreTask], held: bool) -> None:
+    def __init__(self, window: Window, tasks: list[RestoreTask], owed: int) -> None:
         self.window = window
         self.tasks = tasks
-        self.held = held
+        self.owed = owed
 
 
-def _step(replay: BufferReplay, positions: np.ndarray, *, pieces: int = 0, max_cost: int = 0, held: bool = False) -> _Step:
-    """The reads of ``positions`` in ``pieces`` tasks, or in tasks of about ``max_cost`` each."""
+def _step(replay: BufferReplay, positions: np.ndarray, *, pieces: int = 0, max_cost: int = 0,
+          held: bool = False, owed: int | None = None) -> _Step:
+    """The reads of ``positions`` (owed rows, else ``held`` ones, else the ``owed`` first of
+    them) in ``pieces`` tasks, or in tasks of about ``max_cost`` each."""
     found = window(replay, positions)
     if not pieces:
         pieces = -(-sum(r.rows + READ_COST_ROWS for r in found.reads) // max(max_cost, 1))
-    return _Step(found, [RestoreTask(tuple(p)) for p in split_even(found.reads, pieces)], held)
+    owed = (0 if held else len(positions)) if owed is None else owed
+    return _Step(found, [RestoreTask(tuple(p)) for p in split_even(found.reads, pieces)], owed)
 
 
 class Restoring:
@@ -138,19 +141,26 @@ class Restoring:
         replay: where the stream stands (:meth:`BufferReplay.replay`).
         max_rows: about the cost of a task of held rows, in rows (the plan's read group size).
         first_rows: the rows of the first batch to cut.
+        in_steps: read in three steps; else all in one (for blocks decoded whole whatever rows
+            are picked: Parquet row groups, Arrow record batches, compressed files).
     """
 
-    def __init__(self, plan: RankPlan, replay: BufferReplay, max_rows: int, first_rows: int) -> None:
+    def __init__(self, plan: RankPlan, replay: BufferReplay, max_rows: int, first_rows: int, *, in_steps: bool = True) -> None:
         self.plan = plan
         self.replay = replay
         owed = replay.owed
-        # The first batch's rows alone when the owed rows are many more, in two tasks.
-        first = first_rows if len(owed) > 2 * first_rows else len(owed)
-        self.steps = [_step(replay, owed[:first], pieces=FIRST_PIECES)] if first else []
-        if first < len(owed):
-            self.steps.append(_step(replay, owed[first:], pieces=OWED_PIECES))
-        # The held rows' reads are worked out beside this thread while it hands out the others.
-        self._held = start_beside(functools.partial(_step, replay, replay.held, max_cost=max_rows, held=True))
+        if not in_steps:  # one step: blocks decoded whole (row groups, compressed files) once
+            both = np.concatenate((owed, replay.held))
+            self.steps = [_step(replay, both, max_cost=max_rows, owed=len(owed))]
+            self._held = start_beside(functools.partial(_step, replay, owed[:0], held=True))
+        else:
+            # The first batch's rows alone when the owed rows are many more, in two tasks.
+            first = first_rows if len(owed) > 2 * first_rows else len(owed)
+            self.steps = [_step(replay, owed[:first], pieces=FIRST_PIECES)] if first else []
+            if first < len(owed):
+                self.steps.append(_step(replay, owed[first:], pieces=OWED_PIECES))
+            # The held rows' reads are worked out beside this thread while it hands out the others.
+            self._held = start_beside(functools.partial(_step, replay, replay.held, max_cost=max_rows, held=True))
         self._known = sum(len(s.tasks) for s in self.steps)  # restoring tasks known so far
         self.issued: list[Task | RestoreTask] = []  # the tasks handed out so far, in order
         self._step_index = 0
@@ -159,7 +169,7 @@ class Restoring:
     @property
     def owed_tasks(self) -> list[RestoreTask]:
         """The tasks that read the owed rows, in order."""
-        return [t for s in self.steps if not s.held for t in s.tasks]
+        return [t for s in self.steps if s.owed for t in s.tasks]
 
     def tasks(self) -> Iterator[Task | RestoreTask]:
         """Every task of the pass, in order."""
@@ -193,7 +203,8 @@ class Restoring:
         self._pieces = []
         self._step_index += 1
         rows = step.window.place(joined)  # type: ignore[arg-type]  # array columns stay arrays
-        if not step.held:
+        if step.owed == step.window.rows:
             return rows
-        self.replay.install(buffer, rows)
-        return {}
+        # Held rows (after the owed ones when a step reads both) go back to the buffer.
+        self.replay.install(buffer, {k: v[step.owed :] for k, v in rows.items()})
+        return {k: v[: step.owed] for k, v in rows.items()}

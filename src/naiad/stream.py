@@ -495,7 +495,9 @@ class BatchStream(Iterator[Batch]):
             )
         restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
         # A resume's owed rows, then its held rows, come first (NOTE [ Owed rows first ]).
-        restoring = Restoring(plan, restore, group_rows(o.buffer_rows), int(sizes[self.batches_yielded]))
+        # Blocks decoded whole whatever rows are picked (row groups, compressed files) are read once.
+        whole = self.source.blocks_from_metadata or any(b.stop < 0 for b in self.source.blocks())
+        restoring = Restoring(plan, restore, group_rows(o.buffer_rows), int(sizes[self.batches_yielded]), in_steps=not whole)
         results = self.imap(restoring.tasks())
         try:
             for i, (columns, bad) in enumerate(results):

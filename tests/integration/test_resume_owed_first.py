@@ -28,11 +28,16 @@ def _state_after(src, opts: StreamOptions, k: int, imap) -> dict[str, Any]:
     return state
 
 
-def _owed_after(src, opts: StreamOptions, k: int) -> int:
-    """Rows the exchange in progress still owes after ``k`` batches."""
+def _replay_after(src, opts: StreamOptions, k: int) -> BufferReplay:
+    """Where the stream stands after ``k`` batches."""
     plan = plan_for(src, opts, 1)
     buffer = ShuffleBuffer(opts.buffer_rows, buffer_keys(opts.seed, 1, 0, 0))
-    return len(BufferReplay.replay(plan, buffer, int(plan.batch_sizes[:k].sum())).owed)
+    return BufferReplay.replay(plan, buffer, int(plan.batch_sizes[:k].sum()))
+
+
+def _owed_after(src, opts: StreamOptions, k: int) -> int:
+    """Rows the exchange in progress still owes after ``k`` batches."""
+    return len(_replay_after(src, opts, k).owed)
 
 
 def _recording(pool: WorkerPool, pulled: list[Any], tasks: Iterable[Any]) -> Iterator[Any]:
@@ -61,9 +66,11 @@ def test_the_first_batch_after_a_resume_waits_only_for_the_owed_rows(tmp_path, f
         first = ids_of(next(stream))
         # Only the reads of the first batch's rows so far (of all the owed rows when they are
         # not many more): none of the other owed rows, none of the held rows, none of the plan.
+        # Parquet row groups are decoded whole whatever rows are picked: one step reads all.
         assert pulled and all(isinstance(t, RestoreTask) for t in pulled)
         owed = _owed_after(src, opts, k)
-        assert sum(t.rows for t in pulled) == (3 if owed > 6 else owed)
+        expected = (3 if owed > 6 else owed) if fmt != "parquet" else owed + len(_replay_after(src, opts, k).held)
+        assert sum(t.rows for t in pulled) == expected
         rest = [first] + [ids_of(b) for b in stream]
         assert [a.tolist() for a in rest] == [b.tolist() for b in full[k:]]
 
@@ -128,7 +135,7 @@ def test_restore_tasks_come_owed_then_held_then_the_plan(tmp_path):
     assert not restoring.restores(5)  # the held rows' reads are not known yet
     tasks = list(restoring.tasks())
     first, owed, held = restoring.steps
-    assert held.held and not owed.held and len(held.tasks) >= 4  # 48 held rows, a cost of 12 rows a task
+    assert held.owed == 0 and owed.owed == owed.window.rows and len(held.tasks) >= 4  # 48 held rows, a cost of 12 a task
     assert tasks[:9] == [*first.tasks, *owed.tasks, *held.tasks][:9] and tasks == restoring.issued
     assert first.window.rows == 1 and owed.window.rows == len(replay.owed) - 1
     assert sum(t.rows for t in held.tasks) == len(replay.held)
