@@ -45,6 +45,7 @@ from naiad.coverage_report import CoverageReport, EpochCoverage, ShuffleQuality,
 from naiad.errors import ConfigError
 from naiad.parallel import WorkerPool
 from naiad.plan import GroupTask, Task
+from naiad.restore import window as restore_window
 from naiad.shuffle import BufferReplay, ShuffleBuffer
 from naiad.sources.base import Block, BlockData, PathLike, Source
 from naiad.stream import (
@@ -332,9 +333,9 @@ class _Check:
         tasks = list(plan.tasks[restore.next_task :])
         if restore.remainder is not None:
             tasks.insert(0, restore.remainder)
-        if restore.window:
-            restore.put({"row": np.concatenate([self.pos.rows_of(t) for t in restore.window])})
-        chunks = [restore.finish(buffer).get("row", np.zeros(0, np.int64))]
+        # The owed rows go to the batches, the held ones back to the buffer (NOTE [ Owed rows first ]).
+        chunks = [self.rows_at(restore, restore.owed)]
+        restore.install(buffer, {"row": self.rows_at(restore, restore.held)})
         need, have = int(sizes.sum()), len(chunks[0])
         for task in tasks:
             if have >= need:
@@ -347,6 +348,13 @@ class _Check:
             if buffer is not None:
                 chunks.append(buffer.flush().get("row", np.zeros(0, np.int64)))
         return _Run(np.concatenate(chunks)[:need], sizes)
+
+    def rows_at(self, restore: BufferReplay, positions: np.ndarray) -> np.ndarray:
+        """The row numbers at some of a resume's stream ``positions``, read as the stream reads them."""
+        window = restore_window(restore, positions)
+        if not window.reads:
+            return np.zeros(0, np.int64)
+        return window.place({"row": np.concatenate([self.pos.rows_of(t) for t in window.reads])})["row"]
 
     def epoch(self, epoch: int, legs: Sequence[tuple[str, Topology, list[_Run]]],
               resumed_after: int | None = None) -> EpochCoverage:

@@ -50,7 +50,7 @@ import numpy as np
 
 from naiad.errors import ConfigError, StateError
 from naiad.parallel.threads import run_beside
-from naiad.plan import GroupTask, RankPlan, ReadTask, Task
+from naiad.plan import RankPlan, Task
 
 __all__ = ["BufferReplay", "ShuffleBuffer", "as_array", "shuffle_quality"]
 
@@ -295,31 +295,25 @@ class ShuffleBuffer:
 
 
 class BufferReplay:
-    """What a mid-epoch resume re-reads and where its rows go (see NOTE [ Mid-epoch resume ]).
-
-    Built by replaying the plan over row positions; ``window`` lists the reads to redo, and
-    :meth:`put` drops each of their rows into its buffer slot or its place among the rows still
-    owed to the batches.
+    """Where a resumed stream stands (NOTE [ Mid-epoch resume ] in stream.py), found by replaying
+    the plan over row positions: the rows the buffer held (``held``, slot by slot), those still
+    owed to batches by the exchange in progress (``owed``, in their order), and where the plan
+    goes on (``restore.window`` names the reads that yield any of those rows again).
     """
 
-    def __init__(self, next_task: int, window: list[ReadTask], window_pos: list[np.ndarray],
-                 held: np.ndarray | None = None, owed: np.ndarray | None = None) -> None:
+    def __init__(self, next_task: int, held: np.ndarray | None = None, owed: np.ndarray | None = None) -> None:
         self.next_task = next_task
-        self.window = window
-        self.window_pos = window_pos  # the stream positions of each window read's rows, ascending
-        self.shuffled = held is not None
         self.held = held if held is not None else np.zeros(0, np.int64)
         self.owed = owed if owed is not None else np.zeros(0, np.int64)
-        self.slots: dict[str, np.ndarray] | None = None
-        self.pending: dict[str, np.ndarray] = {}
-        self.at_held = self.at_owed = np.zeros(0, np.int64)  # set by replay(): rows' places on reading
         self.consumed = 0  # stream positions taken in by the buffer (shuffled)
         self.remainder: Task | None = None  # the rest of a chunk cut inside, read next
+        self.tasks: Sequence[Task] = ()  # the plan's tasks, and where each one's rows start
+        self.offsets = np.zeros(1, np.int64)
 
     @classmethod
     def nothing(cls) -> BufferReplay:
         """A fresh start: nothing to restore."""
-        return cls(0, [], [])
+        return cls(0)
 
     @classmethod
     def replay(cls, plan: RankPlan, buffer: ShuffleBuffer | None, start: int) -> BufferReplay:
@@ -327,16 +321,21 @@ class BufferReplay:
 
         With a buffer, only the draws that decide what it holds are made again: from the task
         in progress backwards until every slot is accounted for (NOTE [ Mid-epoch resume ]
-        in stream.py), so the cost does not grow with ``start``.
+        in stream.py), so the cost does not grow with ``start``. Without one, the stream goes
+        on with the rest of the task in progress (``remainder``).
         """
         tasks = plan.tasks
         offsets = np.concatenate(([0], np.cumsum([t.rows for t in tasks]))).astype(np.int64)
         if start >= offsets[-1] and buffer is None:
-            return cls(len(tasks), [], [])
+            return cls(len(tasks))
         if buffer is None:  # no shuffle: rows leave in stream order; continue at row `start`
             k = int(np.searchsorted(offsets, start, side="right")) - 1
-            rest = tasks[k].without_first(start - int(offsets[k]))
-            return cls(k + 1, list(rest.reads) if isinstance(rest, GroupTask) else [rest], [np.arange(start, int(offsets[k + 1]))])
+            replay = cls(k + 1)
+            if start > offsets[k]:
+                replay.remainder = tasks[k].without_first(start - int(offsets[k]))
+            else:
+                replay.next_task = k
+            return replay
         if buffer.keys is None:
             raise ConfigError("a shuffle buffer is replayed only with seed keys, not a shared generator.")
         held, owed, consumed, draws = _replay_draws(buffer.capacity_rows, buffer.keys, offsets, start)
@@ -346,54 +345,20 @@ class BufferReplay:
         if next_task < len(tasks) and consumed > offsets[next_task]:  # inside a chunk: the rest of it
             remainder = tasks[next_task].without_first(consumed - int(offsets[next_task]))
             next_task += 1
-        next_task = min(next_task, len(tasks))
-        both = np.concatenate((held, owed))
-        order = np.argsort(both, kind="stable")
-        needed = both[order]
-        # Where each held and owed row lands among the rows read back in ascending position.
-        at = np.empty(len(both), np.int64)
-        at[order] = np.arange(len(both))
-        # Only the rows still needed are read again, grouped by the task that yields them.
-        which = np.searchsorted(offsets, needed, side="right") - 1
-        cuts = np.flatnonzero(np.diff(which)) + 1
-        window, window_pos = [], []
-        for pos in np.split(needed, cuts) if len(needed) else []:
-            k = int(which[np.searchsorted(needed, pos[0])])
-            t = tasks[k]
-            rel = pos - int(offsets[k])
-            window.extend(t.parts(rel) if isinstance(t, GroupTask) else [t.select(rel)])
-            window_pos.append(pos)  # the positions of those reads' rows, in the same order
-        replay = cls(next_task, window, window_pos, held, owed)
-        replay.at_held, replay.at_owed = at[: len(held)], at[len(held) :]
+        replay = cls(min(next_task, len(tasks)), held, owed)
         replay.consumed, replay.remainder = consumed, remainder
+        replay.tasks, replay.offsets = tasks, offsets
         return replay
 
-    def put(self, arrays: dict[str, np.ndarray]) -> None:
-        """Place the rows of the whole window, read again (one chunk, in window order)."""
-        if not self.shuffled:  # the rows continue the stream as they are
-            self.pending = arrays
+    def install(self, buffer: ShuffleBuffer | None, slots: dict[str, np.ndarray]) -> None:
+        """Put the rows of ``held`` (read again, in its order) back in the buffer's slots."""
+        if buffer is None or not len(self.held):
             return
-        pos = np.concatenate(self.window_pos)
-        n = len(next(iter(arrays.values()))) if arrays else 0
-        if n != len(pos):
-            # Positions shift when rows are skipped; placing rows by position would misplace them.
-            raise StateError(
-                f"cannot resume mid-epoch exactly: {len(pos) - n} bad row(s) of {self.window[0].block.path} "
-                "and the other files to restore were skipped; resume at the start of the epoch instead."
-            )
-        # The rows arrive in ascending position; replay() noted where each held and owed one is.
-        self.slots = {k: np.take(v, self.at_held, axis=0) for k, v in arrays.items()}
-        self.pending = {k: np.take(v, self.at_owed, axis=0) for k, v in arrays.items()}
-
-    def finish(self, buffer: ShuffleBuffer | None) -> dict[str, np.ndarray]:
-        """Install the restored rows in the buffer; returns the rows still owed to batches."""
-        if buffer is not None and self.slots is not None and len(self.held):
-            buffer._allocate(self.slots)
-            assert buffer.slots is not None
-            for k, v in self.slots.items():
-                buffer.slots[k][: len(self.held)] = v
-            buffer.size = len(self.held)
-        return self.pending
+        buffer._allocate(slots)
+        assert buffer.slots is not None
+        for k, v in slots.items():
+            buffer.slots[k][: len(self.held)] = v
+        buffer.size = len(self.held)
 
 
 def _exchanges(capacity: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -12,9 +12,9 @@ of the epoch (NOTE [ Elastic resume ] in elastic.py) and the number of batches y
 resume after ``k`` batches, the shuffle buffer's draws are made again over row *positions* only
 (no I/O; each exchange's draw depends only on its seed keys and size), backwards from the
 exchange in progress until every slot is accounted for, which tells which positions it holds and
-which are still owed from the chunk it was emitting (``BufferReplay``). Only the blocks that
-hold those rows (the window since the oldest one) are read again, their rows put back in their
-slots, and the stream continues. Rows skipped by ``on_bad_rows="skip"`` keep their positions
+which are still owed from the chunk it was emitting (``BufferReplay``). Only those rows are read
+again, the owed ones first (NOTE [ Owed rows first ] in restore.py), the held ones put back in
+their slots, and the stream continues. Rows skipped by ``on_bad_rows="skip"`` keep their positions
 until their batch is cut, so a resume after skipped rows is as exact as any (NOTE [ Bad rows keep
 their positions ] in ledger.py).
 """
@@ -43,7 +43,6 @@ from naiad.plan import (
     TAG_BUFFER,
     GroupTask,
     RankPlan,
-    ReadTask,
     RestoreTask,
     Task,
     block_permutation,
@@ -52,8 +51,9 @@ from naiad.plan import (
     make_plan,
     tasks_for,
 )
+from naiad.restore import Restoring
 from naiad.shuffle import BufferReplay, ShuffleBuffer, as_array
-from naiad.sources.base import Source, concat_columns, numpy_dtype
+from naiad.sources.base import Source, numpy_dtype
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER_ROWS",
@@ -497,30 +497,19 @@ class BatchStream(Iterator[Batch]):
                 self.counters.ledger, self.epoch, self.source.max_bad_rows, int(sizes.sum()), self.bad_rows,
             )
         restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
-        tasks: list[Task | RestoreTask] = list(plan.tasks[restore.next_task :])
-        if restore.remainder is not None:
-            tasks.insert(0, restore.remainder)
-        # The window a resume reads again, in a few tasks that the workers (or read-ahead
-        # threads) parse side by side; its rows are put back once all have come.
-        restoring = [RestoreTask(tuple(p)) for p in split_reads(restore.window, group_rows(o.buffer_rows))]
-        tasks[:0] = restoring
-        if not restoring:
-            batcher.add(restore.finish(buffer))
-        results = self.imap(tasks)
-        restored: list[dict[str, np.ndarray]] = []
+        # A resume's owed rows, then its held rows, come first (NOTE [ Owed rows first ]).
+        # Blocks decoded whole whatever rows are picked (row groups, compressed files) are read once.
+        whole = self.source.blocks_from_metadata or any(b.stop < 0 for b in self.source.blocks())
+        restoring = Restoring(plan, restore, group_rows(o.buffer_rows), int(sizes[self.batches_yielded]), in_steps=not whole)
+        results = self.imap(restoring.tasks())
         try:
-            for i, (task, (columns, bad)) in enumerate(zip(tasks, results)):
-                self._count(task, columns)
+            for i, (columns, bad) in enumerate(results):
+                self._count(restoring.issued[i], columns)
                 arrays = {name: as_array(col) for name, col in columns.items()}
                 if tracker is not None:  # skipped rows keep their positions until their batch
                     arrays = tracker.tag(arrays, bad)
-                if i < len(restoring):
-                    restored.append(arrays)
-                    if i + 1 < len(restoring):
-                        continue
-                    # Array columns joined stay arrays (concat_columns keeps lists only for lists).
-                    restore.put(restored[0] if len(restored) == 1 else cast(dict[str, np.ndarray], concat_columns(restored)))
-                    batcher.add(restore.finish(buffer))
+                if restoring.restores(i):
+                    batcher.add(restoring.take(arrays, buffer))
                     yield from self._emit(batcher.ready())
                     continue
                 for chunk in buffer.push(arrays) if buffer is not None else [arrays]:
@@ -552,19 +541,6 @@ class BatchStream(Iterator[Batch]):
             self.counters.rows_yielded += n
             self.counters.batches += 1
             yield transform(batch) if transform is not None else batch
-
-
-def split_reads(reads: Sequence[ReadTask], max_rows: int) -> list[list[ReadTask]]:
-    """``reads`` cut into consecutive runs of about ``max_rows`` rows (each read whole)."""
-    out: list[list[ReadTask]] = []
-    rows = 0
-    for r in reads:
-        if not out or rows + r.rows > max_rows:
-            out.append([])
-            rows = 0
-        out[-1].append(r)
-        rows += r.rows
-    return out
 
 
 def to_torch(arrays: Mapping[str, np.ndarray]) -> Batch:

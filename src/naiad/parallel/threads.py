@@ -1,4 +1,5 @@
-"""A helper thread for splitting one vectorized step across cores: column work in the shuffle buffer.
+"""A helper thread for splitting one vectorized step across cores: column work in the shuffle buffer,
+and a resume's planning of its later reads while its first ones run (``start_beside``).
 
 NumPy releases the GIL inside fancy indexing, so gathering and scattering some of a batch's
 columns on a second thread while the calling thread does the rest (and draws the next exchange)
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["run_beside"]
+__all__ = ["run_beside", "start_beside"]
 
 T = TypeVar("T")
 
@@ -48,3 +49,18 @@ def run_beside(here: Callable[[], T], there: Callable[[], Any]) -> tuple[T, Any]
     finally:
         second = future.result()  # wait even on an error: the helper writes the same arrays
     return first, second
+
+
+def start_beside(work: Callable[[], T]) -> Callable[[], T]:
+    """Start ``work()`` on the helper thread; returns the function that waits for its result (and
+    raises its exception). On a single core ``work`` runs when that function is first called."""
+    if (os.cpu_count() or 1) < 2:
+        done: list[T] = []
+
+        def later() -> T:
+            if not done:
+                done.append(work())
+            return done[0]
+
+        return later
+    return _helper().submit(work).result

@@ -333,10 +333,52 @@ def select_rows(buf: bytes, rows: np.ndarray, total: int, keep_blank: bool) -> t
 
 def read_selected_lines(parts: list[tuple[Block, np.ndarray]], compression: str | None, keep_blank: bool) -> bytes:
     """The selected lines of every part, one buffer of whole lines (for one parse)."""
-    datas = read_blocks_bytes([block for block, _ in parts], compression)
-    return b"".join(
-        select_rows(buf, rows, block.rows, keep_blank)[0] for buf, (block, rows) in zip(datas, parts, strict=True)
-    )
+    bufs = read_blocks_bytes([block for block, _ in parts], compression)
+    picked = _select_many(bufs, parts, keep_blank)
+    if picked is not None:
+        return picked
+    # Blank lines, or counts that differ from the scan's: block by block, which skips the one
+    # and names the other.
+    return b"".join(select_rows(buf, rows, block.rows, keep_blank)[0] for buf, (block, rows) in zip(bufs, parts))
+
+
+def _select_many(bufs: list[bytes], parts: list[tuple[Block, np.ndarray]], keep_blank: bool) -> bytes | None:
+    """:func:`select_rows` over many blocks at once, for blocks whose every line is a row (the
+    common case: no blank line); None otherwise.
+
+    A resume picks a few rows from each of hundreds of blocks, so what it costs is the blocks'
+    newline scan and the steps per block: here one NumPy pass per block finds its newlines,
+    and the rows' byte ranges of all the blocks come from a few passes over all their newlines.
+    """
+    bufs = [b if not b or b.endswith(b"\n") else b + b"\n" for b in bufs]  # a file's last line
+    nls = [np.flatnonzero(np.frombuffer(b, np.uint8) == 10) for b in bufs]
+    counts = np.fromiter(map(len, nls), np.int64, count=len(nls))
+    if not np.array_equal(counts, np.fromiter((block.rows for block, _ in parts), np.int64, count=len(parts))):
+        return None
+    nl = np.concatenate(nls)
+    first = np.cumsum(counts) - counts  # each block's first line among all the lines
+    starts = np.empty_like(nl)
+    starts[1:] = nl[:-1] + 1
+    starts[first[counts > 0]] = 0
+    if not keep_blank:
+        length = nl - starts
+        if np.any(length == 0):
+            return None
+        one = np.flatnonzero(length == 1)  # a one-byte line: a row, unless it is a lone CR
+        if len(one):
+            block_of = np.searchsorted(first, one, side="right") - 1
+            for b in np.unique(block_of).tolist():
+                if np.any(np.frombuffer(bufs[b], np.uint8)[starts[one[block_of == b]]] == 13):
+                    return None
+    rows = np.concatenate([r for _, r in parts])
+    block_id = np.repeat(np.arange(len(parts)), [len(r) for _, r in parts])
+    line = first[block_id] + rows
+    # Each run of consecutive rows of one block is one byte range (with its newlines).
+    breaks = np.flatnonzero((np.diff(line) != 1) | (np.diff(block_id) != 0)) + 1
+    run_first = np.concatenate(([0], breaks))
+    run_last = np.concatenate((breaks - 1, [len(line) - 1]))
+    a, b, which = starts[line[run_first]].tolist(), (nl[line[run_last]] + 1).tolist(), block_id[run_first].tolist()
+    return b"".join([bufs[i][x:y] for i, x, y in zip(which, a, b)])
 
 
 def parse_selected_lines(
