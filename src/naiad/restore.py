@@ -76,8 +76,17 @@ def window(replay: BufferReplay, positions: np.ndarray) -> Window:
     tasks, offsets = replay.tasks, replay.offsets
     if not len(positions):
         return Window([], np.zeros(0, np.int64))
-    order = np.argsort(positions)  # distinct: any sort is stable
-    needed = positions[order]
+    lo, span = int(positions.min()), int(positions.max()) - int(positions.min()) + 1
+    if span <= 8 * len(positions):
+        # Distinct positions in a short range: sorted by marking them (a pass over the range),
+        # not by a comparison sort (a 2 Mi-row buffer's 3 Mi positions: 0.34 s to 0.05 s).
+        mark = np.full(span, -1, np.int64)
+        mark[positions - lo] = np.arange(len(positions))
+        present = np.flatnonzero(mark >= 0)
+        order, needed = mark[present], present + lo
+    else:
+        order = np.argsort(positions)  # distinct: any sort is stable
+        needed = positions[order]
     at = np.empty(len(positions), np.int64)
     at[order] = np.arange(len(positions))
     # The plan's reads from the first task needed to the last, laid end to end.

@@ -41,9 +41,11 @@ position.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -379,6 +381,36 @@ def _exchanges(capacity: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.array(task, np.int64), np.array(first, np.int64), np.array(size, np.int64)
 
 
+# Draws this large are made ahead on threads while the walk goes on (NumPy releases the GIL
+# while it draws): a 2 Mi-row buffer's replay from 1 Mi-row groups halves, 1.0 s to 0.55 s.
+_PARALLEL_DRAW_SLOTS = 1 << 16
+
+
+def _backward_draws(keys: tuple[int, ...], capacity: int, size: np.ndarray, i0: int) -> Generator[tuple[int, np.ndarray], None, None]:
+    """The draws of exchanges ``i0 - 1, i0 - 2, ..., 0``, in that order; each a pure function
+    of (keys, j), so the big ones are made a few ahead on two threads."""
+    def draw(j: int) -> np.ndarray:
+        return draw_rng(keys, j).choice(capacity, int(size[j]), replace=False)
+
+    if capacity < _PARALLEL_DRAW_SLOTS or i0 < 2:
+        for j in range(i0 - 1, -1, -1):
+            yield j, draw(j)
+        return
+    with ThreadPoolExecutor(2, thread_name_prefix="naiad-replay") as pool:
+        ahead: collections.deque[tuple[int, Future[np.ndarray]]] = collections.deque()
+        j = i0 - 1
+        try:
+            while ahead or j >= 0:
+                while j >= 0 and len(ahead) < 3:
+                    ahead.append((j, pool.submit(draw, j)))
+                    j -= 1
+                k, done = ahead.popleft()
+                yield k, done.result()
+        finally:
+            for _, f in ahead:
+                f.cancel()
+
+
 def _replay_draws(capacity: int, keys: tuple[int, ...], offsets: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int, int]:
     """The rows (stream positions) a keyed buffer holds, and those it owes, once the exchange
     that emits row ``start`` is made; the positions taken in by then; and the draws made.
@@ -405,13 +437,14 @@ def _replay_draws(capacity: int, keys: tuple[int, ...], offsets: np.ndarray, sta
     filled = min(capacity, int(offsets[k + 1]) if k + 1 < len(offsets) else total)
     content = np.full(capacity, -1, np.int64)
     unknown = capacity
-    for j in range(i0 - 1, -1, -1):
+    draws = _backward_draws(keys, capacity, size, i0)
+    for j, idx in draws:
         if unknown == 0:
             break
-        idx = draw_rng(keys, j).choice(capacity, int(size[j]), replace=False)
         new = content[idx] < 0
         content[idx[new]] = first[j] + np.flatnonzero(new)
         unknown -= int(new.sum())
+    draws.close()
     never = np.flatnonzero(content < 0)
     content[never] = never  # filled in order, never exchanged since
     content = content[:filled] if i0 == 0 else content

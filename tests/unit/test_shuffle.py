@@ -268,3 +268,16 @@ def test_backward_replay_cost_does_not_grow_with_the_position():
     finally:
         shuffle_module.draw_rng = real
     assert len(calls) < 5000 * np.log(5000) / 1000 * 2  # ~43 expected, versus ~1,000 forwards
+
+
+@pytest.mark.parametrize("start", [70_000, 150_001, 260_000])
+def test_backward_replay_with_draws_made_ahead_on_threads_matches_pushing_every_chunk(monkeypatch, start):
+    import naiad.shuffle as shuffle_module
+
+    monkeypatch.setattr(shuffle_module, "_PARALLEL_DRAW_SLOTS", 1 << 10)  # the threaded walk, at a test's size
+    sizes = [12_000] * 20 + [5_000, 17_000]
+    keys = (3, 0, 0, 1, 0)
+    held, owed, consumed, draws = shuffle_module._replay_draws(30_000, keys, np.concatenate(([0], np.cumsum(sizes))), start)
+    f_held, f_owed, f_consumed, f_draws = _forward_replay(30_000, keys, sizes, start)
+    assert (consumed, draws) == (f_consumed, f_draws)
+    assert np.array_equal(held, f_held) and np.array_equal(owed, f_owed)
