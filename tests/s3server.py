@@ -202,3 +202,40 @@ def _close(s: socket.socket) -> None:
         s.close()
     except OSError:
         pass
+
+
+def upload_numbered(s3: S3Server, folder: str, fmt: str, prefix: str, sizes: list[int]) -> str:
+    """Write numbered files of ``fmt`` in ``folder`` (tests/conftest_stream.py), upload them under
+    ``prefix``; returns the glob URL that names them."""
+    import os
+
+    from tests.conftest_stream import write_numbered
+
+    for path in write_numbered(folder, fmt, sizes):
+        with open(path, "rb") as f:
+            s3.put(f"{prefix}/{os.path.basename(path)}", f.read())
+    return f"s3://{BUCKET}/{prefix}/part-*.{fmt}"
+
+
+def open_numbered_url(url: str, fmt: str, options: dict, **kw: Any) -> Any:
+    """A source over numbered files at ``url``, in small blocks (many blocks from few rows)."""
+    import naiad
+
+    small = {"block_bytes": 64} if fmt in ("csv", "jsonl", "text") else {"block_rows": 9} if fmt == "npy" else {}
+    reader = naiad.read_text if fmt == "text" else naiad.read
+    return reader(url, storage_options=options, **small, **kw)
+
+
+def batch_ids(batch: dict) -> list[int]:
+    """The row numbers of a batch of numbered rows (a text line is its number)."""
+    import torch
+
+    if "text" in batch:
+        return [int(v) for v in batch["text"]]
+    col = batch["id"] if "id" in batch else batch["x"]
+    return torch.as_tensor(col).long().tolist()
+
+
+def epoch_ids(loader: Any) -> list[int]:
+    """The row numbers of an epoch, in the order delivered."""
+    return [i for batch in loader for i in batch_ids(batch)]

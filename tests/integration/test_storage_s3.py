@@ -6,12 +6,10 @@ it. A fault-injecting proxy between them resets connections mid-response.
 
 from __future__ import annotations
 
-import os
 import urllib.request
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("moto.server", reason="the object storage tests need moto[server] (pip install 'naiad[test]')")
 pytest.importorskip("s3fs", reason="the object storage tests need s3fs (pip install 'naiad[s3]')")
@@ -20,8 +18,15 @@ import naiad  # noqa: E402
 from naiad.errors import SourceError  # noqa: E402
 from naiad.sources.storage import RetryPolicy  # noqa: E402
 from naiad.testing import check_resume  # noqa: E402
-from tests.conftest_stream import FORMATS, write_numbered  # noqa: E402
-from tests.s3server import BUCKET, FaultProxy, S3Server  # noqa: E402
+from tests.conftest_stream import FORMATS  # noqa: E402
+from tests.s3server import (  # noqa: E402
+    BUCKET,
+    FaultProxy,
+    S3Server,
+    epoch_ids,
+    open_numbered_url,
+    upload_numbered,
+)
 
 SIZES = [61, 0, 23, 40]  # uneven files and an empty one
 TOTAL = sum(SIZES)
@@ -36,28 +41,11 @@ def s3():
 
 def upload(s3: S3Server, tmp_path, fmt: str, prefix: str, sizes=SIZES) -> str:
     """Write numbered files locally, upload them under ``prefix``; returns the glob URL."""
-    for path in write_numbered(str(tmp_path), fmt, sizes):
-        with open(path, "rb") as f:
-            s3.put(f"{prefix}/{os.path.basename(path)}", f.read())
-    return f"s3://{BUCKET}/{prefix}/part-*.{fmt}"
+    return upload_numbered(s3, str(tmp_path), fmt, prefix, sizes)
 
 
 def open_url(url: str, fmt: str, options: dict, **kw) -> naiad.sources.Source:
-    small = {"block_bytes": 64} if fmt in ("csv", "jsonl", "text") else {"block_rows": 9} if fmt == "npy" else {}
-    if fmt == "text":
-        return naiad.read_text(url, storage_options=options, **small, **kw)
-    return naiad.read(url, storage_options=options, **small, **kw)
-
-
-def ids_of(batch: dict) -> list[int]:
-    if "text" in batch:
-        return [int(v) for v in batch["text"]]
-    col = batch["id"] if "id" in batch else batch["x"]
-    return torch.as_tensor(col).long().tolist()
-
-
-def epoch_ids(loader) -> list[int]:
-    return [i for batch in loader for i in ids_of(batch)]
+    return open_numbered_url(url, fmt, options, **kw)
 
 
 @pytest.mark.timeout(120)

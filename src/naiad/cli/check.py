@@ -16,35 +16,20 @@ import argparse
 import json
 import sys
 
+from naiad.cli.argtypes import at_least
+
 NAME = "check"
 HELP = "Dry-run a configuration's plan: every row once per epoch on every rank, also after a resume."
-
-
-def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``naiad check`` options to ``parser``."""
     parser.add_argument("source", help="a file or a glob (read with naiad.read: the reader by suffix)")
-    parser.add_argument("--world-size", type=_positive, default=1, help="ranks (default 1)")
-    parser.add_argument("--num-workers", type=_non_negative, default=0, help="workers per rank (default 0)")
-    parser.add_argument("--batch-size", type=_positive, default=1, help="rows per batch (default 1)")
-    parser.add_argument("--epochs", type=_positive, default=1, help="epochs to check (default 1)")
-    parser.add_argument("--shuffle-buffer", type=_positive, default=None,
+    parser.add_argument("--world-size", type=at_least(1), default=1, help="ranks (default 1)")
+    parser.add_argument("--num-workers", type=at_least(0), default=0, help="workers per rank (default 0)")
+    parser.add_argument("--batch-size", type=at_least(1), default=1, help="rows per batch (default 1)")
+    parser.add_argument("--epochs", type=at_least(1), default=1, help="epochs to check (default 1)")
+    parser.add_argument("--shuffle-buffer", type=at_least(1), default=None,
                         help="shuffle buffer rows (default: the loader's, 131,072)")
     parser.add_argument("--seed", type=int, default=0, help="the loader's seed= (default 0)")
     parser.add_argument("--drop-last", action="store_true", help="only full batches")
@@ -53,11 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     resume.add_argument("--resume-at", type=float, default=None, metavar="F",
                         help="where to stop and resume, in epochs: 0.5 is the middle of epoch 0, 1.25 a quarter "
                         "into epoch 1")
-    resume.add_argument("--new-world-size", type=_positive, default=None, help="ranks after the resume")
-    resume.add_argument("--new-num-workers", type=_non_negative, default=None, help="workers after the resume")
-    resume.add_argument("--new-batch-size", type=_positive, default=None, help="batch size after the resume")
-    resume.add_argument("--new-shuffle-buffer", type=_positive, default=None, help="buffer rows after the resume")
-    parser.add_argument("--stream-rows", type=_non_negative, default=None,
+    resume.add_argument("--new-world-size", type=at_least(1), default=None, help="ranks after the resume")
+    resume.add_argument("--new-num-workers", type=at_least(0), default=None, help="workers after the resume")
+    resume.add_argument("--new-batch-size", type=at_least(1), default=None, help="batch size after the resume")
+    resume.add_argument("--new-shuffle-buffer", type=at_least(1), default=None, help="buffer rows after the resume")
+    parser.add_argument("--stream-rows", type=at_least(0), default=None,
                         help="rows per checked rank of the real stream over row numbers, compared with the dry "
                         "run (default 200,000; 0: skip)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON ('-': to stdout, instead of "

@@ -15,6 +15,8 @@ import json
 import re
 from typing import Any
 
+from naiad.cli.argtypes import at_least
+
 NAME = "convert"
 HELP = "Convert CSV, JSONL, text, Parquet, Arrow or .npy files (local or URLs) to Parquet or Arrow shards."
 
@@ -28,16 +30,6 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a size such as 2GiB or 512MiB, got {text!r}")
     value = float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2).lower() or "_")
     return int(value)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
 
 
 def parse_dtypes(text: str) -> dict[str, str] | str:
@@ -70,9 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dst", help="an output file (out/train.parquet) or folder (out/, s3://bucket/train/)")
     parser.add_argument("--format", choices=("parquet", "arrow"), default=None,
                         help="output format (default: from DST's suffix, else parquet)")
-    parser.add_argument("--rows-per-shard", type=_positive, default=None,
+    parser.add_argument("--rows-per-shard", type=at_least(1), default=None,
                         help="rows per output file, numbered NAME-00000 (default: one file)")
-    parser.add_argument("--row-group-rows", type=_positive, default=None,
+    parser.add_argument("--row-group-rows", type=at_least(1), default=None,
                         help="rows per row group / record batch, the streaming block (default: 1/4096 of the "
                         "rows, between 1,024 and 65,536)")
     parser.add_argument("--shuffle", action="store_true", help="write the rows in a seeded global permutation")

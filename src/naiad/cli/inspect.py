@@ -11,40 +11,21 @@ from __future__ import annotations
 
 import argparse
 
+from naiad.cli.argtypes import at_least
 from naiad.cli.convert import parse_json_object
 
 NAME = "inspect"
 HELP = "Show what naiad sees in some files (format, columns, rows, blocks, first rows) and time a shuffled read."
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``naiad inspect`` options to ``parser``."""
     parser.add_argument("source", help="a file, glob or URL (read with naiad.read: the reader by suffix)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
-    parser.add_argument("--rows", type=_non_negative, default=5, help="first rows to show (default 5)")
-    parser.add_argument("--time-budget", type=_non_negative_float, default=1.0, metavar="SECONDS",
+    parser.add_argument("--rows", type=at_least(0), default=5, help="first rows to show (default 5)")
+    parser.add_argument("--time-budget", type=at_least(0, float), default=1.0, metavar="SECONDS",
                         help="how long the timed read of random blocks may take (default 1 s; 0: one block)")
-    parser.add_argument("--max-blocks", type=_non_negative, default=256,
+    parser.add_argument("--max-blocks", type=at_least(0), default=256,
                         help="most blocks the timed read reads (default 256)")
     parser.add_argument("--storage-options", type=parse_json_object, default=None, metavar="JSON",
                         help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://...", "anon": true}\'')
