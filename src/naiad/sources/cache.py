@@ -139,26 +139,11 @@ class BlockCache:
         """Where entry ``key`` lives."""
         return self.root / key[:2] / key[2:]
 
-    def get(self, key: str, nbytes: int) -> bytes | None:
-        """The entry's bytes if it is there and whole (its use time set to now), else None."""
-        path = self.path(key)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError:
-            return None
-        if len(data) != nbytes:
-            self._remove(path)  # cut short: never data
-            return None
-        try:
-            os.utime(path)
-        except OSError:
-            pass  # evicted since: the bytes read are still whole
-        return data
-
-    def get_part(self, key: str, nbytes: int, start: int, stop: int) -> bytes | None:
-        """Bytes ``start:stop`` of the entry if it is there and whole (``nbytes`` long), else None:
-        one ``pread``, so a small block inside a big chunk costs its own bytes (NOTE [ Chunks ])."""
+    def get(self, key: str, nbytes: int, start: int = 0, stop: int | None = None) -> bytes | None:
+        """Bytes ``start:stop`` (default: all) of the entry if it is there and whole (``nbytes``
+        long), its use time set to now; else None. One ``pread``, so a small block inside a big
+        chunk costs its own bytes (NOTE [ Block cache ], chunks)."""
+        stop = nbytes if stop is None else stop
         path = self.path(key)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -175,22 +160,27 @@ class BlockCache:
             os.close(fd)
         if len(data) != stop - start:
             return None
-        self._count(hits=1)
+        try:
+            os.utime(path)
+        except OSError:
+            pass  # evicted since: the bytes read are still whole
         return data
 
     def holds(self, total: int) -> bool:
         """Whether ``total`` bytes fit comfortably (half the bound): worth fetching whole chunks."""
         return self.usable and total <= self.max_bytes // 2
 
-    def get_or_fetch(self, key: str, nbytes: int, fetch: Callable[[], bytes]) -> bytes:
-        """The entry's bytes, fetched and stored by one process when missing (the others wait)."""
-        data = self.get(key, nbytes)
+    def get_or_fetch(self, key: str, nbytes: int, fetch: Callable[[], bytes], start: int = 0,
+                     stop: int | None = None) -> bytes:
+        """Bytes ``start:stop`` (default: all) of the entry, which is fetched whole and stored by
+        one process when missing (the others wait)."""
+        data = self.get(key, nbytes, start, stop)
         if data is not None:
             self._count(hits=1)
             return data
         if not self.usable or nbytes > self.max_bytes:
             self._count(misses=1, fetched=nbytes)
-            return fetch()
+            return fetch()[start:stop]
         path = self.path(key)
         lock = path.with_name(path.name + ".lock")
         waited = False
@@ -202,23 +192,23 @@ class BlockCache:
                 waited = True
                 if not self._wait(lock):
                     _remove_if_older(lock, LOCK_STALE_S)
-                data = self.get(key, nbytes)
+                data = self.get(key, nbytes, start, stop)
                 if data is not None:
                     self._count(hits=1, waits=1)
                     return data
                 continue  # the holder failed or went stale: take the lock
             except OSError:
                 self._count(misses=1, fetched=nbytes)
-                return fetch()  # a read-only or full disk: no cache, still the bytes
+                return fetch()[start:stop]  # a read-only or full disk: no cache, still the bytes
             try:
-                data = self.get(key, nbytes)  # written between our miss and our lock
+                data = self.get(key, nbytes, start, stop)  # written between our miss and our lock
                 if data is not None:
                     self._count(hits=1, waits=int(waited))
                     return data
                 data = fetch()
                 self._count(misses=1, fetched=len(data))
                 self._write(path, data)
-                return data
+                return data[start:stop]
             finally:
                 os.close(fd)
                 self._remove(lock)

@@ -23,8 +23,9 @@ construction when it can be seen there. A read is idempotent (a range of an obje
 and ETag were recorded), so a retried block yields the same rows: exactly-once holds.
 
 With ``cache_dir=`` every range read goes through the local block cache first (NOTE [ Block
-cache ] in cache.py), keyed by the identity recorded here; a scan that reads a whole object
-once (the newline count) bypasses it.
+cache ] in cache.py), keyed by the identity recorded here; small reads go through its aligned
+chunks when the objects fit, and a newline scan then fills those chunks (else it bypasses the
+cache: its ranges are not what blocks read).
 """
 
 from __future__ import annotations
@@ -174,7 +175,9 @@ class Storage:
         return cls(storage_options, retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        state.pop("_total", None)  # derived from infos (_chunks_fit)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -271,8 +274,7 @@ class Storage:
             if version is not None:
                 size = self.stat(url).size
                 cache = block_cache(self.cache_dir, self.cache_bytes)
-                if cached == "chunks" or (stop - start <= CHUNK_BYTES // 4
-                                          and cache.holds(sum(i.size for i in self.infos.values()))):
+                if cached == "chunks" or (stop - start <= CHUNK_BYTES // 4 and self._chunks_fit(cache)):
                     return self._read_chunks(cache, url, size, version, start, stop)
                 key = cache_key(self.endpoint, url, size, version, start, stop)
                 return cache.get_or_fetch(key, stop - start, lambda: self._fetch(url, start, stop))
@@ -282,7 +284,16 @@ class Storage:
         """Whether small reads of ``url`` go through cached chunks (NOTE [ Block cache ])."""
         if self.cache_dir is None or self.version(url) is None:
             return False
-        return block_cache(self.cache_dir, self.cache_bytes).holds(sum(i.size for i in self.infos.values()))
+        return self._chunks_fit(block_cache(self.cache_dir, self.cache_bytes))
+
+    def _chunks_fit(self, cache: BlockCache) -> bool:
+        """Whether this source's objects fit in ``cache`` whole (their total kept per listing:
+        a read asks on every block)."""
+        count, total = getattr(self, "_total", (-1, 0))  # (objects, bytes), made on first use
+        if count != len(self.infos):
+            count, total = len(self.infos), sum(i.size for i in self.infos.values())
+            self._total = (count, total)
+        return cache.holds(total)
 
     def _read_chunks(self, cache: BlockCache, url: str, size: int, version: str, start: int, stop: int) -> bytes:
         """Bytes ``start:stop`` from the aligned chunks that hold them, each fetched whole once."""
@@ -290,11 +301,8 @@ class Storage:
         for c in range(start // CHUNK_BYTES, (stop - 1) // CHUNK_BYTES + 1):
             lo, hi = c * CHUNK_BYTES, min((c + 1) * CHUNK_BYTES, size)
             key = cache_key(self.endpoint, url, size, version, lo, hi)
-            a, b = max(start, lo) - lo, min(stop, hi) - lo
-            part = cache.get_part(key, hi - lo, a, b)
-            if part is None:
-                part = cache.get_or_fetch(key, hi - lo, functools.partial(self._fetch, url, lo, hi))[a:b]
-            parts.append(part)
+            fetch = functools.partial(self._fetch, url, lo, hi)
+            parts.append(cache.get_or_fetch(key, hi - lo, fetch, max(start, lo) - lo, min(stop, hi) - lo))
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _fetch(self, url: str, start: int, stop: int) -> bytes:
