@@ -24,7 +24,6 @@ from naiad.sources.base import (
     check_columns_present,
     check_no_nulls,
     indexed_blocks,
-    null_rows,
     resolve_dtypes,
     select_columns,
     table_to_columns,
@@ -193,23 +192,13 @@ class ArrowSource(Source):
             self.blocks()
         return block.first_line - self._batch_first_row[block.path][block.start]
 
-    def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
-        """A read group as one table: each part a zero-copy slice of its (memory-mapped) batch,
-        checked, cast and converted once for the group instead of once per part. Anything unusual
-        (a row pick, a damaged batch, a failed cast, a missing value) takes the one-by-one path,
-        which names the batch and row."""
-        if len(parts) < 2 or any(take is not None for *_, take in parts) \
-                or any(storage.is_remote(b.path) for b, *_ in parts):  # remote: fetched at once by the base
-            return super()._read_group(parts, use_threads)
-        schema = self.schema()
+    def _group_table(self, parts: list[GroupPart], use_threads: bool) -> pa.Table | None:
+        """The group as one table of zero-copy slices of its (memory-mapped, checked) batches."""
         try:
-            pieces = [self._batch(block).slice(self._offset(block) + lo, hi - lo) for block, lo, hi, _ in parts]
-            table = cast_to_schema(pa.Table.from_batches(pieces), schema, "record batches", parts[0][0].path)
+            return pa.Table.from_batches([self._batch(block).slice(self._offset(block) + lo, hi - lo)
+                                          for block, lo, hi, _ in parts])
         except SourceError:
-            return super()._read_group(parts, use_threads)
-        if null_rows(table).size:
-            return super()._read_group(parts, use_threads)
-        return BlockData(table_to_columns(table), ())
+            return None
 
 
 def sliced_blocks(blocks: list[Block], step: int | None) -> list[Block]:

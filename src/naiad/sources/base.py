@@ -400,14 +400,34 @@ class Source(ABC):
         return self._read_group(list(parts), use_threads)
 
     def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
-        """The parts read one by one (remote ones at once: NOTE [ Remote read-ahead ]), their
-        columns joined."""
+        """The parts as one table when the reader can hand them over so (:meth:`_group_table`),
+        cast, checked and converted once; else read one by one (remote ones at once: NOTE [
+        Remote read-ahead ]), their columns joined. Anything unusual (a row pick, a damaged
+        block, a failed cast, a missing value) takes the one-by-one path, which names the block
+        and row."""
+        whole_local = len(parts) > 1 and all(take is None and not is_remote(b.path) for b, _, _, take in parts)
+        table = self._group_table(parts, use_threads) if whole_local else None
+        if table is not None:
+            try:
+                table = cast_to_schema(table, self.schema(), "a read group", parts[0][0].path)
+            except SourceError:
+                table = None
+        if table is not None and not null_rows(table).size:
+            return BlockData(table_to_columns(table), ())
+
         def one(part: GroupPart) -> BlockData:
             block, lo, hi, take = part
             return self._read(block, lo, hi, use_threads) if take is None else self.read_rows(block, lo + take, use_threads=use_threads)
 
         datas = io_map(one, parts) if any(is_remote(p[0].path) for p in parts) else [one(p) for p in parts]
         return join_data(datas, [hi - lo if take is None else len(take) for _, lo, hi, take in parts])
+
+    def _group_table(self, parts: list[GroupPart], use_threads: bool) -> pa.Table | None:
+        """The rows of several whole-range reads of local files, in order, as one Arrow table in
+        the file's types, when this reader can read them together cheaper than one by one (one
+        decode call, zero-copy slices); None to read them one by one (also when one of them
+        fails: that path names the block)."""
+        return None
 
     def read_rows(self, block: Block, rows: np.ndarray, *, use_threads: bool = False) -> BlockData:
         """Read only the rows ``rows`` of ``block`` (ascending row numbers within the block).

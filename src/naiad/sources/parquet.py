@@ -25,7 +25,6 @@ from naiad.sources.base import (
     check_columns_present,
     check_no_nulls,
     indexed_blocks,
-    null_rows,
     resolve_dtypes,
     select_columns,
     table_to_columns,
@@ -142,39 +141,24 @@ class ParquetSource(Source):
         return BlockData(table_to_columns(table), bad)
 
 
-    def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
-        """A read group's row groups decoded by one ``read_row_groups`` call per file.
-
-        A call per row group costs about as much as decoding 4,000 rows of ten float columns, so
-        files in small row groups (what ``naiad convert`` writes for block shuffling) read at half
-        speed one group at a time. The slices are then put in the plan's order without copying.
-        Anything unusual (a row pick from a restore, a damaged group, a failed cast, a missing
-        value) takes the one-by-one path, which names the row group and row.
-        """
-        if len(parts) < 2 or any(take is not None for *_, take in parts) \
-                or any(storage.is_remote(b.path) for b, *_ in parts):  # remote: fetched at once by the base
-            return super()._read_group(parts, use_threads)
-        schema = self.schema()
+    def _group_table(self, parts: list[GroupPart], use_threads: bool) -> pa.Table | None:
+        """The group's row groups decoded by one ``read_row_groups`` call per file, the slices
+        put in the plan's order without copying. A call per row group costs about as much as
+        decoding 4,000 rows of ten float columns, so files in small row groups (what ``naiad
+        convert`` writes for block shuffling) read at half speed one group at a time."""
         by_file: dict[str, list[int]] = {}
         for i, (block, *_) in enumerate(parts):
             by_file.setdefault(block.path, []).append(i)
-        pieces: list[pa.Table | None] = [None] * len(parts)
+        pieces: list[pa.Table] = [pa.table({})] * len(parts)
         try:
             for path, members in by_file.items():
                 table = open_parquet(path).read_row_groups(
-                    [parts[i][0].start for i in members], columns=schema.names, use_threads=use_threads)
+                    [parts[i][0].start for i in members], columns=self.schema().names, use_threads=use_threads)
                 table.validate(full=True)
                 starts = np.cumsum([0] + [parts[i][0].rows for i in members])
                 for i, start in zip(members, starts.tolist()):
                     _, lo, hi, _ = parts[i]
                     pieces[i] = table.slice(start + lo, hi - lo)
         except (OSError, pa.ArrowException):
-            return super()._read_group(parts, use_threads)
-        joined = pa.concat_tables([p for p in pieces if p is not None])
-        try:
-            joined = cast_to_schema(joined, schema, "row groups", parts[0][0].path)
-        except SourceError:
-            return super()._read_group(parts, use_threads)
-        if null_rows(joined).size:
-            return super()._read_group(parts, use_threads)
-        return BlockData(table_to_columns(joined), ())
+            return None
+        return pa.concat_tables(pieces)
