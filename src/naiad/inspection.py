@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from naiad.plan import group_rows
+from naiad.plan import GroupTask, ReadTask, group_rows, group_tasks
 from naiad.sources import storage
 from naiad.sources.auto import _suffix, read
-from naiad.sources.base import Block, GroupPart, Source
+from naiad.sources.base import Block, Source
 from naiad.stream import default_buffer_rows
 
 __all__ = ["InspectReport", "inspect_source"]
@@ -199,24 +199,19 @@ def _head(source: Source, blocks: list[Block], n: int) -> list[dict[str, Any]]:
 
 
 def _timed_read(source: Source, blocks: list[Block], budget_s: float, max_blocks: int, seed: int) -> dict[str, Any]:
-    # Random blocks read as a shuffled epoch reads them: joined into read groups of up to a
-    # quarter of the default buffer, each parsed in one call (NOTE [ Read groups ]); block by
-    # block, a CSV of small blocks reads several times slower than an epoch does.
-    order = np.random.default_rng(seed).permutation(len(blocks)).tolist()
-    most = group_rows(default_buffer_rows(source))
+    # Random blocks read as a shuffled epoch reads them: joined into the plan's read groups,
+    # each parsed in one call (NOTE [ Read groups ]); block by block, a CSV of small blocks
+    # reads several times slower than an epoch does.
+    order = np.random.default_rng(seed).permutation(len(blocks))[: max(max_blocks, 1)].tolist()
+    reads = [ReadTask(blocks[i], 0, blocks[i].rows) for i in order]
     rows = done = 0
     began = time.perf_counter()
     elapsed = 0.0
-    while order and done < max_blocks:
-        parts: list[GroupPart] = []
-        n = 0
-        while order and done + len(parts) < max_blocks and (not parts or n + blocks[order[0]].rows <= most):
-            b = blocks[order.pop(0)]
-            parts.append((b, 0, b.rows, None))
-            n += b.rows
-        source.read_group(parts)
-        rows += n
-        done += len(parts)
+    for task in group_tasks(reads, group_rows(default_buffer_rows(source))):
+        group = task.reads if isinstance(task, GroupTask) else (task,)
+        source.read_group([(t.block, t.lo, t.hi, None) for t in group])
+        rows += task.rows
+        done += len(group)
         elapsed = time.perf_counter() - began
         if elapsed >= budget_s:
             break

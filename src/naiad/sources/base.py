@@ -111,7 +111,8 @@ def bad_entry(at: int, path: str, reason: str, *, line: int | None = None, row: 
 def expand_paths(paths: PathLike, storage: Storage | None = None) -> list[str]:
     """Turn a path, a glob or a list of them into a sorted-per-pattern list of existing files.
 
-    A local folder stands for its data files (:func:`folder_files`). URLs (``s3://bucket/train-*.csv``) are listed through ``storage`` (its ``storage_options``);
+    A local folder stands for its data files (:func:`folder_files`). URLs
+    (``s3://bucket/train-*.csv``) are listed through ``storage`` (its ``storage_options``);
     ``file://`` URLs become local paths.
 
     Raises:

@@ -140,7 +140,6 @@ class ParquetSource(Source):
         table, bad = check_no_nulls(table, block, lo, self.on_bad_rows)
         return BlockData(table_to_columns(table), bad)
 
-
     def _group_table(self, parts: list[GroupPart], use_threads: bool) -> pa.Table | None:
         """The group's row groups decoded by one ``read_row_groups`` call per file, the slices
         put in the plan's order without copying. A call per row group costs about as much as
