@@ -399,7 +399,7 @@ def _backward_draws(keys: tuple[int, ...], capacity: int, size: np.ndarray, i0: 
     def draw(j: int) -> np.ndarray:
         return draw_rng(keys, j).choice(capacity, int(size[j]), replace=False)
 
-    if capacity < _PARALLEL_DRAW_SLOTS or i0 < 2:
+    if capacity < _PARALLEL_DRAW_SLOTS or i0 < 2 or (os.cpu_count() or 1) < 2:  # as run_beside
         for j in range(i0 - 1, -1, -1):
             yield j, draw(j)
         return
