@@ -29,29 +29,33 @@ in at full memory bandwidth, so the random gather and scatter that follow hit th
 of waiting on one line at a time (a shuffled epoch of ten float columns: 15-20% more rows/s and
 less CPU per row, bench/RESULTS.md). It changes no value and no order.
 
-The draws depend only on the chunk sizes and the seed, not on the data, and exchange ``j`` draws
-from its own generator, ``SeedSequence([seed, epoch, rank, tag, leg, j])``. So which rows the
-buffer holds at any point follows from positions alone, and can be found *backwards*: from the
-exchange in progress, each earlier exchange's draw names the slots it wrote; a slot's content is
-its last writer's row, and once every slot is accounted for (about ``capacity * ln(capacity)``
-rows back, whatever the position) the walk stops. That is how a stream resumes mid-epoch (see
-``naiad.stream``) without saving the buffer's contents, in a time that does not grow with the
-position.
+The draws depend only on the chunk sizes and the seed, not on the data: exchange ``j`` empties
+the first ``m`` values of a permutation of the slots keyed by ``SeedSequence([seed, epoch, rank,
+tag, leg, j])`` (a keyed Feistel network, NOTE [ Keyed permutation ] in permutation.py, for
+buffers of 64 Ki slots or more; a table drawn by ``Generator.choice`` for smaller ones). So which
+rows the buffer holds at any point follows from positions alone, and can be found *backwards*:
+from the exchange in progress, each earlier exchange's draw names the slots it wrote; a slot's
+content is its last writer's row, and once every slot is accounted for (about
+``capacity * ln(capacity)`` rows back, whatever the position) the walk stops. Once fewer slots
+are left than an exchange drew, the permutation is asked, slot by slot, whether and where that
+exchange drew each of them, instead of drawing it whole: a 2 Mi-row buffer of 1 Mi-row chunks
+walks about 21 exchanges back, and its replay went from 40 M random draws (1.0 s) to about 4 M
+permutation steps. That is how a stream resumes mid-epoch (see ``naiad.stream``) without saving
+the buffer's contents, in a time that does not grow with the position.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import os
-from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from naiad.errors import ConfigError, StateError
 from naiad.parallel.threads import run_beside
+from naiad.permutation import Permutation
 from naiad.plan import RankPlan, Task
 
 __all__ = ["BufferReplay", "ShuffleBuffer", "as_array", "shuffle_quality"]
@@ -95,9 +99,34 @@ def _l2_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache", default: i
 _WARM_MAX_BYTES = _l2_cache_bytes() // 2
 
 
-def draw_rng(keys: tuple[int, ...], j: int) -> np.random.Generator:
-    """The generator of draw ``j`` of a buffer with seed ``keys`` (see :class:`ShuffleBuffer`)."""
-    return np.random.default_rng(np.random.SeedSequence([k % 2**64 for k in keys] + [j]))
+def draw_key(keys: tuple[int, ...], j: int) -> np.random.SeedSequence:
+    """The seed of draw ``j`` of a buffer with seed ``keys`` (see :class:`ShuffleBuffer`)."""
+    return np.random.SeedSequence([k % 2**64 for k in keys] + [j])
+
+
+# Buffers of at least this many slots draw from a keyed permutation (NOTE [ Keyed permutation ]),
+# which a resume can ask about one slot at a time; smaller ones from a table (Generator.choice),
+# as a Feistel network over a few bits is measurably not uniform (and their replay is cheap).
+PERMUTATION_MIN_SLOTS = 1 << 16
+
+
+def permutation_of(capacity: int, seed: np.random.SeedSequence) -> Permutation:
+    """The keyed permutation of a big buffer's slots that a draw with ``seed`` takes its first values of."""
+    return Permutation(capacity, int(seed.generate_state(1, np.uint64)[0]))
+
+
+def draw_slots(capacity: int, m: int, seed: np.random.SeedSequence) -> np.ndarray:
+    """The ``m`` distinct slots (of ``capacity``) an exchange drawn with ``seed`` empties, in the
+    order their rows leave."""
+    if capacity >= PERMUTATION_MIN_SLOTS:
+        return permutation_of(capacity, seed)(np.arange(m))
+    # Floyd's algorithm inside Generator.choice: O(m) for m much smaller than capacity.
+    return np.random.default_rng(seed).choice(capacity, m, replace=False)
+
+
+def draw_order(n: int, seed: np.random.SeedSequence) -> np.ndarray:
+    """The order in which the final flush of ``n`` held rows leaves: a permutation of ``range(n)``."""
+    return np.random.default_rng(seed).permutation(n)
 
 
 def _as_rows(array: np.ndarray) -> np.ndarray:
@@ -197,17 +226,16 @@ class ShuffleBuffer:
 
     def _draw(self, m: int) -> Draw:
         """The slots the next exchange of ``m`` rows empties: as drawn, and as physical rows."""
-        # Floyd's algorithm inside Generator.choice: O(m) for m much smaller than capacity.
-        idx = self._next_rng().choice(self.capacity_rows, m, replace=False)
+        idx = draw_slots(self.capacity_rows, m, self._next_key())
         return idx, (idx if self._view is None else self._view[idx])
 
-    def _next_rng(self) -> np.random.Generator:
+    def _next_key(self) -> np.random.SeedSequence:
         j = self.draws
         self.draws += 1
         if self.keys is None:
             assert self.rng is not None
-            return self.rng
-        return draw_rng(self.keys, j)
+            return np.random.SeedSequence(int(self.rng.integers(2**63)))
+        return draw_key(self.keys, j)
 
     def _advance(self, idx: np.ndarray, whole: bool, following: int) -> Draw | None:
         """After the exchange that emptied ``idx``: remap the slots if it took the whole buffer,
@@ -262,7 +290,7 @@ class ShuffleBuffer:
         """Empty the buffer: every row still held, in a random permutation."""
         if self.slots is None or self.size == 0:
             return {}
-        perm = self._next_rng().permutation(self.size)
+        perm = draw_order(self.size, self._next_key())
         sel = perm if self._view is None else self._view[perm]
         out = {name: slot[sel] for name, slot in self.slots.items()}
         self.rows_out += self.size
@@ -352,22 +380,33 @@ class BufferReplay:
         replay.tasks, replay.offsets = tasks, offsets
         return replay
 
-    def install(self, buffer: ShuffleBuffer | None, slots: dict[str, np.ndarray]) -> None:
-        """Put the rows of ``held`` (read again, in its order) back in the buffer's slots."""
+    def install(self, buffer: ShuffleBuffer | None, rows: dict[str, np.ndarray], slots: np.ndarray | None = None) -> None:
+        """Put the rows of ``held`` (read again) back in the buffer: ``rows`` in the order of
+        ``held``, or, with ``slots``, each row into slot ``slots[i]`` (the order they were read)."""
         if buffer is None or not len(self.held):
             return
-        buffer._allocate(slots)
+        n = len(self.held)
+        if slots is not None and np.array_equal(slots, np.arange(n)):
+            slots = None
+        buffer._allocate(rows)
         assert buffer.slots is not None
-        if len(self.held) == buffer.capacity_rows and all(
-                isinstance(v, np.ndarray) and v.flags.c_contiguous and v.flags.owndata for v in slots.values()):
-            # A full buffer's rows, each column its own array: they become the slots (a 2 Mi-row
-            # buffer: 0.2 s of copying saved).
-            buffer.slots = dict(slots)
+        if n == buffer.capacity_rows and all(isinstance(v, np.ndarray) for v in rows.values()):
+            # A full buffer: the rows' arrays become the slots (a 2 Mi-row buffer: 0.2 s of copying
+            # saved), and rows read in another order are found through the slots' view.
+            buffer.slots = {k: v if v.flags.c_contiguous and v.flags.owndata and v.flags.writeable else np.array(v)
+                            for k, v in rows.items()}
             buffer._rows = {k: _as_rows(v) for k, v in buffer.slots.items() if k in buffer._rows}
+            if slots is not None:
+                view = np.empty(n, np.intp)
+                view[slots] = np.arange(n)
+                buffer._view = view
         else:
-            for k, v in slots.items():
-                buffer.slots[k][: len(self.held)] = v
-        buffer.size = len(self.held)
+            for k, v in rows.items():
+                if slots is None:
+                    buffer.slots[k][:n] = v
+                else:
+                    buffer.slots[k][slots] = v
+        buffer.size = n
 
 
 def _exchanges(capacity: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -386,36 +425,6 @@ def _exchanges(capacity: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarr
             size.append(m)
             p += m
     return np.array(task, np.int64), np.array(first, np.int64), np.array(size, np.int64)
-
-
-# Draws this large are made ahead on threads while the walk goes on (NumPy releases the GIL
-# while it draws): a 2 Mi-row buffer's replay from 1 Mi-row groups halves, 1.0 s to 0.55 s.
-_PARALLEL_DRAW_SLOTS = 1 << 16
-
-
-def _backward_draws(keys: tuple[int, ...], capacity: int, size: np.ndarray, i0: int) -> Generator[tuple[int, np.ndarray], None, None]:
-    """The draws of exchanges ``i0 - 1, i0 - 2, ..., 0``, in that order; each a pure function
-    of (keys, j), so the big ones are made a few ahead on two threads."""
-    def draw(j: int) -> np.ndarray:
-        return draw_rng(keys, j).choice(capacity, int(size[j]), replace=False)
-
-    if capacity < _PARALLEL_DRAW_SLOTS or i0 < 2 or (os.cpu_count() or 1) < 2:  # as run_beside
-        for j in range(i0 - 1, -1, -1):
-            yield j, draw(j)
-        return
-    with ThreadPoolExecutor(2, thread_name_prefix="naiad-replay") as pool:
-        ahead: collections.deque[tuple[int, Future[np.ndarray]]] = collections.deque()
-        j = i0 - 1
-        try:
-            while ahead or j >= 0:
-                while j >= 0 and len(ahead) < 3:
-                    ahead.append((j, pool.submit(draw, j)))
-                    j -= 1
-                k, done = ahead.popleft()
-                yield k, done.result()
-        finally:
-            for _, f in ahead:
-                f.cancel()
 
 
 def _replay_draws(capacity: int, keys: tuple[int, ...], offsets: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -442,27 +451,44 @@ def _replay_draws(capacity: int, keys: tuple[int, ...], offsets: np.ndarray, sta
         k, i0 = len(offsets) - 1, len(size)
         i1 = i0
     filled = min(capacity, int(offsets[k + 1]) if k + 1 < len(offsets) else total)
-    content = np.full(capacity, -1, np.int64)
-    unknown = capacity
-    draws = _backward_draws(keys, capacity, size, i0)
-    for j, idx in draws:
-        if unknown == 0:
+    content = np.empty(capacity, np.int64)
+    known = np.zeros(capacity, bool)  # slots whose last writer is found
+    left, unknown = capacity, None  # how many are not; which (once asked one by one)
+    for j in range(i0 - 1, -1, -1):
+        if left == 0:
             break
-        new = content[idx] < 0
-        content[idx[new]] = first[j] + np.flatnonzero(new)
-        unknown -= int(new.sum())
-    draws.close()
-    never = np.flatnonzero(content < 0)
+        m, key = int(size[j]), draw_key(keys, j)
+        if capacity >= PERMUTATION_MIN_SLOTS and left < m:
+            # Fewer slots to place than the exchange drew: ask the permutation where each of
+            # them stands in the draw (NOTE [ Keyed permutation ]).
+            if unknown is None:
+                unknown = np.flatnonzero(~known)
+            at = permutation_of(capacity, key).inverse(unknown)
+            hit = at < m
+            found = unknown[hit]
+            content[found] = first[j] + at[hit]
+            known[found] = True
+            unknown = unknown[~hit]
+            left = len(unknown)
+        else:
+            idx = draw_slots(capacity, m, key)
+            new = np.flatnonzero(~known[idx])
+            found = idx[new]
+            content[found] = first[j] + new
+            known[found] = True
+            left -= len(new)
+            unknown = None
+    never = np.flatnonzero(~known)
     content[never] = never  # filled in order, never exchanged since
     content = content[:filled] if i0 == 0 else content
     out: list[np.ndarray] = []
     for j in range(i0, i1):
-        idx = draw_rng(keys, j).choice(capacity, int(size[j]), replace=False)
+        idx = draw_slots(capacity, int(size[j]), draw_key(keys, j))
         out.append(content[idx])
         content[idx] = first[j] + np.arange(size[j])
     before = int(emitted[i0 - 1]) if i0 else 0
     if i >= len(size):  # the flush: every row held leaves in one permutation
-        out.append(content[draw_rng(keys, i1).permutation(len(content))])
+        out.append(content[draw_order(len(content), draw_key(keys, i1))])
         content = np.zeros(0, np.int64)
         return content, np.concatenate(out)[start - before :], total, i1 + 1
     owed = np.concatenate(out)[start - before :] if out else np.zeros(0, np.int64)

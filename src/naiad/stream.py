@@ -97,9 +97,10 @@ def default_buffer_rows(source: Source) -> int:
     return int(max(DEFAULT_SHUFFLE_BUFFER_ROWS, min(2 * biggest, cap)))
 
 
-STREAM_STATE_VERSION = 3
+STREAM_STATE_VERSION = 4
 """Version 2 added the data's fingerprint and the epoch's legs (elastic resume); version 3 the
-read groups (NOTE [ Read groups ]), which change the shuffle buffer's chunks."""
+read groups (NOTE [ Read groups ]), which change the shuffle buffer's chunks; version 4 the keyed
+permutation big buffers draw from (NOTE [ Keyed permutation ]), which changes their order."""
 
 Batch = dict[str, Any]
 Imap = Callable[[Iterable[Any]], Iterator[Any]]
@@ -438,7 +439,11 @@ class BatchStream(Iterator[Batch]):
         topology is the same, else a new leg over what no old rank delivered."""
         if not isinstance(state, Mapping) or state.get("version") != STREAM_STATE_VERSION:
             got = state.get("version") if isinstance(state, Mapping) else state
-            raise StateError(f"stream state version: stored {got!r:.80}, current {STREAM_STATE_VERSION}.")
+            raise StateError(
+                f"stream state version: stored {got!r:.80}, current {STREAM_STATE_VERSION}; a state saved by "
+                "another version of naiad cannot resume mid-epoch (its shuffle or plan differ): start the "
+                "epoch again, e.g. a fresh loader with `set_epoch(epoch)`."
+            )
         if state.get("epoch") != self.epoch:
             raise StateError(f"stream state epoch: stored {state.get('epoch')!r}, current {self.epoch}.")
         current = {"seed": self.options.seed, "shuffle": self.options.shuffle, **source_fingerprint(self.source)}
@@ -509,15 +514,17 @@ class BatchStream(Iterator[Batch]):
                 if tracker is not None:  # skipped rows keep their positions until their batch
                     arrays = tracker.tag(arrays, bad)
                 if restoring.restores(i):
-                    batcher.add(restoring.take(arrays, buffer))
+                    batcher.add(restoring.take(arrays))
                     yield from self._emit(batcher.ready())
                     continue
+                restoring.settle(buffer)  # the held rows, back in the buffer before it takes more
                 for chunk in buffer.push(arrays) if buffer is not None else [arrays]:
                     batcher.add(chunk)
                     yield from self._emit(batcher.ready())
                 if batcher.done:
                     return  # drop_last: the remaining rows are not used this epoch
             if buffer is not None:
+                restoring.settle(buffer)
                 batcher.add(buffer.flush())
             yield from self._emit(batcher.ready())
             yield from self._emit(batcher.finish())

@@ -40,6 +40,11 @@ def _owed_after(src, opts: StreamOptions, k: int) -> int:
     return len(_replay_after(src, opts, k).owed)
 
 
+def _reads(tasks: Iterable[Any]) -> list[list[tuple[Any, ...]]]:
+    """Each task's reads as (block, rows): comparable (a read's selected rows are an array)."""
+    return [[(r.block, r.row_numbers().tolist()) for r in t.reads] for t in tasks]
+
+
 def _recording(pool: WorkerPool, pulled: list[Any], tasks: Iterable[Any]) -> Iterator[Any]:
     """``pool.imap(tasks)``, noting in ``pulled`` each task as the pool takes it."""
     def seen() -> Iterator[Any]:
@@ -66,11 +71,17 @@ def test_the_first_batch_after_a_resume_waits_only_for_the_owed_rows(tmp_path, f
         first = ids_of(next(stream))
         # Only the reads of the first batch's rows so far (of all the owed rows when they are
         # not many more): none of the other owed rows, none of the held rows, none of the plan.
-        # Parquet row groups are decoded whole whatever rows are picked: one step reads all.
+        # Parquet row groups are decoded whole whatever rows are picked: the groups of the first
+        # batch's rows come first, with every row needed from them, and no other group.
         assert pulled and all(isinstance(t, RestoreTask) for t in pulled)
         owed = _owed_after(src, opts, k)
-        expected = (3 if owed > 6 else owed) if fmt != "parquet" else owed + len(_replay_after(src, opts, k).held)
-        assert sum(t.rows for t in pulled) == expected
+        if fmt != "parquet":
+            assert sum(t.rows for t in pulled) == (3 if owed > 6 else owed)
+        else:
+            replay = _replay_after(src, opts, k)
+            early = Restoring(plan_for(src, opts, 1), replay, 10, 3, in_steps=False).steps[0]
+            assert _reads(pulled) == _reads(early.tasks)
+            assert (early.dest < len(replay.owed)).sum() >= min(owed, 3)
         rest = [first] + [ids_of(b) for b in stream]
         assert [a.tolist() for a in rest] == [b.tolist() for b in full[k:]]
 
@@ -135,9 +146,12 @@ def test_restore_tasks_come_owed_then_held_then_the_plan(tmp_path):
     assert not restoring.restores(5)  # the held rows' reads are not known yet
     tasks = list(restoring.tasks())
     first, owed, held = restoring.steps
-    assert held.owed == 0 and owed.owed == owed.window.rows and len(held.tasks) >= 4  # 48 held rows, a cost of 12 a task
+    n_owed = len(replay.owed)
+    assert first.dest.tolist() == [0] and sorted(owed.dest.tolist()) == list(range(1, n_owed))
+    assert sorted(held.dest.tolist()) == list(range(n_owed, n_owed + len(replay.held)))
+    assert (first.ready, owed.ready, held.ready) == (1, n_owed, n_owed)
+    assert len(held.tasks) >= 4  # 48 held rows, a cost of 12 a task
     assert tasks[:9] == [*first.tasks, *owed.tasks, *held.tasks][:9] and tasks == restoring.issued
-    assert first.window.rows == 1 and owed.window.rows == len(replay.owed) - 1
     assert sum(t.rows for t in held.tasks) == len(replay.held)
     n = len(first.tasks) + len(owed.tasks) + len(held.tasks)
     assert [restoring.restores(i) for i in range(len(tasks))] == [i < n for i in range(len(tasks))]
@@ -152,3 +166,26 @@ def test_split_even_keeps_reads_whole_and_in_order(tmp_path):
         assert [r for p in parts for r in p] == flat
         assert 1 <= len(parts) <= min(pieces, len(flat))
     assert split_even([], 4) == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fmt,chunk_rows", [("parquet", 50_000), ("csv", 0)])
+def test_a_buffer_big_enough_for_the_keyed_permutation_resumes_exactly(tmp_path, fmt, chunk_rows):
+    # 65,536 slots and more draw from the keyed permutation and are replayed slot by slot
+    # (NOTE [ Keyed permutation ]); row groups decoded whole are read first where the first
+    # batch's rows are (NOTE [ Owed rows first ]), and the held rows go back through the view.
+    from naiad.shuffle import PERMUTATION_MIN_SLOTS
+
+    kw = {"chunk_rows": chunk_rows} if chunk_rows else {}
+    src = open_numbered(write_numbered(str(tmp_path), fmt, [260_000, 140_001], **kw), fmt, small_blocks=False)
+    opts = StreamOptions(batch_size=4096, shuffle=True, seed=9, shuffle_buffer=PERMUTATION_MIN_SLOTS + 5000)
+    pool = WorkerPool(make_handler_factory(src), num_workers=2, mode="thread")
+    try:
+        full = [ids_of(b) for b in iter_batches(src, opts, epoch=1, imap=pool.imap)]
+        assert sorted(np.concatenate(full).tolist()) == list(range(400_001))
+        for k in (1, 17, len(full) // 2, len(full) - 3):
+            rest = [ids_of(b) for b in iter_batches(src, opts, epoch=1, imap=pool.imap, state=_state_after(src, opts, k, pool.imap))]
+            assert len(rest) == len(full) - k
+            assert all(np.array_equal(a, b) for a, b in zip(rest, full[k:])), k
+    finally:
+        pool.close()

@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from naiad.errors import ConfigError, StateError
-from naiad.shuffle import ShuffleBuffer, shuffle_quality
+from naiad.shuffle import (
+    PERMUTATION_MIN_SLOTS,
+    ShuffleBuffer,
+    draw_order,
+    draw_slots,
+    shuffle_quality,
+)
 
 
 def _run(capacity: int, chunks: list[int], seed: int) -> np.ndarray:
@@ -149,6 +155,7 @@ def _reference_exchange(capacity: int, chunks: list[int], seed: int) -> tuple[li
     """The classic streaming shuffle written plainly: draw slots, emit their rows, put new rows there."""
     rng = np.random.default_rng(seed)
     slots, size, out, start = np.zeros(capacity, np.int64), 0, [], 0
+    key = lambda: np.random.SeedSequence(int(rng.integers(2**63)))  # noqa: E731 - the buffer's seed per draw
     for n in chunks:
         ids = np.arange(start, start + n)
         start += n
@@ -157,11 +164,11 @@ def _reference_exchange(capacity: int, chunks: list[int], seed: int) -> tuple[li
         size += take
         for pos in range(take, n, capacity):
             m = min(capacity, n - pos)
-            idx = rng.choice(capacity, m, replace=False)
+            idx = draw_slots(capacity, m, key())
             out.append(slots[idx].copy())
             slots[idx] = ids[pos : pos + m]
     held = slots[:size].copy()
-    out.append(slots[:size][rng.permutation(size)])
+    out.append(slots[:size][draw_order(size, key())])
     return out, held
 
 
@@ -249,35 +256,54 @@ def test_backward_replay_of_the_draws_matches_pushing_every_chunk(capacity, size
     assert owed.tolist() == f_owed.tolist()
 
 
-def test_backward_replay_cost_does_not_grow_with_the_position():
+def test_backward_replay_cost_does_not_grow_with_the_position(monkeypatch):
     # A million-row epoch in 1,000-row chunks through a 5,000-row buffer: the draws made again
     # to resume near its end are those of about capacity * ln(capacity) rows, not the epoch's.
     import naiad.shuffle as shuffle_module
 
     calls = []
-    real = shuffle_module.draw_rng
+    real = shuffle_module.draw_key
 
     def counting(keys, j):
         calls.append(j)
         return real(keys, j)
 
-    offsets = np.arange(0, 1_000_001, 1000)
-    shuffle_module.draw_rng = counting
-    try:
-        shuffle_module._replay_draws(5000, (0, 0, 0, 1, 0), offsets, 990_000)
-    finally:
-        shuffle_module.draw_rng = real
+    monkeypatch.setattr(shuffle_module, "draw_key", counting)
+    shuffle_module._replay_draws(5000, (0, 0, 0, 1, 0), np.arange(0, 1_000_001, 1000), 990_000)
     assert len(calls) < 5000 * np.log(5000) / 1000 * 2  # ~43 expected, versus ~1,000 forwards
 
 
-@pytest.mark.parametrize("start", [70_000, 150_001, 260_000])
-def test_backward_replay_with_draws_made_ahead_on_threads_matches_pushing_every_chunk(monkeypatch, start):
+@pytest.mark.parametrize("start", [70_000, 150_001, 260_000, 407_000])
+def test_backward_replay_through_the_keyed_permutation_matches_pushing_every_chunk(monkeypatch, start):
+    # A buffer big enough to draw from the keyed permutation: the walk asks it about the slots
+    # left once they are fewer than an exchange draws (chunks smaller and bigger than the buffer).
     import naiad.shuffle as shuffle_module
 
-    monkeypatch.setattr(shuffle_module, "_PARALLEL_DRAW_SLOTS", 1 << 10)  # the threaded walk, at a test's size
-    sizes = [12_000] * 20 + [5_000, 17_000]
+    asked = []
+    real = shuffle_module.Permutation.inverse
+
+    def inverse(self, value):
+        asked.append(len(value))
+        return real(self, value)
+
+    monkeypatch.setattr(shuffle_module.Permutation, "inverse", inverse)
+    capacity = PERMUTATION_MIN_SLOTS
+    sizes = [40_000] * 6 + [5_000, 70_000, 131_072, 17_000, 30_000]
     keys = (3, 0, 0, 1, 0)
-    held, owed, consumed, draws = shuffle_module._replay_draws(30_000, keys, np.concatenate(([0], np.cumsum(sizes))), start)
-    f_held, f_owed, f_consumed, f_draws = _forward_replay(30_000, keys, sizes, start)
+    held, owed, consumed, draws = shuffle_module._replay_draws(capacity, keys, np.concatenate(([0], np.cumsum(sizes))), start)
+    f_held, f_owed, f_consumed, f_draws = _forward_replay(capacity, keys, sizes, start)
     assert (consumed, draws) == (f_consumed, f_draws)
     assert np.array_equal(held, f_held) and np.array_equal(owed, f_owed)
+    # Only the slots still to place, one by one, once the walk goes back far enough.
+    assert bool(asked) == (start > 100_000) and max(asked, default=0) < capacity
+
+
+def test_draws_of_a_big_buffer_are_distinct_slots_that_differ_by_key():
+    capacity = PERMUTATION_MIN_SLOTS + 123
+    seed = np.random.SeedSequence
+    a, b = draw_slots(capacity, 50_000, seed(1)), draw_slots(capacity, 50_000, seed(2))
+    assert len(np.unique(a)) == 50_000 and a.min() >= 0 and a.max() < capacity
+    assert np.mean(a == b) < 0.01
+    # Each slot is drawn with probability m / capacity over keys; no part of the range favoured.
+    hits = np.bincount(np.concatenate([draw_slots(capacity, 6_000, seed(k)) for k in range(200)]) * 16 // capacity, minlength=16)
+    assert np.all(np.abs(hits / hits.sum() - 1 / 16) < 0.005)
