@@ -525,7 +525,9 @@ class BatchStream(Iterator[Batch]):
                     return  # drop_last: the remaining rows are not used this epoch
             if buffer is not None:
                 restoring.settle(buffer)
-                batcher.add(buffer.flush())
+                for chunk in buffer.drain():  # a chunk at a time: the next batch waits for one
+                    batcher.add(chunk)
+                    yield from self._emit(batcher.ready())
             yield from self._emit(batcher.ready())
             yield from self._emit(batcher.finish())
         finally:

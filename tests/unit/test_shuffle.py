@@ -307,3 +307,20 @@ def test_draws_of_a_big_buffer_are_distinct_slots_that_differ_by_key():
     # Each slot is drawn with probability m / capacity over keys; no part of the range favoured.
     hits = np.bincount(np.concatenate([draw_slots(capacity, 6_000, seed(k)) for k in range(200)]) * 16 // capacity, minlength=16)
     assert np.all(np.abs(hits / hits.sum() - 1 / 16) < 0.005)
+
+
+@pytest.mark.parametrize("capacity", [1000, PERMUTATION_MIN_SLOTS + 77])
+def test_draining_in_chunks_emits_what_one_flush_emits(capacity):
+    def filled() -> ShuffleBuffer:
+        buf = ShuffleBuffer(capacity, (4, 0, 0, 1, 0))
+        ids = np.arange(3 * capacity + 5)
+        buf.push({"id": ids, "x": np.stack([ids, -ids], 1)})
+        return buf
+
+    whole, buf = filled().flush(), filled()
+    chunks = list(buf.drain(chunk_rows=999))
+    assert buf.size == 0 and buf.held() == {} and buf.flush() == {}  # empty at once
+    assert [len(c["id"]) for c in chunks[:-1]] == [999] * (len(chunks) - 1)
+    assert np.array_equal(np.concatenate([c["id"] for c in chunks]), whole["id"])
+    assert sorted(whole["id"].tolist()) != whole["id"].tolist() and len(whole["id"]) == capacity
+    assert all(np.array_equal(c["x"][:, 1], -c["id"]) for c in chunks)
