@@ -90,19 +90,21 @@ def window(replay: BufferReplay, positions: np.ndarray) -> Window:
     if not len(positions):
         return Window([], np.zeros(0, np.int64))
     lo, span = int(positions.min()), int(positions.max()) - int(positions.min()) + 1
-    if span <= 8 * len(positions):
-        # Distinct positions in a short range: sorted by marking them and each one's rank is the
-        # marks up to it (passes over the range, not a comparison sort: a 2 Mi-row buffer's
-        # 3 Mi positions, 0.34 s to 0.1 s).
-        mark = np.zeros(span, bool)
-        mark[positions - lo] = True
-        needed = np.flatnonzero(mark) + lo
-        at = np.cumsum(mark, dtype=np.int32 if len(positions) < 2**31 else np.int64)[positions - lo] - 1
+    n = len(positions)
+    bits = max(n - 1, 1).bit_length()
+    if span.bit_length() + bits <= 63:
+        # Each position with its index packed into one int64, sorted by value: NumPy's sort of
+        # plain integers is vectorised, its argsort is not (a 2 Mi-row buffer's 3 Mi positions:
+        # 0.5 s to 0.1 s).
+        keys = (positions - lo) << bits
+        keys |= np.arange(n)
+        keys.sort()
+        order, needed = keys & ((1 << bits) - 1), (keys >> bits) + lo
     else:
         order = np.argsort(positions)  # distinct: any sort is stable
         needed = positions[order]
-        at = np.empty(len(positions), np.int64)
-        at[order] = np.arange(len(positions))
+    at = np.empty(n, np.int64)
+    at[order] = np.arange(n)
     # The plan's reads from the first task needed to the last, laid end to end.
     first = int(np.searchsorted(offsets, needed[0], side="right")) - 1
     last = int(np.searchsorted(offsets, needed[-1], side="right")) - 1
