@@ -45,8 +45,9 @@ from naiad.coverage_report import CoverageReport, EpochCoverage, ShuffleQuality,
 from naiad.errors import ConfigError
 from naiad.parallel import WorkerPool
 from naiad.plan import GroupTask, Task
+from naiad.replay import BufferReplay
 from naiad.restore import window as restore_window
-from naiad.shuffle import BufferReplay, ShuffleBuffer
+from naiad.shuffle import ShuffleBuffer
 from naiad.sources.base import Block, BlockData, PathLike, Source
 from naiad.stream import (
     BatchStream,

@@ -42,7 +42,8 @@ import numpy as np
 from naiad.errors import StateError
 from naiad.parallel.threads import start_beside
 from naiad.plan import GroupTask, RankPlan, ReadTask, RestoreTask, Task
-from naiad.shuffle import BufferReplay, ShuffleBuffer
+from naiad.replay import BufferReplay
+from naiad.shuffle import ShuffleBuffer
 from naiad.sources.base import concat_columns
 
 __all__ = ["FIRST_PIECES", "OWED_PIECES", "READ_COST_ROWS", "Restoring", "Window", "split_even", "window"]
@@ -153,11 +154,6 @@ class _Step:
         self.dest = dest
         self.ready = ready
 
-    @property
-    def rows(self) -> int:
-        """Rows its reads yield."""
-        return len(self.dest)
-
 
 def _step(replay: BufferReplay, positions: np.ndarray, offset: int, *, pieces: int = 0, max_cost: int = 0) -> _Step:
     """The reads of ``positions`` (whose destinations are ``offset`` on) in ``pieces`` tasks, or
@@ -189,8 +185,7 @@ def _whole_steps(replay: BufferReplay, first: int, max_cost: int) -> list[_Step]
         pieces = -(-sum(r.block.rows + READ_COST_ROWS for r in reads) // max(max_cost, 1))
         d = np.concatenate([dest[starts[k] : starts[k + 1]] for k in ks])
         steps.append(_Step([RestoreTask(tuple(p)) for p in split_even(reads, pieces, whole=True)], d))
-    covered = np.zeros(owed + 1, bool)
-    covered[owed] = True  # a sentinel: argmax finds the first owed row not covered yet
+    covered = np.zeros(owed, bool)  # the owed rows the steps so far read
     for step in steps:
         covered[step.dest[step.dest < owed]] = True
         step.ready = int(np.argmin(covered)) if not covered.all() else owed

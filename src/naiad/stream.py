@@ -51,8 +51,9 @@ from naiad.plan import (
     make_plan,
     tasks_for,
 )
+from naiad.replay import BufferReplay
 from naiad.restore import Restoring
-from naiad.shuffle import BufferReplay, ShuffleBuffer, as_array
+from naiad.shuffle import ShuffleBuffer, as_array
 from naiad.sources.base import Source, numpy_dtype
 
 __all__ = [

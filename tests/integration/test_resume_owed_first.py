@@ -13,8 +13,9 @@ import pytest
 
 from naiad.parallel import WorkerPool
 from naiad.plan import RestoreTask
+from naiad.replay import BufferReplay
 from naiad.restore import Restoring, split_even
-from naiad.shuffle import BufferReplay, ShuffleBuffer
+from naiad.shuffle import ShuffleBuffer
 from naiad.stream import StreamOptions, buffer_keys, iter_batches, make_handler_factory, plan_for
 from tests.conftest_stream import ids_of, open_numbered, write_numbered
 

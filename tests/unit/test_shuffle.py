@@ -245,7 +245,7 @@ def _forward_replay(capacity: int, keys: tuple[int, ...], sizes: list[int], star
 @given(capacity=st.integers(1, 30), sizes=st.lists(st.integers(1, 70), min_size=1, max_size=12),
        seed=st.integers(0, 50), data=st.data())
 def test_backward_replay_of_the_draws_matches_pushing_every_chunk(capacity, sizes, seed, data):
-    from naiad.shuffle import _replay_draws
+    from naiad.replay import _replay_draws
 
     start = data.draw(st.integers(1, sum(sizes)))
     keys = (seed, 1, 0, 1, 0)
@@ -259,17 +259,17 @@ def test_backward_replay_of_the_draws_matches_pushing_every_chunk(capacity, size
 def test_backward_replay_cost_does_not_grow_with_the_position(monkeypatch):
     # A million-row epoch in 1,000-row chunks through a 5,000-row buffer: the draws made again
     # to resume near its end are those of about capacity * ln(capacity) rows, not the epoch's.
-    import naiad.shuffle as shuffle_module
+    import naiad.replay as replay_module
 
     calls = []
-    real = shuffle_module.draw_key
+    real = replay_module.draw_key
 
     def counting(keys, j):
         calls.append(j)
         return real(keys, j)
 
-    monkeypatch.setattr(shuffle_module, "draw_key", counting)
-    shuffle_module._replay_draws(5000, (0, 0, 0, 1, 0), np.arange(0, 1_000_001, 1000), 990_000)
+    monkeypatch.setattr(replay_module, "draw_key", counting)
+    replay_module._replay_draws(5000, (0, 0, 0, 1, 0), np.arange(0, 1_000_001, 1000), 990_000)
     assert len(calls) < 5000 * np.log(5000) / 1000 * 2  # ~43 expected, versus ~1,000 forwards
 
 
@@ -277,20 +277,22 @@ def test_backward_replay_cost_does_not_grow_with_the_position(monkeypatch):
 def test_backward_replay_through_the_keyed_permutation_matches_pushing_every_chunk(monkeypatch, start):
     # A buffer big enough to draw from the keyed permutation: the walk asks it about the slots
     # left once they are fewer than an exchange draws (chunks smaller and bigger than the buffer).
-    import naiad.shuffle as shuffle_module
+    import naiad.replay as replay_module
 
     asked = []
-    real = shuffle_module.Permutation.inverse
+    from naiad.permutation import Permutation
+
+    real = Permutation.inverse
 
     def inverse(self, value):
         asked.append(len(value))
         return real(self, value)
 
-    monkeypatch.setattr(shuffle_module.Permutation, "inverse", inverse)
+    monkeypatch.setattr(Permutation, "inverse", inverse)
     capacity = PERMUTATION_MIN_SLOTS
     sizes = [40_000] * 6 + [5_000, 70_000, 131_072, 17_000, 30_000]
     keys = (3, 0, 0, 1, 0)
-    held, owed, consumed, draws = shuffle_module._replay_draws(capacity, keys, np.concatenate(([0], np.cumsum(sizes))), start)
+    held, owed, consumed, draws = replay_module._replay_draws(capacity, keys, np.concatenate(([0], np.cumsum(sizes))), start)
     f_held, f_owed, f_consumed, f_draws = _forward_replay(capacity, keys, sizes, start)
     assert (consumed, draws) == (f_consumed, f_draws)
     assert np.array_equal(held, f_held) and np.array_equal(owed, f_owed)
