@@ -308,27 +308,3 @@ def test_read_rows_rejects_rows_out_of_order(tmp_path):
     src = open_numbered(write_numbered(str(tmp_path), "csv", [10]), "csv", small_blocks=False)
     with pytest.raises(ConfigError, match="ascend"):
         src.read_rows(src.blocks()[0], np.array([3, 2]))
-
-
-def test_the_default_block_comes_from_all_the_files_together(tmp_path):
-    # Blocks are what the epoch shuffles: eight 125 MB files are cut as one 1 GB file is, not
-    # each into 1/4096 of itself (sparse files: sizes without the bytes).
-    from naiad.sources.lines import default_block_bytes
-
-    paths = []
-    for k in range(8):
-        p = tmp_path / f"part-{k}.csv"
-        with open(p, "wb") as f:
-            f.truncate(125 << 20)
-        paths.append(str(p))
-    assert default_block_bytes(paths[:1]) == 64 << 10  # 1/4096 of 125 MB is below the floor
-    assert default_block_bytes(paths) == (8 * (125 << 20)) // 4096  # 250 KiB
-    assert default_block_bytes([str(tmp_path / "missing.csv")]) == 64 << 10
-    small = []
-    for k in range(3):
-        p = tmp_path / f"small-{k}.csv"
-        p.write_text("a,b\n" + "".join(f"{i},{i}\n" for i in range(50)))
-        small.append(str(p))
-    src = sources.read_csv(small)
-    assert src.default_block == default_block_bytes(small) == 64 << 10
-    assert sum(b.rows for b in src.blocks()) == 150

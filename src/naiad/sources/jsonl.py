@@ -32,7 +32,7 @@ from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
-    LineBlocks,
+    default_block_bytes,
     detect_compression,
     parse_group_lines,
     parse_robust,
@@ -92,8 +92,7 @@ def read_jsonl(
             a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
             summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
-            (None: about 1/4096 of all the files together, between 64 KiB and 4 MiB; see
-            ``default_block_bytes``).
+            (None: about 1/4096 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
         index_dir: where the block index (the row-count scan's result) is kept, so a new
             process, every rank and a resume skip the scan: None (the user cache folder),
             "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
@@ -115,7 +114,7 @@ def read_jsonl(
                        storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir)
 
 
-class JsonlSource(LineBlocks, Source):
+class JsonlSource(Source):
     """JSON Lines files cut into byte-range blocks (see :func:`read_jsonl`)."""
 
     def __init__(
@@ -190,7 +189,7 @@ class JsonlSource(LineBlocks, Source):
         return select_columns(self.full_schema(), self._selected, self.paths[0])
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=self.block_bytes or self.default_block, index_dir=self.index_dir, header_lines=0,
+        return scan_file(path, block_bytes=self.block_bytes or default_block_bytes(path), index_dir=self.index_dir, header_lines=0,
                          compression=self.compression, keep_blank=False, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:

@@ -21,7 +21,6 @@ description of the problem.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Sequence
 
@@ -36,7 +35,7 @@ from naiad.sources.index import IndexDir, load_index, save_index
 from naiad.sources.readahead import io_map
 
 __all__ = [
-    "BadRow", "LineBlocks", "default_block_bytes", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
+    "BadRow", "default_block_bytes", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
     "parse_selected_lines", "read_selected_lines", "scan_file", "select_rows", "slice_rows",
 ]
 
@@ -82,36 +81,20 @@ def _header_end(head: bytes, header_lines: int, path: str) -> int:
     return pos
 
 
-def default_block_bytes(paths: Sequence[str]) -> int:
-    """About 1/4096 of all the files together, between 64 KiB and 4 MiB.
+def default_block_bytes(path: str) -> int:
+    """About 1/4096 of the file, between 64 KiB and 4 MiB.
 
     Blocks are what the epoch permutation shuffles: the more there are, the less a row's place
     in the epoch says about its place in the file (the correlation of the two falls as one over
     the square root of the count: about 0.015 for 4,096 blocks). Small blocks cost little since
     consecutive reads are parsed together (NOTE [ Read groups ] in plan.py); below 64 KiB the
-    scan and the plan would hold more blocks than they are worth. The count is the source's, not
-    each file's: eight 125 MB files are cut as one 1 GB file is (at 1/4096 of each file they got
-    64 KiB blocks, 32,768 of them, and 0.88x the rows/s of the best setting, bench/RESULTS.md).
+    scan and the plan would hold more blocks than they are worth.
     """
-    size = 0
-    for path in paths:
-        try:
-            size += storage.size(path)
-        except OSError:
-            pass
+    try:
+        size = storage.size(path)
+    except OSError:
+        size = 0
     return int(min(4 << 20, max(64 << 10, size // 4096)))
-
-
-class LineBlocks:
-    """What the line-based readers share: their default block size, worked out once from all
-    their files (:func:`default_block_bytes`)."""
-
-    paths: list[str]
-
-    @functools.cached_property
-    def default_block(self) -> int:
-        """The block size ``block_bytes=None`` gives: :func:`default_block_bytes` of the source."""
-        return default_block_bytes(self.paths)
 
 
 def count_rows(buf: bytes | memoryview, keep_blank: bool) -> int:
