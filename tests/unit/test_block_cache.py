@@ -125,3 +125,48 @@ def test_cache_arguments(tmp_path: Path) -> None:
         resolve_cache_dir(None, 1 << 20)
     with pytest.raises(ConfigError, match="`cache_dir` must be a folder"):
         resolve_cache_dir(3, None)  # type: ignore[arg-type]
+
+
+def test_a_write_during_an_eviction_is_counted_and_evicted_after_it(tmp_path: Path) -> None:
+    # Read-ahead threads write while one of them evicts: a write after the listing is not in
+    # it, and the eviction in progress must count it (it used to be lost, leaving the cache
+    # one entry past cache_bytes).
+    cache = BlockCache(str(tmp_path), 1 << 20)
+    for i in range(4):
+        put(cache, f"{i:02d}" + "2" * 38, bytes(1000))
+    cache.max_bytes = 5_000
+    listing = cache._evict_once
+    wrote_late = []
+
+    def listing_then_a_late_write() -> tuple[int, int]:
+        out = listing()
+        if not wrote_late:
+            wrote_late.append(True)
+            put(cache, "ff" + "3" * 38, bytes(2000))  # another thread's write: no second listing now
+        return out
+
+    cache._evict_once = listing_then_a_late_write  # type: ignore[method-assign]
+    put(cache, "04" + "2" * 38, bytes(1000))  # the last write: 5,000 bytes, then 2,000 during its listing
+    assert wrote_late and cache.path("ff" + "3" * 38).exists()
+    assert cache.total_bytes() <= 5_000
+    assert cache.stats.evicted > 0
+
+
+def test_one_eviction_at_a_time_across_threads(tmp_path: Path) -> None:
+    cache = BlockCache(str(tmp_path), 20_000)
+    errors: list[BaseException] = []
+
+    def writer(t: int) -> None:
+        try:
+            for i in range(40):
+                put(cache, f"{t:02d}{i:03d}" + "4" * 35, bytes(900))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors
+    assert cache.total_bytes() <= 20_000

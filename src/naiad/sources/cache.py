@@ -134,6 +134,8 @@ class BlockCache:
         self._lock = threading.Lock()
         self._known: int | None = None  # the total at the last listing, plus what we wrote since
         self._since_listing = 0
+        self._written = 0  # bytes this object has written, ever: what a listing in progress misses
+        self._evicting = threading.Lock()  # one eviction at a time; a write meanwhile is counted
 
     def path(self, key: str) -> Path:
         """Where entry ``key`` lives."""
@@ -239,6 +241,7 @@ class BlockCache:
         except OSError:
             return  # a full disk: the bytes are still returned
         with self._lock:
+            self._written += len(data)
             self._since_listing += len(data)
             if self._known is not None:
                 self._known += len(data)
@@ -248,13 +251,34 @@ class BlockCache:
 
     def evict(self) -> None:
         """List the cache; past ``max_bytes``, remove the least recently used entries down to 90%
-        of it (and temporary files and locks left by killed processes)."""
+        of it (and temporary files and locks left by killed processes). While one thread lists,
+        another's write does not start a second listing: the bytes written meanwhile are added
+        to the listing's total, and a total still past ``max_bytes`` lists again."""
+        if not self._evicting.acquire(blocking=False):
+            return  # the eviction in progress counts this write at its end
+        try:
+            while True:
+                with self._lock:
+                    written = self._written
+                total, removed = self._evict_once()
+                with self._lock:
+                    late = self._written - written  # written during the listing, maybe not in it
+                    self._known, self._since_listing = total + late, late
+                    self.stats.evicted += removed
+                    again = late and self._known > self.max_bytes
+                if not again:
+                    return
+        finally:
+            self._evicting.release()
+
+    def _evict_once(self) -> tuple[int, int]:
+        """One listing and the removals it calls for: the total left and the entries removed."""
         entries: list[tuple[float, int, str]] = []
         now = time.time()
         try:
             folders = [d.path for d in os.scandir(self.root) if d.is_dir(follow_symlinks=False)]
         except OSError:
-            return
+            return 0, 0
         for folder in folders:
             try:
                 listing = list(os.scandir(folder))
@@ -280,9 +304,7 @@ class BlockCache:
                 if self._remove(Path(path)):
                     total -= size
                     removed += 1
-        with self._lock:
-            self._known, self._since_listing = total, 0
-            self.stats.evicted += removed
+        return total, removed
 
     def total_bytes(self) -> int:
         """The entries' total size on disk now (a listing)."""
