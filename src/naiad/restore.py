@@ -233,7 +233,7 @@ class Restoring:
         self._emitted = 0  # owed rows handed to the batches
         self._owed_rows: dict[str, np.ndarray] | None = None
         self._held_rows: list[dict[str, np.ndarray]] = []
-        self._held_slots: list[np.ndarray] = []
+        self._held_dest: list[np.ndarray] = []
 
     def tasks(self) -> Iterator[Task | RestoreTask]:
         """Every task of the pass, in order."""
@@ -302,7 +302,7 @@ class Restoring:
                 self._owed_rows[k][at] = v if every else v[owed]
         if not every:
             self._held_rows.append(arrays)
-            self._held_slots.append(dest)
+            self._held_dest.append(dest)
 
     def settle(self, buffer: ShuffleBuffer | None) -> None:
         """Put the held rows, once read, back in ``buffer``, in the order read with the slot of each:
@@ -310,8 +310,8 @@ class Restoring:
         if not self._held_rows:
             return
         rows = self._held_rows[0] if len(self._held_rows) == 1 else concat_columns(self._held_rows)
-        dest = np.concatenate(self._held_slots)
-        self._held_rows, self._held_slots = [], []
+        dest = np.concatenate(self._held_dest)
+        self._held_rows, self._held_dest = [], []
         held = dest >= self._owed
         if not held.all():
             rows = {k: v[held] for k, v in rows.items()}

@@ -58,7 +58,7 @@ from naiad.errors import ConfigError, StateError
 from naiad.parallel.threads import run_beside
 from naiad.permutation import Permutation
 
-__all__ = ["ShuffleBuffer", "as_array", "draw_key", "draw_order", "draw_slots", "permutation_of", "shuffle_quality"]
+__all__ = ["ShuffleBuffer", "as_array", "draw_key", "draw_order", "draw_slots", "order_pieces", "permutation_of", "shuffle_quality"]
 
 ArrayColumns = dict[str, np.ndarray]
 Draw = tuple[np.ndarray, np.ndarray]  # an exchange's slots: as drawn, and as physical rows
@@ -124,13 +124,20 @@ def draw_slots(capacity: int, m: int, seed: np.random.SeedSequence) -> np.ndarra
     return np.random.default_rng(seed).choice(capacity, m, replace=False)
 
 
-def draw_order(n: int, seed: np.random.SeedSequence, lo: int = 0, hi: int | None = None) -> np.ndarray:
-    """Places ``lo:hi`` of the order in which the final flush of ``n`` held rows leaves (a
-    permutation of ``range(n)``; big ones from the keyed permutation, a piece at a time)."""
-    hi = n if hi is None else hi
+def order_pieces(n: int, seed: np.random.SeedSequence) -> Callable[[int, int], np.ndarray]:
+    """The order in which the final flush of ``n`` held rows leaves (a permutation of
+    ``range(n)``), as ``piece(lo, hi)``: its places ``lo:hi``. A big one is the keyed
+    permutation, evaluated a piece at a time; a small one is drawn whole, once."""
     if n >= PERMUTATION_MIN_SLOTS:
-        return permutation_of(n, seed)(np.arange(lo, hi))
-    return np.random.default_rng(seed).permutation(n)[lo:hi]
+        permutation = permutation_of(n, seed)
+        return lambda lo, hi: permutation(np.arange(lo, hi))
+    order = np.random.default_rng(seed).permutation(n)
+    return lambda lo, hi: order[lo:hi]
+
+
+def draw_order(n: int, seed: np.random.SeedSequence) -> np.ndarray:
+    """The whole order in which the final flush of ``n`` held rows leaves (:func:`order_pieces`)."""
+    return order_pieces(n, seed)(0, n)
 
 
 DRAIN_ROWS = 1 << 16
@@ -307,7 +314,8 @@ class ShuffleBuffer:
         asked for (the buffer is empty at once; its rows stay readable for the chunks)."""
         if self.slots is None or self.size == 0:
             return iter(())
-        n, seed, slots, view = self.size, self._next_key(), self.slots, self._view
+        n, slots, view = self.size, self.slots, self._view
+        piece = order_pieces(n, self._next_key())
         self.rows_out += n
         self.size = 0
         self._view = None
@@ -315,7 +323,7 @@ class ShuffleBuffer:
 
         def chunks() -> Iterator[ArrayColumns]:
             for lo in range(0, n, chunk_rows):
-                perm = draw_order(n, seed, lo, min(n, lo + chunk_rows))
+                perm = piece(lo, min(n, lo + chunk_rows))
                 sel = perm if view is None else view[perm]
                 yield {name: slot[sel] for name, slot in slots.items()}
 
