@@ -219,7 +219,8 @@ class DataLoader(TorchDataLoader[T_co]):
             )
         for sampler in self._seeded_samplers():
             sampler.listener = weakref.WeakMethod(self._on_set_epoch)
-        self._pool: WorkerPool | None = None  # kept across epochs with persistent_workers
+        self._pool: WorkerPool | None = None  # kept across epochs: persistent workers, read-ahead threads
+        self._pool_pid = os.getpid()
         self._pool_base_seed = 0  # the base seed the kept pool was started with
         self._epoch = 0
         self._restarts = RestartBudget(self.options.max_worker_restarts)  # shared by the loader's pools
@@ -429,7 +430,7 @@ class DataLoader(TorchDataLoader[T_co]):
         return outer
 
     def close(self) -> None:
-        """Stop the pass in progress and release the workers (persistent ones too).
+        """Stop the pass in progress and release the workers (persistent ones and read-ahead threads too).
 
         The loader stays usable: the next pass starts new workers. Called when the loader is
         garbage-collected; call it yourself to free the workers' memory and processes sooner.
@@ -509,6 +510,12 @@ class DataLoader(TorchDataLoader[T_co]):
             return self._pool, False, self._pool_base_seed
         # torch draws the base seed once per iterator, or once per persistent iterator.
         base_seed = self._base_seed()
+        if self.read_ahead_threads():
+            # Read-ahead threads run no user code and hold no pass's state: kept across passes,
+            # so a short epoch does not pay for starting and joining them.
+            if self._pool is None or self._pool_pid != os.getpid():  # a forked child has no threads
+                self._pool, self._pool_pid = self._make_pool(base_seed), os.getpid()
+            return self._pool, False, base_seed
         pool = self._make_pool(base_seed)
         if persistent:
             self._pool, self._pool_base_seed = pool, base_seed

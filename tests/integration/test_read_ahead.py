@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,13 +76,68 @@ def test_break_and_errors_leave_no_thread(tmp_path: Path) -> None:
     with pytest.raises(naiad.SourceError, match="line 3002"):
         list(naiad.DataLoader(naiad.read_csv(path, block_bytes=500), batch_size=50, read_ahead=2))
     import gc
-    import time
 
     gc.collect()
     deadline = time.monotonic() + 10
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threading.active_count() <= before
+
+
+@pytest.mark.timeout(120)
+def test_the_threads_are_kept_across_epochs(tmp_path: Path) -> None:
+    # Starting and joining the threads every epoch cost a 10 MB file's epoch 10-15%.
+    path = make_csv(tmp_path / "d.csv", 4000)
+
+    def readers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("naiad-worker")}
+
+    before = readers()
+    loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=700), batch_size=64, shuffle=True, seed=1,
+                              shuffle_buffer=500, read_ahead=2)
+    first = np.concatenate(batches(loader))
+    kept = readers() - before
+    assert len(kept) == 2
+    for epoch in range(1, 4):
+        loader.set_epoch(epoch)
+        for i, _ in enumerate(loader):  # a pass left at a break: its reads still in flight
+            if i == 5:
+                break
+        loader.set_epoch(epoch)
+        got = np.concatenate(batches(loader))
+        assert sorted(got.tolist()) == list(range(4000))
+        assert readers() - before == kept
+    loader.set_epoch(0)
+    assert np.array_equal(np.concatenate(batches(loader)), first)
+    loader.close()
+    deadline = time.monotonic() + 10
+    while readers() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not readers() - before
+
+
+def _count_rows(loader: naiad.DataLoader, out: object) -> None:
+    out.put(sum(len(b["id"]) for b in loader))  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_starts_threads_of_its_own(tmp_path: Path) -> None:
+    import multiprocessing as mp
+
+    loader = naiad.DataLoader(naiad.read_csv(make_csv(tmp_path / "d.csv", 3000), block_bytes=700), batch_size=64,
+                              shuffle=True, seed=1, read_ahead=2)
+    assert sum(len(b["id"]) for b in loader) == 3000  # the parent's threads now exist
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_count_rows, args=(loader, out))
+    child.start()
+    try:
+        assert out.get(timeout=60) == 3000  # the parent's pool has no threads in the child: not used
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
 
 
 EXIT_MID_READ = """
