@@ -33,6 +33,7 @@ from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
 from naiad.fetch import choose_fetch
 from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
+from naiad.parallel.threads import usable_cores
 from naiad.pipelines import (
     IterablePipeline,
     LazyPass,
@@ -89,10 +90,7 @@ def default_read_ahead(remote: bool = False) -> int:
     source with URLs gets twice the cores, 4 to 8: its threads mostly wait on requests, and a
     Parquet row group or a big block is a task of its own, so only more tasks in flight hide
     the latency (docs/STORAGE.md, "Read-ahead")."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        cores = os.cpu_count() or 1
+    cores = usable_cores()
     if remote:
         return min(8, max(4, 2 * cores))
     return 2 if cores >= 2 else 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -13,13 +14,14 @@ from hypothesis import strategies as st
 
 import naiad
 from naiad.sources.index import index_folder, load_index
-from naiad.sources.lines import _header_end, row_spans, scan_file
+from naiad.sources.lines import row_spans, scan_file
+from naiad.sources.scan import cut_lines, cut_lines_parallel, header_end
 
 
 def reference_cut(data: bytes, block_bytes: int, header_lines: int, keep_blank: bool) -> list[tuple[int, int, int, int]]:
     """The cut as a plain loop: read steps of ``block_bytes``, cut at the last newline read; rows
     as ``row_spans`` (what the readers slice by) counts them."""
-    pos = _header_end(data[: max(block_bytes, 1 << 16)], header_lines, "x") if header_lines else 0
+    pos = header_end(data[: max(block_bytes, 1 << 16)], header_lines, "x") if header_lines else 0
     out, line, carry, read = [], 1 + header_lines, b"", pos
     while True:
         chunk = data[read : read + block_bytes]
@@ -58,16 +60,99 @@ def test_scan_matches_the_plain_loop(tmp_path_factory: pytest.TempPathFactory, r
     assert [(b.start, b.stop, b.rows, b.first_line) for b in got] == reference_cut(data, block_bytes, header_lines, keep_blank)
 
 
-def test_scan_crosses_its_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import naiad.sources.lines as lines_mod
+@settings(max_examples=300, deadline=None)
+@given(lines, st.booleans(), st.integers(1, 64), st.integers(0, 1), st.booleans(), st.integers(1, 40))
+def test_any_piece_size_cuts_the_same(rows: list[bytes], final_newline: bool, block_bytes: int, header_lines: int,
+                                      keep_blank: bool, piece: int) -> None:
+    # Blocks, blank lines ("\n\n", "\n\r\n") and lines longer than a step across the scan's pieces.
+    data = b"\n".join(rows) + (b"\n" if final_newline and rows else b"")
+    pos = header_end(data[: max(block_bytes, 1 << 16)], header_lines, "x") if header_lines else 0
+    f = io.BytesIO(data)
+    f.seek(pos)
+    got = cut_lines(f, pos, block_bytes, 1 + header_lines, keep_blank, chunk_bytes=piece)
+    assert got == reference_cut(data, block_bytes, header_lines, keep_blank)
 
-    monkeypatch.setattr(lines_mod, "_SCAN_CHUNK", 7)  # every line straddles a read
+
+@settings(max_examples=300, deadline=None)
+@given(lines, st.booleans(), st.integers(1, 16), st.integers(0, 1), st.booleans(), st.integers(1, 40), st.integers(1, 80),
+       st.integers(1, 3))
+def test_regions_side_by_side_cut_the_same(rows: list[bytes], final_newline: bool, block_bytes: int, header_lines: int,
+                                           keep_blank: bool, piece: int, region: int, threads: int) -> None:
+    # Lines and blank lines across regions, a line longer than a region, a region of no newline.
+    data = b"\n".join(rows) + (b"\n" if final_newline and rows else b"")
+    pos = header_end(data[: max(block_bytes, 1 << 16)], header_lines, "x") if header_lines else 0
+
+    def open_at(offset: int) -> io.BytesIO:
+        f = io.BytesIO(data)
+        f.seek(offset)
+        return f
+
+    got = cut_lines_parallel(open_at, pos, len(data), block_bytes, 1 + header_lines, keep_blank, threads,
+                             region_bytes=region, chunk_bytes=piece)
+    assert got == reference_cut(data, block_bytes, header_lines, keep_blank)
+
+
+def test_scan_crosses_its_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import naiad.sources.scan as scan_mod
+
+    monkeypatch.setattr(scan_mod, "SCAN_CHUNK_BYTES", 7)  # every line straddles a read
     data = b"".join(b"%d,%s\n" % (i, b"a" * (i % 13)) for i in range(500)) + b"\n\r\nlast"
     path = tmp_path / "f.csv"
     path.write_bytes(data)
     for bb in (1, 5, 64, 1000):
         got = scan_file(str(path), block_bytes=bb, header_lines=1, compression=None, keep_blank=False, whole=False)
         assert [(b.start, b.stop, b.rows, b.first_line) for b in got] == reference_cut(data, bb, 1, False)
+
+
+def test_a_big_local_file_is_scanned_in_regions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import naiad.sources.scan as scan_mod
+
+    data = b"id,x\n" + b"".join(b"%d,%s\n" % (i, b"a" * (i % 29)) for i in range(3000)) + b"\n\r\n\n" + b"7,b" * 400
+    path = tmp_path / "f.csv"
+    path.write_bytes(data)
+    regions: list[int] = []
+    real = scan_mod.cut_lines_parallel
+
+    def spy(*args: object, **kwargs: object) -> list[tuple[int, int, int, int]]:
+        regions.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scan_mod, "cut_lines_parallel", spy)
+    monkeypatch.setattr(scan_mod, "SCAN_REGION_BYTES", 4000)
+    monkeypatch.setattr(scan_mod, "SCAN_CHUNK_BYTES", 1500)
+    monkeypatch.setattr(scan_mod, "thread_cores", lambda: 3)
+    for bb in (1, 700, 5000):
+        got = scan_file(str(path), block_bytes=bb, header_lines=1, compression=None, keep_blank=False, whole=False)
+        assert [(b.start, b.stop, b.rows, b.first_line) for b in got] == reference_cut(data, bb, 1, False)
+    assert len(regions) == 3
+
+
+def test_files_cut_side_by_side_are_in_file_order(tmp_path: Path) -> None:
+    paths = []
+    for k in range(5):
+        paths.append(tmp_path / f"{k}.csv")
+        paths[-1].write_text("id,x\n" + "".join(f"{k * 1000 + i},{i}\n" for i in range(100 + 37 * k)))
+    source = naiad.read_csv(paths, block_bytes=300)
+    blocks = source.blocks()
+    one_by_one = [b for p in paths for b in naiad.read_csv(p, block_bytes=300).blocks()]
+    assert blocks == one_by_one
+    assert np.array_equal(ids(naiad.read_csv(paths, block_bytes=300)), np.concatenate(
+        [np.arange(k * 1000, k * 1000 + 100 + 37 * k) for k in range(5)]))
+    (tmp_path / "2.csv").write_text("id,y\n1,2\n")  # the first file to fail, in file order, is named
+    (tmp_path / "4.csv").write_text("id,z\n1,2\n")
+    with pytest.raises(naiad.SourceError, match="2.csv"):
+        naiad.read_csv(paths, block_bytes=300).blocks()
+
+
+def test_a_thread_of_a_pool_that_shares_the_cores_splits_no_further() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from naiad.parallel.threads import one_core_each, thread_cores, usable_cores
+
+    assert thread_cores() == usable_cores()
+    with ThreadPoolExecutor(2, initializer=one_core_each) as pool:
+        assert list(pool.map(lambda _: thread_cores(), range(4))) == [1, 1, 1, 1]
+    assert thread_cores() == usable_cores()
 
 
 def write_csv(path: Path, n: int) -> None:
@@ -93,7 +178,7 @@ def test_index_is_persisted_and_reused(tmp_path: Path, monkeypatch: pytest.Monke
     def no_scan(*args: object, **kwargs: object) -> None:
         raise AssertionError("scanned although the index is valid")
 
-    monkeypatch.setattr(lines_mod, "_scan_plain", no_scan)
+    monkeypatch.setattr(lines_mod, "scan_plain", no_scan)
     again = naiad.read_csv(path, block_bytes=4096, index_dir=cache)
     assert again.blocks() == blocks
     assert sorted(ids(again, shuffle=True, seed=3)) == list(range(3000))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import os
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from naiad.cli.tune_report import (
     format_table,
     recommend,
 )
+from naiad.parallel.threads import usable_cores
 
 NAME = "tune"
 HELP = ("Sweep num_workers, worker_mode, prefetch_factor, block size and shuffle buffer on a source; "
@@ -101,13 +101,6 @@ def _buffers(text: str) -> list[int | None]:
     return list(dict.fromkeys(values))
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        return os.cpu_count() or 1
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``naiad tune`` options to ``parser``."""
     parser.add_argument("source", help="'demo' (built-in diabetes-shaped CSV), a file, or a glob")
@@ -124,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers", type=_ints, default=None,
-        help=f"worker counts to try (default 0..{_usable_cores()}, the usable cores)",
+        help=f"worker counts to try (default 0..{usable_cores()}, the usable cores)",
     )
     parser.add_argument("--modes", type=_modes, default=["process", "thread"], help="default process,thread")
     parser.add_argument("--prefetch", type=_ints, default=[2, 4], help="prefetch_factor values (default 2,4)")
@@ -443,10 +436,10 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, NaiadError, OSError) as exc:
         print(f"naiad tune: {exc}", file=sys.stderr)
         return 2
-    workers = args.workers if args.workers is not None else list(range(_usable_cores() + 1))
+    workers = args.workers if args.workers is not None else list(range(usable_cores() + 1))
     sweep = settings_for(workers, args.modes, args.prefetch, blocks, buffers, full=args.full)
     print(f"naiad tune: {target.words}; batch size {args.batch_size}; step {args.step_ms:g} ms; "
-          f"{len(sweep)} settings, {args.seconds:g} s each; {_usable_cores()} usable cores")
+          f"{len(sweep)} settings, {args.seconds:g} s each; {usable_cores()} usable cores")
     progress = _Progress(len(sweep) + (DEFAULTS not in sweep), not args.no_progress)
     results = []
     for i, setting in enumerate(sweep):

@@ -28,13 +28,13 @@ decisions depend only on the observed timings, so the logic is tested with synth
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from naiad.errors import ConfigError
+from naiad.parallel.threads import usable_cores
 
 __all__ = ["AutoTuner", "TunerDecision", "Trial"]
 
@@ -114,11 +114,7 @@ class Resizable(Protocol):
 
 
 def _default_max_workers() -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, 16))
+    return max(1, min(usable_cores(), 16))
 
 
 def _n(count: int) -> str:

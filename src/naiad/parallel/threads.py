@@ -5,6 +5,8 @@ NumPy releases the GIL inside fancy indexing, so gathering and scattering some o
 columns on a second thread while the calling thread does the rest (and draws the next exchange)
 takes about half the time on two cores (``run_beside``). The work is the same whoever does it
 and the random draws stay in the calling thread, so results and their order do not change.
+
+Also how many cores a step may spread over (``usable_cores``, ``thread_cores``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,32 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["run_beside", "start_beside"]
+__all__ = ["one_core_each", "run_beside", "start_beside", "thread_cores", "usable_cores"]
 
 T = TypeVar("T")
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+_local = threading.local()
+
+
+def thread_cores() -> int:
+    """The cores a step running in this thread may spread its work over: every usable one,
+    or one in a thread that already shares them with its siblings (:func:`one_core_each`)."""
+    return int(getattr(_local, "cores", 0)) or usable_cores()
+
+
+def one_core_each() -> None:
+    """Mark this thread as one of a pool that already uses every core (a pool's initializer):
+    what it runs then splits no further (threads inside threads only fight over the cores)."""
+    _local.cores = 1
+
 
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None

@@ -180,7 +180,7 @@ def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entrie
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, separators=(",", ":"))
+                f.write(json.dumps(doc, separators=(",", ":")))  # (json.dump to a file is pure Python: 10x slower)
             os.replace(tmp, folder / _entry_name(real, params, stamp.get("endpoint", "")))
         except BaseException:
             os.unlink(tmp)

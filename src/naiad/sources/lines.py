@@ -3,8 +3,8 @@
 NOTE [ Byte-range blocks ]
 A text file is cut into blocks of about ``block_bytes`` that end just after a newline, so every
 block holds whole lines and can be parsed on its own. The cut and the row count of every block
-come from one sequential scan at first iteration (C-speed ``bytes.count``, with a NumPy pass
-only for blocks that contain blank lines, which the CSV and JSON parsers skip). This is why a
+come from one scan of the file before the first epoch (NOTE [ Newline scan ] in scan.py),
+kept in the block index for the next process (NOTE [ Block index ]). This is why a
 newline inside a quoted CSV value is unsupported unless the reader is told about it
 (``newlines_in_values=True``), in which case each file is a single block.
 
@@ -30,9 +30,9 @@ import pyarrow as pa
 from naiad.errors import SourceError
 from naiad.sources import storage
 from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows
-from naiad.sources.cache import CHUNK_BYTES
 from naiad.sources.index import IndexDir, load_index, save_index
 from naiad.sources.readahead import io_map
+from naiad.sources.scan import header_end, scan_plain
 
 __all__ = [
     "BadRow", "default_block_bytes", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
@@ -67,18 +67,6 @@ def _decompress(path: str, codec: str) -> bytes:
             return bytes(stream.read())
     except (OSError, pa.ArrowException) as exc:
         raise SourceError(f"cannot decompress ({codec}): {exc}; is the file truncated?", path=path) from None
-
-
-def _header_end(head: bytes, header_lines: int, path: str) -> int:
-    pos = 0
-    for _ in range(header_lines):
-        nl = head.find(b"\n", pos)
-        if nl < 0:
-            if len(head) >= 1 << 16:
-                raise SourceError("no end of line in the first 64 KiB: is this a CSV file?", path=path, line=1)
-            return len(head)  # empty, or a header alone: no rows
-        pos = nl + 1
-    return pos
 
 
 def default_block_bytes(path: str) -> int:
@@ -144,14 +132,14 @@ def scan_file(
             data = _decompress(path, codec)
         else:
             data = storage.read_range(path, 0, -1)
-        start = _header_end(data, header_lines, path) if header_lines else 0
+        start = header_end(data, header_lines, path) if header_lines else 0
         return [Block(path, start, -1, count_rows(memoryview(data)[start:], keep_blank), 1 + header_lines)]
     params = {"cut": "lines", "block_bytes": block_bytes, "header_lines": header_lines, "keep_blank": keep_blank}
     entries = load_index(index_dir, path, params)
     if entries is not None and not _cut_holds(path, entries, block_bytes, header_lines, keep_blank):
         entries = None  # a stale or forged entry: scan again
     if entries is None:
-        entries = _scan_plain(path, block_bytes, header_lines, keep_blank)
+        entries = scan_plain(path, block_bytes, header_lines, keep_blank)
         save_index(index_dir, path, params, entries)
     return [Block(path, a, b, n, line) for a, b, n, line in entries]
 
@@ -167,7 +155,7 @@ def _cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], block_by
     try:
         with open(path, "rb") as f:
             head = f.read(max(block_bytes, 1 << 16)) if header_lines else b""
-            if entries[0][0] != (_header_end(head, header_lines, path) if header_lines else 0):
+            if entries[0][0] != (header_end(head, header_lines, path) if header_lines else 0):
                 return False
             for start, stop, rows, _ in entries:
                 if start:
@@ -190,81 +178,12 @@ def _remote_cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], h
     try:
         if header_lines:
             head = storage.read_range(path, 0, min(storage.size(path), 1 << 16))
-            if entries[0][0] != _header_end(head, header_lines, path):
+            if entries[0][0] != header_end(head, header_lines, path):
                 return False
         return not any(rows == 0 and count_rows(storage.read_range(path, start, stop), keep_blank)
                        for start, stop, rows, _ in entries)
     except (OSError, SourceError):
         return False
-
-
-_SCAN_CHUNK = 16 << 20
-_SCAN_CACHED_BYTES = 1 << 20
-
-
-def _scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool) -> list[tuple[int, int, int, int]]:
-    """The cut of a plain file, as (start, stop, rows, first line) per block: the file is read in
-    steps of ``block_bytes`` after its header, and a block ends at the last newline read so far
-    (a line longer than a step joins the next).
-
-    One vectorized pass over chunks of the file finds its newlines and which of them end a blank
-    line; the cut is then a search per block, not a loop per row.
-    """
-    out: list[tuple[int, int, int, int]] = []
-    # An object's scan reads it whole, once: past the block cache, unless it is small enough to
-    # be one range (the same the reader's header and type sample read), which keeps a shard
-    # that has no index entry (no rows) from being fetched again by the next process.
-    small = storage.is_remote(path) and storage.size(path) <= _SCAN_CACHED_BYTES
-    # Where the objects fit in the cache, the scan reads through its chunks instead: the
-    # bytes it reads are then the first epoch's too (NOTE [ Block cache ], chunks).
-    chunks = storage.is_remote(path) and storage.storage_for(path).chunked(path)
-    with storage.open_input(path, cached="chunks" if chunks else small, buffer_bytes=CHUNK_BYTES if chunks else 8 << 20) as f:
-        pos = 0
-        if header_lines:
-            pos = _header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path)
-        f.seek(pos)
-        line = 1 + header_lines
-        scanned, eof = pos, False
-        newlines = np.zeros(0, np.int64)  # positions of the newlines at or after `pos`
-        blank = np.zeros(0, bool)  # whether each ends a blank line (an empty one or a lone CR)
-        last_nl, last_byte = pos - 1, 10
-        end = pos + block_bytes  # how far the steps have read
-        while True:
-            if end > scanned and not eof:
-                chunk = f.read(max(_SCAN_CHUNK, block_bytes))
-                if not chunk:
-                    eof = True
-                    continue
-                arr = np.frombuffer(chunk, np.uint8)
-                local = np.flatnonzero(arr == 10)
-                found = local + scanned
-                if len(found):
-                    gap = np.diff(found, prepend=last_nl)
-                    before = arr[np.maximum(local - 1, 0)]
-                    if local[0] == 0:
-                        before[0] = last_byte
-                    blank = np.concatenate((blank, (gap == 1) | ((gap == 2) & (before == 13))))
-                    newlines = np.concatenate((newlines, found))
-                    last_nl = int(found[-1])
-                last_byte = int(arr[-1])
-                scanned += len(chunk)
-                continue
-            k = int(np.searchsorted(newlines, end, side="left"))  # newlines inside the window
-            if k == 0:
-                if not eof:
-                    end += block_bytes  # a line longer than the step: keep reading
-                    continue
-                if pos < scanned:  # the last line, without a newline
-                    rest = scanned - pos
-                    is_blank = rest == 1 and last_byte == 13
-                    out.append((pos, scanned, int(keep_blank or not is_blank), line))
-                return out
-            cut = int(newlines[k - 1]) + 1
-            rows = k if keep_blank else k - int(np.count_nonzero(blank[:k]))
-            out.append((pos, cut, rows, line))
-            line += k
-            newlines, blank = newlines[k:], blank[k:]
-            pos, end = cut, end + block_bytes
 
 
 def read_block_bytes(block: Block, compression: str | None) -> bytes:
