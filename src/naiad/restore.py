@@ -2,7 +2,7 @@
 
 NOTE [ Owed rows first ]
 A stream resumed mid-epoch (NOTE [ Mid-epoch resume ] in stream.py) reads again two sets of
-rows: those still owed to batches by the exchange in progress (up to one chunk, a quarter of
+rows: those still owed to batches by the exchange in progress (up to one chunk, half of
 the buffer with read groups) and those the buffer held (all of it). The next batches are cut from
 the owed rows alone, and the held rows are needed only when the next chunk arrives, to be
 exchanged. So the reads come in three steps, each a few tasks the workers (or read-ahead

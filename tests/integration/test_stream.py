@@ -290,6 +290,11 @@ def test_golden_order_of_a_small_shuffled_stream(tmp_path):
     src = open_numbered(write_numbered(str(tmp_path), "npy", [60]), "npy")
     batches = run_epoch(src, StreamOptions(batch_size=6, shuffle=True, seed=123, shuffle_buffer=10))
     assert [ids_of(b).tolist() for b in batches[:2]] == [[43, 42, 41, 11, 14, 12], [13, 0, 2, 44, 40, 53]]
+    # Small CSV blocks joined into read groups of half the buffer (plan.group_rows).
+    (tmp_path / "grouped").mkdir()
+    src = open_numbered(write_numbered(str(tmp_path / "grouped"), "csv", [200]), "csv")
+    batches = run_epoch(src, StreamOptions(batch_size=6, shuffle=True, seed=123, shuffle_buffer=40))
+    assert [ids_of(b).tolist() for b in batches[10:12]] == [[96, 82, 183, 117, 189, 53], [106, 38, 131, 174, 19, 175]]
 
 
 def test_resume_after_skipped_rows_in_the_window_is_exact(tmp_path):
