@@ -102,7 +102,8 @@ STREAM_STATE_VERSION = 5
 """Version 2 added the data's fingerprint and the epoch's legs (elastic resume); version 3 the
 read groups (NOTE [ Read groups ]), which change the shuffle buffer's chunks; version 4 the keyed
 permutation big buffers draw from (NOTE [ Keyed permutation ]), which changes their order;
-version 5 read groups of half the buffer, not a quarter (``plan.group_rows``)."""
+version 5 read groups of half the buffer, not a quarter (``plan.group_rows``), and the stratified
+block order (NOTE [ Stratified block order ])."""
 
 Batch = dict[str, Any]
 Imap = Callable[[Iterable[Any]], Iterator[Any]]

@@ -76,7 +76,31 @@ def test_block_permutation_golden():
     assert block_permutation(8, seed=0, epoch=0, shuffle=True).tolist() == GOLDEN_PERMUTATION
 
 
-GOLDEN_PERMUTATION = [2, 4, 3, 6, 5, 0, 1, 7]
+GOLDEN_PERMUTATION = [3, 6, 1, 7, 0, 2, 5, 4]
+
+
+@given(st.integers(0, 3000), st.integers(0, 2**32), st.integers(0, 50))
+@settings(max_examples=60, deadline=None)
+def test_the_block_order_is_stratified(k: int, seed: int, epoch: int) -> None:
+    # NOTE [ Stratified block order ]: every block once; each round of S blocks has one block of
+    # every stratum of consecutive blocks.
+    order = block_permutation(k, seed=seed, epoch=epoch, shuffle=True)
+    assert sorted(order.tolist()) == list(range(k))
+    strata = max(1, round(k**0.5))
+    bounds = (np.arange(strata + 1) * k) // strata
+    stratum_of = np.searchsorted(bounds, order, side="right") - 1
+    smallest = int(np.diff(bounds).min()) if k else 0
+    for r in range(smallest):  # the rounds every stratum fills
+        assert sorted(stratum_of[r * strata : (r + 1) * strata].tolist()) == list(range(strata))
+
+
+def test_the_block_order_leaves_no_trend_over_the_epoch() -> None:
+    for k in (206, 2288):
+        stratified = [np.corrcoef(np.arange(k), block_permutation(k, seed=s, epoch=0, shuffle=True))[0, 1] for s in range(30)]
+        uniform = [np.corrcoef(np.arange(k), np.random.default_rng(s).permutation(k))[0, 1] for s in range(30)]
+        assert max(map(abs, stratified)) < max(map(abs, uniform)) / 4
+    assert max(abs(np.corrcoef(np.arange(2288), block_permutation(2288, seed=s, epoch=1, shuffle=True))[0, 1])
+               for s in range(30)) < 0.005
 
 
 def test_batch_sizes_short_rank_makes_smaller_last_batches():
