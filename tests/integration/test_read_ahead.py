@@ -116,6 +116,40 @@ def test_the_threads_are_kept_across_epochs(tmp_path: Path) -> None:
     assert not readers() - before
 
 
+@pytest.mark.timeout(120)
+def test_rows_that_all_fit_in_the_buffer_are_read_inline(tmp_path: Path) -> None:
+    # Every read of such an epoch comes before its first batch: threads overlap nothing.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def readers() -> int:
+        return sum(t.name.startswith("naiad-worker") for t in threading.enumerate())
+
+    before = readers()
+    path = make_csv(tmp_path / "d.csv", 3000)
+    loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=700), batch_size=64, shuffle=True, seed=1)
+    assert loader.read_ahead_threads() == default_read_ahead()  # the rows are not counted yet
+    first = batches(loader)
+    assert loader.read_ahead_threads() == 0 and loader.stats().workers.get("read_ahead", 0) == 0
+    loader.set_epoch(0)
+    again = batches(loader)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert readers() == before  # the first epoch's threads are gone
+    # More rows than the buffer, or no shuffle: read ahead as before.
+    assert naiad.DataLoader(naiad.read_csv(path), batch_size=64, shuffle=True, shuffle_buffer=500,
+                            read_ahead=None).read_ahead_threads() == default_read_ahead()
+    unshuffled = naiad.DataLoader(naiad.read_csv(path), batch_size=64)
+    batches(unshuffled)
+    assert unshuffled.read_ahead_threads() == default_read_ahead()
+    # Parquet's rows are in its footer: inline from the first epoch.
+    pq.write_table(pa.table({"id": np.arange(3000)}), tmp_path / "d.parquet", row_group_size=500)
+    loader = naiad.DataLoader(naiad.read_parquet(tmp_path / "d.parquet"), batch_size=64, shuffle=True, seed=1)
+    assert loader.read_ahead_threads() == 0
+    assert sorted(np.concatenate(batches(loader)).tolist()) == list(range(3000))
+    np.save(tmp_path / "d.npy", np.arange(3000))  # an .npy file's header says too
+    assert naiad.DataLoader(naiad.read(tmp_path / "d.npy"), batch_size=64, shuffle=True).read_ahead_threads() == 0
+
+
 def _count_rows(loader: naiad.DataLoader, out: object) -> None:
     out.put(sum(len(b["id"]) for b in loader))  # type: ignore[attr-defined]
 

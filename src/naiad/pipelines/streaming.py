@@ -56,6 +56,13 @@ class StreamPipeline:
     def num_batches(self) -> int:
         return num_batches(self.source, self.options)
 
+    def reads_all_before_first_batch(self) -> bool:
+        """Whether a shuffled epoch reads every row before its first batch: all of them fit in
+        the shuffle buffer (known without a scan; else False). Threads reading ahead then
+        overlap nothing with the training loop."""
+        rows = self.source.known_rows() if self.options.shuffle else None
+        return rows is not None and rows <= (self.options.shuffle_buffer or 0)
+
     def why_not_resumable(self) -> str | None:
         return None
 

@@ -386,6 +386,13 @@ class Source(ABC):
         """Total rows over all files (may trigger the row count)."""
         return sum(b.rows for b in self.blocks())
 
+    def known_rows(self) -> int | None:
+        """Total rows when they cost no scan: the blocks are known, or come from metadata (a
+        footer, a header); else None."""
+        if self._blocks is None and not self.blocks_from_metadata:
+            return None
+        return len(self)
+
     def read_block(self, block: Block, lo: int = 0, hi: int | None = None, *, use_threads: bool = False) -> BlockData:
         """Read rows ``lo:hi`` of ``block`` as columns, skipping bad rows if asked to.
 
