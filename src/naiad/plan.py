@@ -159,11 +159,13 @@ def block_permutation(num_blocks: int, *, seed: int, epoch: int, shuffle: bool) 
     its place in the files of about 1/sqrt(K): |corr| 0.04 for 4,096 blocks, 0.07-0.16 for a
     Parquet file of 206 row groups. A file sorted by time or label then feeds the start of an
     epoch more of its start. So the blocks are cut into S = round(sqrt(K)) strata of consecutive
-    blocks, each stratum is shuffled, and the epoch takes them in rounds: round r holds the r-th
-    block of every stratum, the strata in a random order of their own. Every S consecutive
-    blocks of the epoch then come from all over the files, and the trend left is the rounds'
-    noise: |corr| at most 0.002 for 2,288 blocks and 0.03 for 206 (50 seeds; uniform: 0.06
-    and 0.16). Every block is still read once, in an order that is new each epoch.
+    blocks, each stratum is shuffled, and the r-th of a stratum's n blocks is placed at a random
+    point of the stretch [r/n, (r+1)/n) of the epoch (jittered stratification): every stretch
+    of about S blocks of the epoch comes from all over the files, strata one block longer than
+    the others included. The trend left is the jitter's: |corr| at most 0.002 for 2,288 blocks,
+    0.02 for 206 and 0.13 for 31 (50 seeds; uniform: 0.06, 0.16, 0.42). With a dozen blocks
+    it is as noisy as a uniform order (a dozen blocks cannot be mixed). Every block is still
+    read once, in an order that is new each epoch.
 
     Example:
         >>> sorted(block_permutation(10, seed=0, epoch=0, shuffle=True).tolist()) == list(range(10))
@@ -174,11 +176,14 @@ def block_permutation(num_blocks: int, *, seed: int, epoch: int, shuffle: bool) 
     rng = rng_for(seed, epoch, TAG_BLOCKS)
     strata = max(1, round(num_blocks ** 0.5))
     bounds = (np.arange(strata + 1) * num_blocks) // strata
-    stratum = np.repeat(np.arange(strata), np.diff(bounds))
+    sizes = np.diff(bounds)
+    stratum = np.repeat(np.arange(strata), sizes)
     by_stratum = np.lexsort((rng.random(num_blocks), stratum))  # each stratum shuffled
-    rounds = np.empty(num_blocks, np.int64)
-    rounds[by_stratum] = np.arange(num_blocks) - bounds[stratum[by_stratum]]
-    return np.lexsort((rng.random(num_blocks), rounds))  # by round, the strata in a random order
+    rank = np.empty(num_blocks, np.int64)
+    rank[by_stratum] = np.arange(num_blocks) - bounds[stratum[by_stratum]]
+    # The r-th of a stratum's n blocks goes at a random point of [r/n, (r+1)/n) of the epoch:
+    # strata one block longer than others are spread out too, not left for a last round.
+    return np.argsort((rank + rng.random(num_blocks)) / sizes[stratum], kind="stable")
 
 
 def rank_bounds(total_rows: int, world_size: int) -> np.ndarray:
