@@ -332,8 +332,8 @@ def group_tasks(tasks: Sequence[ReadTask], max_rows: int, max_bytes: int = GROUP
             out.append(GroupTask(tuple(run)))
 
     for t in tasks:
-        size = _bytes_of(t)
-        n = t.hi - t.lo if t.take is None else len(t.take)
+        n = t.hi - t.lo if t.take is None else len(t.take)  # t.rows, without a property call per block
+        size = _bytes_of(t.block, n)
         if run and (rows + n > max_rows or nbytes + size > max_bytes):
             close()
             run, rows, nbytes = [], 0, 0
@@ -344,16 +344,16 @@ def group_tasks(tasks: Sequence[ReadTask], max_rows: int, max_bytes: int = GROUP
     return out
 
 
-def _bytes_of(task: ReadTask) -> int:
-    """About how many bytes ``task`` reads: its share of a byte-range block (row groups, record
-    batches and row ranges count as one byte: grouped by rows only)."""
-    b = task.block
+def _bytes_of(b: Block, rows_read: int) -> int:
+    """About how many bytes reading ``rows_read`` rows of ``b`` reads: their share of a
+    byte-range block (row groups, record batches and row ranges count as one byte: grouped by
+    rows only)."""
     span, rows = b.stop - b.start, b.rows
     if b.stop < 0:
         return _WHOLE_FILE
     if rows == 0 or span <= 1 or span == rows:
         return 0
-    return span * (task.hi - task.lo if task.take is None else len(task.take)) // rows
+    return span * rows_read // rows
 
 
 _WHOLE_FILE = 1 << 62  # a compressed file, read whole: never grouped with another read

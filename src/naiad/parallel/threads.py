@@ -21,6 +21,7 @@ __all__ = ["one_core_each", "run_beside", "start_beside", "thread_cores", "usabl
 
 T = TypeVar("T")
 
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity, where the system has one)."""
     try:

@@ -23,7 +23,7 @@ The rule looks sequential, but the steps' ends form a fixed grid, ``start + j * 
 block ends after the last newline before a grid point, unless that newline ended the previous
 block. So a local file of 32 MiB or more is cut into regions of 16 MiB on the grid, scanned
 side by side (NumPy and the reads release the GIL), each reporting per grid point its last
-newline and counts, and :func:`merge_regions` joins them into the same cut. The files of a
+newline and counts, and ``_merge_regions`` joins them into the same cut. The files of a
 source are cut side by side too (``Source.blocks``); a file's regions then stay in its thread.
 At 1 GB on two cores: 1.0-1.5 s before, 0.25-0.3 s now.
 """
@@ -44,7 +44,7 @@ from naiad.parallel.threads import thread_cores
 from naiad.sources import storage
 from naiad.sources.cache import CHUNK_BYTES
 
-__all__ = ["SCAN_CHUNK_BYTES", "Entry", "cut_lines", "header_end", "scan_plain"]
+__all__ = ["SCAN_CHUNK_BYTES", "SCAN_REGION_BYTES", "Entry", "cut_lines", "cut_lines_parallel", "header_end", "scan_plain"]
 
 SCAN_CHUNK_BYTES = 1 << 20
 """Bytes the scan reads and compares at a time (see NOTE [ Newline scan ])."""
@@ -60,23 +60,22 @@ Entry = tuple[int, int, int, int]
 
 def scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool) -> list[Entry]:
     """The cut of a plain (uncompressed) file after its ``header_lines``."""
+    remote = storage.is_remote(path)
     # An object's scan reads it whole, once: past the block cache, unless it is small enough to
     # be one range (the same the reader's header and type sample read), which keeps a shard
     # that has no index entry (no rows) from being fetched again by the next process.
-    if not storage.is_remote(path):
-        with open(path, "rb") as f:
-            pos = header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path) if header_lines else 0
-            size = os.fstat(f.fileno()).st_size
-        threads = min(thread_cores(), 8)
-        if threads > 1 and size - pos >= 2 * SCAN_REGION_BYTES:
-            return cut_lines_parallel(functools.partial(_open_at, path), pos, size, block_bytes, 1 + header_lines, keep_blank,
-                                      threads, SCAN_REGION_BYTES, SCAN_CHUNK_BYTES)
-    small = storage.is_remote(path) and storage.size(path) <= _SCAN_CACHED_BYTES
+    small = remote and storage.size(path) <= _SCAN_CACHED_BYTES
     # Where the objects fit in the cache, the scan reads through its chunks instead: the
     # bytes it reads are then the first epoch's too (NOTE [ Block cache ], chunks).
-    chunks = storage.is_remote(path) and storage.storage_for(path).chunked(path)
+    chunks = remote and storage.storage_for(path).chunked(path)
     with storage.open_input(path, cached="chunks" if chunks else small, buffer_bytes=CHUNK_BYTES if chunks else 8 << 20) as f:
         pos = header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path) if header_lines else 0
+        if not remote:
+            size = os.fstat(f.fileno()).st_size
+            threads = min(thread_cores(), 8)
+            if threads > 1 and size - pos >= 2 * SCAN_REGION_BYTES:
+                return cut_lines_parallel(functools.partial(_open_at, path), pos, size, block_bytes, 1 + header_lines,
+                                          keep_blank, threads, SCAN_REGION_BYTES, SCAN_CHUNK_BYTES)
         f.seek(pos)
         return cut_lines(f, pos, block_bytes, 1 + header_lines, keep_blank, SCAN_CHUNK_BYTES)
 
@@ -105,7 +104,7 @@ def cut_lines(f: io.BufferedIOBase, pos: int, block_bytes: int, line: int, keep_
     """Cut what ``f`` holds from its position (byte ``pos`` of the file, line ``line``) to its
     end into blocks, as NOTE [ Newline scan ] describes, in one pass."""
     region = _scan_region(f, pos, None, pos, block_bytes, keep_blank, chunk_bytes)
-    return merge_regions([region], pos, block_bytes, line, keep_blank)
+    return _merge_regions([region], pos, line, keep_blank)
 
 
 def cut_lines_parallel(open_at: Callable[[int], io.BufferedIOBase], pos: int, size: int, block_bytes: int, line: int,
@@ -128,7 +127,7 @@ def cut_lines_parallel(open_at: Callable[[int], io.BufferedIOBase], pos: int, si
 
     with ThreadPoolExecutor(max(1, min(threads, len(starts))), thread_name_prefix="naiad-scan") as pool:
         regions = list(pool.map(scan, range(len(starts))))
-    return merge_regions(regions, pos, block_bytes, line, keep_blank)
+    return _merge_regions(regions, pos, line, keep_blank)
 
 
 @dataclass
@@ -195,7 +194,7 @@ def _scan_region(f: io.BufferedIOBase, a: int, b: int | None, origin: int, block
             return _Region(points, seen_nl, seen_blank, last_nl, base, prev1)
 
 
-def merge_regions(regions: list[_Region], pos: int, block_bytes: int, line: int, keep_blank: bool) -> list[Entry]:
+def _merge_regions(regions: list[_Region], pos: int, line: int, keep_blank: bool) -> list[Entry]:
     """The cut from the regions' points, in order: a block ends after the last newline before
     each point, unless that newline ended the previous block (the step then goes on)."""
     out: list[Entry] = []
