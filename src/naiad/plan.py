@@ -28,7 +28,7 @@ from naiad.sources.base import Block
 
 __all__ = [
     "GroupTask", "RankPlan", "ReadTask", "RestoreTask", "Task", "batch_sizes", "block_permutation", "group_rows",
-    "group_tasks", "make_plan", "rank_bounds", "rng_for", "tasks_for",
+    "group_tasks", "make_plan", "ordered_blocks", "rank_bounds", "rng_for", "tasks_for",
 ]
 
 # Stream tags, so the block permutation and the shuffle buffer draw independent numbers.
@@ -186,6 +186,11 @@ def block_permutation(num_blocks: int, *, seed: int, epoch: int, shuffle: bool) 
     return np.argsort((rank + rng.random(num_blocks)) / sizes[stratum], kind="stable")
 
 
+def ordered_blocks(blocks: Sequence[Block], *, seed: int, epoch: int, shuffle: bool) -> list[Block]:
+    """``blocks`` in this epoch's order (:func:`block_permutation`)."""
+    return [blocks[i] for i in block_permutation(len(blocks), seed=seed, epoch=epoch, shuffle=shuffle).tolist()]
+
+
 def rank_bounds(total_rows: int, world_size: int) -> np.ndarray:
     """Row boundaries of the ranks' contiguous ranges: sizes differ by at most one."""
     return (np.arange(world_size + 1, dtype=np.int64) * total_rows) // world_size
@@ -248,8 +253,7 @@ def make_plan(
         raise ConfigError(f"`batch_size` must be >= 1, got {batch_size}.")
     from naiad.elastic import Leg, Segments, rank_share
 
-    order = block_permutation(len(blocks), seed=seed, epoch=epoch, shuffle=shuffle)
-    ordered = [blocks[i] for i in order.tolist()]
+    ordered = ordered_blocks(blocks, seed=seed, epoch=epoch, shuffle=shuffle)
     total = sum(b.rows for b in ordered)
     share, sizes = rank_share(Segments([(0, total)]), Leg(world_size, batch_size, drop_last, 0), rank)
     return RankPlan(group_tasks(tasks_for(ordered, share), group_rows), len(share), sizes, total)

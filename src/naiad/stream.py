@@ -45,10 +45,10 @@ from naiad.plan import (
     RankPlan,
     RestoreTask,
     Task,
-    block_permutation,
     group_rows,
     group_tasks,
     make_plan,
+    ordered_blocks,
     tasks_for,
 )
 from naiad.replay import BufferReplay
@@ -265,8 +265,7 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
             group_rows=group_rows(buffer),
         ))
     blocks = source.blocks()
-    order = block_permutation(len(blocks), seed=options.seed, epoch=epoch, shuffle=options.shuffle)
-    ordered = [blocks[int(i)] for i in order]
+    ordered = ordered_blocks(blocks, seed=options.seed, epoch=epoch, shuffle=options.shuffle)
     total = sum(b.rows for b in ordered)
 
     def leftovers_for(i: int) -> Leftovers:
