@@ -32,7 +32,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
@@ -54,7 +53,7 @@ from naiad.plan import (
 from naiad.replay import BufferReplay
 from naiad.restore import Restoring
 from naiad.shuffle import ShuffleBuffer, as_array
-from naiad.sources.base import Source, numpy_dtype
+from naiad.sources.base import Source, row_bytes
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER_ROWS",
@@ -89,12 +88,7 @@ def default_buffer_rows(source: Source) -> int:
     if not source.blocks_from_metadata:
         return DEFAULT_SHUFFLE_BUFFER_ROWS
     biggest = max((b.rows for b in source.blocks()), default=0)
-    row_bytes = 0
-    for f in source.schema():
-        dt = numpy_dtype(f.type)
-        width = f.type.list_size if pa.types.is_fixed_size_list(f.type) else 1
-        row_bytes += dt.itemsize * width if dt is not None else 32
-    cap = BUFFER_BYTES_BUDGET // max(row_bytes, 1)
+    cap = BUFFER_BYTES_BUDGET // max(row_bytes(source.schema()), 1)
     return int(max(DEFAULT_SHUFFLE_BUFFER_ROWS, min(2 * biggest, cap)))
 
 
@@ -214,6 +208,7 @@ def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tu
         # Arrow hands out read-only NumPy views; the pool copies them into shared memory, so
         # torch's warning about non-writable arrays is noise there.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        source.keep_nothing()  # this worker's own copy (NOTE [ Kept blocks ])
     # Inline there is no other worker, so PyArrow may use its own threads on a block.
     return functools.partial(_read_task, source, context.num_workers == 0)
 

@@ -26,6 +26,7 @@ from naiad.errors import ConfigError, SourceError
 from naiad.ledger import check_max_bad_rows
 from naiad.parallel.threads import one_core_each, usable_cores
 from naiad.sources.cache import CacheDir
+from naiad.sources.decoded import KeptBlocks, default_keep_bytes
 from naiad.sources.readahead import io_map
 from naiad.sources.storage import RetryPolicy, Storage, is_remote, local_path
 
@@ -39,6 +40,7 @@ __all__ = [
     "PathLike",
     "Source",
     "expand_paths",
+    "row_bytes",
     "table_to_columns",
 ]
 
@@ -255,6 +257,20 @@ def numpy_dtype(t: pa.DataType) -> np.dtype | None:
     return None
 
 
+def row_bytes(schema: pa.Schema) -> int:
+    """About how many bytes a row of ``schema`` takes as NumPy columns (32 for a string or other
+    Python value)."""
+    total = 0
+    for f in schema:
+        dt = numpy_dtype(f.type)
+        width = f.type.list_size if pa.types.is_fixed_size_list(f.type) else 1
+        total += dt.itemsize * width if dt is not None else 32
+    return total
+
+
+_KEEP_DECISION = threading.Lock()
+
+
 def null_rows(table: pa.Table) -> np.ndarray:
     """Row indices with a null in an integer or bool column (NumPy has no integer NaN)."""
     mask: np.ndarray | None = None
@@ -286,11 +302,17 @@ class Source(ABC):
     """Whether the blocks are the file's own parts, read from its metadata (row groups, record
     batches) rather than cut to a size: they may be large (see ``stream.default_buffer_rows``)."""
 
+    keeps_parsed: ClassVar[bool] = False
+    """Whether this format keeps its parsed blocks across epochs by default, when they fit the
+    budget: parsing costs far more than reading (NOTE [ Kept blocks ] in sources/decoded.py)."""
+
     def __init__(
         self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise", max_bad_rows: int | float | None = None,
         storage_options: Mapping[str, Any] | Storage | None = None, retry: RetryPolicy | None = None,
-        cache_dir: CacheDir = None, cache_bytes: int | None = None,
+        cache_dir: CacheDir = None, cache_bytes: int | None = None, keep_parsed_bytes: int | None = None,
     ) -> None:
+        if keep_parsed_bytes is not None and keep_parsed_bytes < 0:
+            raise ConfigError(f"`keep_parsed_bytes` must be >= 0 (0: keep nothing), got {keep_parsed_bytes}.")
         if on_bad_rows not in ("raise", "skip"):
             raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {on_bad_rows!r}.")
         if max_bad_rows is not None and on_bad_rows != "skip":
@@ -301,6 +323,8 @@ class Source(ABC):
         self.max_bad_rows = check_max_bad_rows(max_bad_rows)
         self._schema: pa.Schema | None = None
         self._blocks: list[Block] | None = None
+        self.keep_parsed_bytes = keep_parsed_bytes
+        self._kept: KeptBlocks | bool | None = None  # None: not decided yet; False: keep nothing
 
     # -- what subclasses provide ------------------------------------------------------------
 
@@ -369,6 +393,31 @@ class Source(ABC):
         if failed:
             raise failed[0]
 
+    def kept_blocks(self) -> KeptBlocks | None:
+        """The parsed blocks this process keeps across epochs, or None when it keeps none (NOTE [
+        Kept blocks ] in sources/decoded.py). Decided once the rows are counted: kept when the
+        source's rows, at their parsed width, fit ``keep_parsed_bytes`` (None: the format's
+        default, :func:`~naiad.sources.decoded.default_keep_bytes` for CSV, JSON Lines and
+        text, nothing for the others)."""
+        kept = self._kept
+        if kept is None:
+            budget = self.keep_parsed_bytes
+            if budget is None:
+                budget = default_keep_bytes() if self.keeps_parsed else 0
+            if budget and self._blocks is None:
+                return None  # not counted yet: decided at a later read
+            with _KEEP_DECISION:
+                if self._kept is None:
+                    fits = bool(budget) and len(self) * row_bytes(self.schema()) <= budget
+                    self._kept = KeptBlocks(budget) if fits else False
+                kept = self._kept
+        return kept if isinstance(kept, KeptBlocks) else None
+
+    def keep_nothing(self) -> None:
+        """Keep no parsed blocks in this copy of the source, and forget any kept (a process
+        worker's copy: each would hold its own)."""
+        self._kept = False
+
     def set_blocks(self, blocks: list[Block]) -> None:
         """Install a block list computed elsewhere (e.g. in parallel, or from a cache)."""
         self._blocks = list(blocks)
@@ -402,7 +451,14 @@ class Source(ABC):
         hi = block.rows if hi is None else hi
         if not 0 <= lo <= hi <= block.rows:
             raise ConfigError(f"rows {lo}:{hi} are outside block {block}.")
-        return self._read(block, lo, hi, use_threads)
+        kept = self.kept_blocks()
+        columns = kept.gather([(block, lo, hi, None)]) if kept is not None else None
+        if columns is not None:
+            return BlockData(columns)
+        data = self._read(block, lo, hi, use_threads)
+        if kept is not None and lo == 0 and hi == block.rows and not data.bad:
+            kept.put([(block, block.rows)], data.columns)
+        return data
 
     def read_group(self, parts: Sequence[GroupPart], *, use_threads: bool = False) -> BlockData:
         """The rows of several reads as one chunk, in order: a read group of the plan (NOTE [ Read
@@ -416,7 +472,14 @@ class Source(ABC):
         for block, lo, hi, _ in parts:
             if not 0 <= lo <= hi <= block.rows:
                 raise ConfigError(f"rows {lo}:{hi} are outside block {block}.")
-        return self._read_group(list(parts), use_threads)
+        kept = self.kept_blocks()
+        columns = kept.gather(parts) if kept is not None else None
+        if columns is not None:
+            return BlockData(columns)
+        data = self._read_group(list(parts), use_threads)
+        if kept is not None and not data.bad and all(take is None and lo == 0 and hi == b.rows for b, lo, hi, take in parts):
+            kept.put([(b, b.rows) for b, _, _, _ in parts], data.columns)
+        return data
 
     def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
         """The parts as one table when the reader can hand them over so (:meth:`_group_table`),
@@ -476,6 +539,10 @@ class Source(ABC):
                 checked.append((block, rows))
         if not checked:
             return BlockData(self.empty_columns())
+        kept = self.kept_blocks()
+        columns = kept.gather([(b, 0, b.rows, rows) for b, rows in checked]) if kept is not None else None
+        if columns is not None:
+            return BlockData(columns)
         return self._read_rows_many(checked, use_threads)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
@@ -515,6 +582,7 @@ class Source(ABC):
         # workers never need it.
         state = self.__dict__.copy()
         state["_blocks"] = None
+        state["_kept"] = None  # a copy decides again, and keeps its own
         return state
 
 

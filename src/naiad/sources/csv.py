@@ -83,6 +83,7 @@ def read_csv(
     retry: RetryPolicy | None = None,
     cache_dir: CacheDir = None,
     cache_bytes: int | None = None,
+    keep_parsed_bytes: int | None = None,
 ) -> CsvSource:
     """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow.
 
@@ -123,6 +124,10 @@ def read_csv(
             naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
         cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
             (None: half the disk's free space).
+        keep_parsed_bytes: the most memory for parsed blocks kept across epochs in the
+            process that reads them (NOTE [ Kept blocks ] in naiad/sources/decoded.py): later
+            epochs then gather rows from memory instead of parsing again. Kept only when every
+            row fits (None: 1/16 of the memory, at most 1 GiB); 0 keeps nothing.
 
     Example:
         >>> ds = naiad.read_csv("diabetes.csv", dtypes="float32")  # doctest: +SKIP
@@ -134,11 +139,14 @@ def read_csv(
         dtypes=dtypes, compression=compression, quote_char=quote_char,
         newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
         storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir,
+        keep_parsed_bytes=keep_parsed_bytes,
     )
 
 
 class CsvSource(Source):
     """CSV files cut into byte-range blocks (see :func:`read_csv`)."""
+
+    keeps_parsed = True
 
     def __init__(
         self,
@@ -160,8 +168,10 @@ class CsvSource(Source):
         retry: RetryPolicy | None = None,
         cache_dir: CacheDir = None,
         cache_bytes: int | None = None,
+        keep_parsed_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes,
+                         keep_parsed_bytes=keep_parsed_bytes)
         if len(delimiter) != 1:
             raise ConfigError(f"`delimiter` must be one character, got {delimiter!r}.")
         if block_bytes is not None and block_bytes < 1:

@@ -75,6 +75,7 @@ def read_jsonl(
     retry: RetryPolicy | None = None,
     cache_dir: CacheDir = None,
     cache_bytes: int | None = None,
+    keep_parsed_bytes: int | None = None,
 ) -> JsonlSource:
     """A lazy source over JSON Lines files (a path, a glob or a list), parsed by PyArrow.
 
@@ -105,17 +106,24 @@ def read_jsonl(
             naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
         cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
             (None: half the disk's free space).
+        keep_parsed_bytes: the most memory for parsed blocks kept across epochs in the
+            process that reads them (NOTE [ Kept blocks ] in naiad/sources/decoded.py): later
+            epochs then gather rows from memory instead of parsing again. Kept only when every
+            row fits (None: 1/16 of the memory, at most 1 GiB); 0 keeps nothing.
 
     Example:
         >>> ds = naiad.read_jsonl("events-*.jsonl.gz", columns=["x", "label"])  # doctest: +SKIP
     """
     return JsonlSource(paths, columns=columns, dtypes=dtypes, compression=compression,
                        on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-                       storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir)
+                       storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir,
+                       keep_parsed_bytes=keep_parsed_bytes)
 
 
 class JsonlSource(Source):
     """JSON Lines files cut into byte-range blocks (see :func:`read_jsonl`)."""
+
+    keeps_parsed = True
 
     def __init__(
         self,
@@ -132,8 +140,10 @@ class JsonlSource(Source):
         retry: RetryPolicy | None = None,
         cache_dir: CacheDir = None,
         cache_bytes: int | None = None,
+        keep_parsed_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes,
+                         keep_parsed_bytes=keep_parsed_bytes)
         self.compression = compression
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)

@@ -1,0 +1,247 @@
+"""Parsed blocks kept across epochs (NOTE [ Kept blocks ] in naiad/sources/decoded.py): later
+epochs parse nothing, and yield exactly what a source that keeps nothing yields."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import naiad
+from naiad.parallel.context import WorkerContext
+from naiad.plan import ReadTask
+from naiad.sources.csv import CsvSource
+from naiad.sources.decoded import KeptBlocks, default_keep_bytes, usable_memory
+from naiad.sources.jsonl import JsonlSource
+from naiad.stream import make_handler_factory
+
+pytestmark = pytest.mark.timeout(120)
+
+ROWS = 6000
+
+
+def write_csv(path: Path, bad: dict[int, str] | None = None) -> str:
+    bad = bad or {}
+    path.write_text("id,x,name\n" + "".join(bad.get(i, f"{i},{i * 0.5},n{i % 7}") + "\n" for i in range(ROWS)))
+    return str(path)
+
+
+def write_jsonl(path: Path) -> str:
+    path.write_text("".join(json.dumps({"id": i, "x": i * 0.5}) + "\n" for i in range(ROWS)))
+    return str(path)
+
+
+class ParseCounter:
+    """Counts the parses of a line-based source class (every read path parses through it)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, cls: type, method: str) -> None:
+        self.calls = 0
+        original = getattr(cls, method)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(cls, method, counted)
+
+
+def epochs(loader: naiad.DataLoader, n: int, counter: ParseCounter | None = None) -> list[list[dict[str, Any]]]:
+    out, parses = [], []
+    for ep in range(n):
+        loader.set_epoch(ep)
+        before = counter.calls if counter else 0
+        out.append([{k: (v.numpy().copy() if hasattr(v, "numpy") else list(v)) for k, v in b.items()} for b in loader])
+        parses.append((counter.calls if counter else 0) - before)
+    if counter is not None:
+        counter.parses = parses  # type: ignore[attr-defined]
+    return out
+
+
+def assert_same(a: list[list[dict[str, Any]]], b: list[list[dict[str, Any]]]) -> None:
+    assert len(a) == len(b)
+    for ea, eb in zip(a, b):
+        assert len(ea) == len(eb)
+        for ba, bb in zip(ea, eb):
+            assert ba.keys() == bb.keys()
+            for k in ba:
+                if isinstance(ba[k], np.ndarray):
+                    np.testing.assert_array_equal(ba[k], bb[k])
+                else:
+                    assert ba[k] == bb[k]
+
+
+@pytest.mark.parametrize("read_ahead", [0, 2])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_later_epochs_parse_nothing_and_yield_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            read_ahead: int, shuffle: bool) -> None:
+    path = write_csv(tmp_path / "d.csv")
+    counter = ParseCounter(monkeypatch, CsvSource, "_parse_lines")
+
+    def loader(keep: int | None) -> naiad.DataLoader:
+        return naiad.DataLoader(naiad.read_csv(path, block_bytes=4000, keep_parsed_bytes=keep), batch_size=256,
+                                shuffle=shuffle, seed=3, shuffle_buffer=1000, read_ahead=read_ahead)
+
+    kept_loader = loader(None)
+    got = epochs(kept_loader, 3, counter)
+    assert counter.parses[0] > 0 and counter.parses[1:] == [0, 0]  # type: ignore[attr-defined]
+    kept = kept_loader.dataset.kept_blocks()
+    assert kept is not None and len(kept) == len(kept_loader.dataset.blocks())
+
+    counter.calls = 0
+    want = epochs(loader(0), 3, counter)
+    assert all(p > 0 for p in counter.parses)  # type: ignore[attr-defined]
+    assert_same(got, want)
+    ids = np.concatenate([b["id"] for b in got[2]])
+    assert np.array_equal(np.sort(ids), np.arange(ROWS))
+
+
+def test_jsonl_keeps_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl")
+    counter = ParseCounter(monkeypatch, JsonlSource, "_read_group")
+    got = epochs(naiad.DataLoader(naiad.read_jsonl(path, block_bytes=4000), batch_size=256, shuffle=True, seed=1,
+                                  shuffle_buffer=1000), 2, counter)
+    assert counter.parses[0] > 0 and counter.parses[1] == 0  # type: ignore[attr-defined]
+    want = epochs(naiad.DataLoader(naiad.read_jsonl(path, block_bytes=4000, keep_parsed_bytes=0), batch_size=256,
+                                   shuffle=True, seed=1, shuffle_buffer=1000), 2)
+    assert_same(got, want)
+
+
+def test_a_source_over_the_budget_keeps_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_csv(tmp_path / "d.csv")
+    counter = ParseCounter(monkeypatch, CsvSource, "_parse_lines")
+    # 6,000 rows of an int, a float and a string: about 6000 * (8 + 8 + 32) bytes.
+    loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=4000, keep_parsed_bytes=100_000), batch_size=256,
+                              shuffle=True, seed=0)
+    epochs(loader, 2, counter)
+    assert all(p > 0 for p in counter.parses)  # type: ignore[attr-defined]
+    assert loader.dataset.kept_blocks() is None
+
+
+def test_columnar_formats_keep_nothing_unless_asked(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "d.parquet")
+    pq.write_table(pa.table({"id": np.arange(ROWS)}), path, row_group_size=1000)
+    source = naiad.read_parquet(path)
+    source.blocks()
+    assert source.kept_blocks() is None  # a Parquet read is a decode, not a parse
+    asked = naiad.read_parquet(path)
+    asked.keep_parsed_bytes = 1 << 20
+    asked.blocks()
+    assert asked.kept_blocks() is not None
+
+
+def test_changing_a_batch_in_place_does_not_reach_the_kept_rows(tmp_path: Path) -> None:
+    # Every 50th x is missing: its column is a writable copy (NaNs), not a read-only Arrow view.
+    path = write_csv(tmp_path / "d.csv", {i: f"{i},,n" for i in range(0, ROWS, 50)})
+    for shuffle in (False, True):
+        loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=4000), batch_size=256, shuffle=shuffle, seed=0,
+                                  shuffle_buffer=1000)
+        first = []
+        for b in loader:
+            first.append(b["id"].clone())
+            b["id"].mul_(-1)  # a user's in-place transform
+            b["x"].zero_()
+        loader.set_epoch(0)
+        again = list(loader)
+        assert all(a.equal(b["id"]) for a, b in zip(first, again))
+        for b in again:
+            x, want = b["x"].numpy(), b["id"].numpy() * 0.5
+            missing = b["id"].numpy() % 50 == 0
+            assert np.isnan(x[missing]).all() and np.array_equal(x[~missing], want[~missing])
+
+
+def test_blocks_with_a_skipped_row_are_parsed_again_and_ledgered_every_epoch(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "bad.csv", {17: "17,oops,n", 4000: "4000"})
+    loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=4000, on_bad_rows="skip"), batch_size=256,
+                              shuffle=True, seed=0, shuffle_buffer=1000, read_ahead=0)
+    totals = []
+    for ep in range(3):
+        loader.set_epoch(ep)
+        ids = np.concatenate([b["id"].numpy() for b in loader])
+        assert np.array_equal(np.sort(ids), np.setdiff1d(np.arange(ROWS), [17, 4000]))
+        totals.append(sum(loader.bad_rows.values()))
+    assert totals == [2, 4, 6]  # two skipped rows reported by every epoch
+    kept = loader.dataset.kept_blocks()
+    assert kept is not None and 0 < len(kept) < len(loader.dataset.blocks())
+
+
+def test_a_resume_in_a_later_epoch_reads_the_kept_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_csv(tmp_path / "d.csv")
+    loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=4000), batch_size=256, shuffle=True, seed=5,
+                              shuffle_buffer=1000)
+    epochs(loader, 1)
+    loader.set_epoch(1)
+    it = iter(loader)
+    for _ in range(7):
+        next(it)
+    state = loader.state_dict()
+    rest = [b["id"].numpy().copy() for b in it]
+    counter = ParseCounter(monkeypatch, CsvSource, "_parse_lines")
+    loader.load_state_dict(state)
+    resumed = [b["id"].numpy().copy() for b in loader]
+    assert counter.calls == 0  # the buffer's rows and the rest of the epoch: all kept
+    assert len(resumed) == len(rest) and all(np.array_equal(a, b) for a, b in zip(resumed, rest))
+    # A new process's loader (here: a new source) resumes to the same rows by parsing.
+    fresh = naiad.DataLoader(naiad.read_csv(path, block_bytes=4000), batch_size=256, shuffle=True, seed=5,
+                             shuffle_buffer=1000)
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert all(np.array_equal(a, b["id"].numpy()) for a, b in zip(rest, fresh))
+    assert counter.calls > 0
+
+
+@pytest.mark.timeout(180)
+def test_process_workers_keep_nothing_and_yield_the_same_rows(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "d.csv")
+    ref = epochs(naiad.DataLoader(naiad.read_csv(path, block_bytes=4000, keep_parsed_bytes=0), batch_size=256,
+                                  shuffle=True, seed=2, shuffle_buffer=1000), 2)
+    loader = naiad.DataLoader(naiad.read_csv(path, block_bytes=4000), batch_size=256, shuffle=True, seed=2,
+                              shuffle_buffer=1000, num_workers=2, worker_mode="process", persistent_workers=True,
+                              timeout=60)
+    try:
+        assert_same(epochs(loader, 2), ref)
+    finally:
+        loader.close()
+    source = naiad.read_csv(path, block_bytes=4000)
+    source.blocks()
+    assert source.kept_blocks() is not None
+    copy = pickle.loads(pickle.dumps(source))  # a copy decides again, and keeps its own
+    copy.blocks()
+    assert copy.kept_blocks() is not None and copy.kept_blocks() is not source.kept_blocks()
+    # What a process worker builds its handler from: a copy that keeps nothing.
+    handler = make_handler_factory(copy)(WorkerContext(0, 2, 0, "process"))
+    block = copy.blocks()[0]
+    columns, bad = handler(ReadTask(block, 0, block.rows))
+    assert len(columns["id"]) == block.rows and not bad and copy.kept_blocks() is None
+    # A thread worker's handler reads the loader's own source, which keeps.
+    make_handler_factory(source)(WorkerContext(0, 2, 0, "thread"))(ReadTask(block, 0, block.rows))
+    assert source.kept_blocks() is not None and len(source.kept_blocks()) == 1
+
+
+def test_gather_joins_slices_picks_and_lists() -> None:
+    kept = KeptBlocks(1 << 20)
+    cols = {"a": np.arange(10), "s": [f"s{i}" for i in range(10)]}
+    kept.put([("b0", 4), ("b1", 6)], cols)
+    assert not cols["a"].flags.writeable
+    whole = kept.gather([("b1", 0, 6, None)])
+    assert whole is not None and whole["a"].tolist() == [4, 5, 6, 7, 8, 9]
+    got = kept.gather([("b1", 1, 6, np.array([0, 3])), ("b0", 1, 3, None)])
+    assert got is not None and got["a"].tolist() == [5, 8, 1, 2] and got["s"] == ["s5", "s8", "s1", "s2"]
+    assert got["a"].flags.writeable
+    assert kept.gather([("b0", 0, 4, None), ("b2", 0, 1, None)]) is None
+    small = KeptBlocks(100)
+    small.put([("b0", 10)], {"a": np.arange(10.0)})
+    small.put([("b1", 10)], {"a": np.arange(10.0)})
+    assert len(small) == 1 and small.gather([("b1", 0, 10, None)]) is None
+
+
+def test_budget_defaults_and_checks(tmp_path: Path) -> None:
+    assert 0 < default_keep_bytes() <= 1 << 30
+    assert default_keep_bytes() <= usable_memory() // 16
+    with pytest.raises(naiad.ConfigError, match="keep_parsed_bytes"):
+        naiad.read_csv(write_csv(tmp_path / "d.csv"), keep_parsed_bytes=-1)
