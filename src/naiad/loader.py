@@ -33,6 +33,7 @@ from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
 from naiad.fetch import choose_fetch
 from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
+from naiad.parallel.autotune import ReadAheadTuner
 from naiad.parallel.threads import usable_cores
 from naiad.pipelines import (
     IterablePipeline,
@@ -201,6 +202,7 @@ class DataLoader(TorchDataLoader[T_co]):
             max_worker_restarts=int(max_worker_restarts),
         )
         self._tuner = args.tuner
+        self._ahead_tuner: ReadAheadTuner | None = None  # the default read-ahead's (NOTE [ Tuned read-ahead ])
         self._stream_counters = StreamCounters()
         self._pipeline: Pipeline
         if args.stream_options is not None:
@@ -338,9 +340,14 @@ class DataLoader(TorchDataLoader[T_co]):
             **self._restarts.stats(),
         }
         read_ahead = self.read_ahead_threads()
-        if read_ahead:
+        ahead = self._ahead_tuner
+        if read_ahead and ahead is not None:
+            info["read_ahead"] = ahead.decision.num_workers
+            info["reason"] = f"the default: {read_ahead} read-ahead thread(s) where they pay: {ahead.decision.reason}"
+            info["read_ahead_tuning"] = ahead.stats()
+        elif read_ahead:
             info["read_ahead"] = read_ahead
-            info["reason"] = f"set by the user; {read_ahead} thread(s) read the stream ahead (`read_ahead=`)"
+            info["reason"] = f"{read_ahead} thread(s) read the stream ahead (`read_ahead=`)"
         return info
 
     @property
@@ -389,7 +396,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self._check_sharded_for_accelerate()
         epoch = self._epoch
         self._epoch += 1
-        pool, owns_pool, base_seed = self._pool_for_pass()
+        pool, owns_pool, base_seed, tuner = self._pool_for_pass()
         progress = PassProgress()
 
         def open_pass(epoch: int) -> PipelinePass:
@@ -413,7 +420,7 @@ class DataLoader(TorchDataLoader[T_co]):
         inner = EpochIterator(
             pending, epoch, pool, owns_pool=owns_pool, telemetry=self._telemetry, stage=self._pipeline.stage,
             prefetch=self.prefetch_factor or 2, in_order=self.in_order, transform=self.transform,
-            pin=pin_memory_enabled(self.pin_memory), record_steps=self.device is None, tuner=self._tuner,
+            pin=pin_memory_enabled(self.pin_memory), record_steps=self.device is None, tuner=tuner,
             progress=progress, reported_length=self._IterableDataset_len_called, dataset=self.dataset,
         )
         self._current_inner = weakref.ref(inner)
@@ -500,20 +507,28 @@ class DataLoader(TorchDataLoader[T_co]):
         drawn = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         return drawn if self.seed is None else self.seed
 
-    def _pool_for_pass(self) -> tuple[WorkerPool, bool, int]:
-        """The pool for the next pass, whether the pass owns it, and the pass's base seed."""
+    def _pool_for_pass(self) -> tuple[WorkerPool, bool, int, AutoTuner | None]:
+        """The pool for the next pass, whether the pass owns it, the pass's base seed, and the
+        tuner that resizes the pool during the pass, if any."""
         # A tuned pool lives across passes too: the tuner keeps what it learnt.
         persistent = (self.persistent_workers and self.num_workers > 0) or self._tuner is not None
         if persistent and self._pool is not None:
-            return self._pool, False, self._pool_base_seed
+            return self._pool, False, self._pool_base_seed, self._tuner
         # torch draws the base seed once per iterator, or once per persistent iterator.
         base_seed = self._base_seed()
-        if self.read_ahead_threads():
+        threads = self.read_ahead_threads()
+        if threads:
+            if self._ahead_tuner is None and self._tunes_read_ahead():
+                self._ahead_tuner = ReadAheadTuner(threads, getattr(self._pipeline, "batches_per_read", lambda: 1)(),
+                                                      self.prefetch_factor or 2)
             # Read-ahead threads run no user code and hold no pass's state: kept across passes,
             # so a short epoch does not pay for starting and joining them.
             if self._pool is None or self._pool_pid != os.getpid():  # a forked child has no threads
                 self._pool, self._pool_pid = self._make_pool(base_seed), os.getpid()
-            return self._pool, False, base_seed
+            if self._ahead_tuner is not None:
+                stages = self._pool.stage_seconds
+                self._ahead_tuner.reads_cpu = lambda: stages.get("worker_cpu", 0.0)
+            return self._pool, False, base_seed, self._ahead_tuner
         if self._pool is not None and not persistent:
             # Read-ahead threads of an earlier pass, no longer wanted (the rows turned out to
             # fit in the shuffle buffer).
@@ -522,7 +537,14 @@ class DataLoader(TorchDataLoader[T_co]):
         pool = self._make_pool(base_seed)
         if persistent:
             self._pool, self._pool_base_seed = pool, base_seed
-        return pool, not persistent, base_seed
+        return pool, not persistent, base_seed, self._tuner
+
+    def _tunes_read_ahead(self) -> bool:
+        """Whether the read-ahead threads are the default's, measured against reading inline
+        while the loop runs (NOTE [ Tuned read-ahead ]): not when the user set ``read_ahead``,
+        nor for URLs, whose threads mostly wait on requests."""
+        source = getattr(self._pipeline, "source", None)
+        return self.options.read_ahead is None and not (source is not None and any(is_remote(p) for p in source.paths))
 
     def read_ahead_threads(self) -> int:
         """Threads that read a streaming source ahead of the loop while ``num_workers=0`` (the
@@ -543,10 +565,12 @@ class DataLoader(TorchDataLoader[T_co]):
         tuner = self._tuner
         workers = self.num_workers if tuner is None else tuner.decision.num_workers
         read_ahead = self.read_ahead_threads()
+        if read_ahead and self._ahead_tuner is not None:
+            read_ahead = self._ahead_tuner.decision.num_workers
         return WorkerPool(
             self._pipeline.handler_factory(),
             num_workers=read_ahead or workers,
-            mode="thread" if read_ahead else self.worker_mode,
+            mode="thread" if self.read_ahead_threads() else self.worker_mode,
             multiprocessing_context=self.multiprocessing_context,
             timeout_s=self.timeout or None,
             worker_init_fn=self.worker_init_fn if self.num_workers > 0 or tuner is not None else None,
@@ -564,7 +588,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """The loader's recipe: its arguments, pipeline, epoch and pending resume; not its
         workers, the pass in progress or its telemetry (a copy starts with fresh ones)."""
         state = self.__dict__.copy()
-        for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending"):
+        for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending", "_ahead_tuner"):
             state[runtime] = None
         state["_telemetry"] = None
         state["_restarts"] = RestartBudget(self.options.max_worker_restarts)  # a copy's own count

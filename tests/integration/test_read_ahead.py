@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -214,3 +215,48 @@ def test_a_remote_source_reads_further_ahead() -> None:
                                 read_ahead=1).read_ahead_threads() == 1
     finally:
         fs.rm("memory://naiad-read-ahead", recursive=True)
+
+
+def _run_until_decided(path: str, step: Callable[[], None] | None, limit_s: float = 60.0) -> tuple[naiad.DataLoader, list[np.ndarray]]:
+    loader = naiad.DataLoader(naiad.read_csv(path), batch_size=256, shuffle=True, seed=0, shuffle_buffer=8192)
+    first: list[np.ndarray] = []
+    start = time.monotonic()
+    epoch = 0
+    while not loader.stats().workers.get("read_ahead_tuning", {}).get("settled"):
+        assert time.monotonic() - start < limit_s, loader.stats().workers
+        loader.set_epoch(epoch)
+        for b in loader:
+            if epoch == 0:
+                first.append(b["id"].numpy().copy())
+            if step is not None:
+                step()
+        epoch += 1
+    return loader, first
+
+
+@pytest.mark.timeout(180)
+def test_the_default_reads_inline_when_a_cpu_bound_step_fills_the_cores(tmp_path: Path) -> None:
+    """NOTE [ Tuned read-ahead ]: a training step on torch's threads keeps every core busy, so
+    the read-ahead threads go; a loop that leaves the cores free keeps them. Either way, the
+    batches are those of reading inline."""
+    if default_read_ahead() == 0:
+        pytest.skip("one core: no read-ahead threads to tune")
+    path = make_csv(tmp_path / "d.csv", 150_000)
+    a = torch.randn(384, 384)
+
+    def cpu_step() -> None:  # about 3 ms of matmuls on every core, as a CPU training step
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.003:
+            a @ a
+
+    stepped, first = _run_until_decided(path, cpu_step)
+    info = stepped.stats().workers
+    assert info["read_ahead"] == 0 and "reading inline" in info["reason"], info
+    inline = naiad.DataLoader(naiad.read_csv(path), batch_size=256, shuffle=True, seed=0, shuffle_buffer=8192, read_ahead=0)
+    want = batches(inline)
+    assert len(first) == len(want) and all(np.array_equal(x, y) for x, y in zip(first, want))
+
+    idle, first = _run_until_decided(path, None)
+    info = idle.stats().workers
+    assert info["read_ahead"] == default_read_ahead() and "leaves cores free" in info["reason"], info
+    assert all(np.array_equal(x, y) for x, y in zip(first, want))

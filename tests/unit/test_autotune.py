@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner, TunerDecision
+from naiad.parallel.autotune import ReadAheadTuner
 
 Timing = Callable[[int, int], tuple[float, float]]
 
@@ -226,3 +228,68 @@ def test_settles_near_the_best_setting_of_any_pipeline(build_ms: float, step_ms:
     assert throughput(d.num_workers) >= (1 - 2 * t.tolerance) * best
     # No setting with fewer workers would have been as fast: the choice is the cheapest.
     assert all(throughput(w) < (1 - t.tolerance) * throughput(d.num_workers) for w in range(d.num_workers) if (w, 2) in t.trials)
+
+
+class FakeProcess:
+    """Wall clock and CPU clocks that a test advances: ``run(seconds, rest_cores, reads_cores)``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.cpu = 0.0
+        self.reads = 0.0
+
+    def run(self, seconds: float, rest_cores: float, reads_cores: float) -> None:
+        self.now += seconds
+        self.reads += seconds * reads_cores
+        self.cpu += seconds * (rest_cores + reads_cores)
+
+
+def drive_read_ahead(rest_cores: float, reads_cores: float, steps: int = 400, cores: int = 2) -> tuple[ReadAheadTuner, list[TunerDecision]]:
+    proc = FakeProcess()
+    tuner = ReadAheadTuner(2, batches_per_read=64, cores=cores, reads_cpu=lambda: proc.reads,
+                           clock=lambda: proc.now, process_cpu=lambda: proc.cpu)
+    changes = []
+    for _ in range(steps):
+        proc.run(0.004, rest_cores, reads_cores)  # a 4 ms step and its wait
+        change = tuner.observe(0.001, 0.003)
+        if change is not None:
+            changes.append(change)
+    return tuner, changes
+
+
+@pytest.mark.parametrize(("rest", "reads", "threads"), [
+    (0.4, 1.4, 2),   # an idle loop: the reads use the cores, the loop little
+    (1.0, 0.5, 2),   # a step on one core of two: one is free
+    (1.75, 0.25, 0),  # torch's threads on both cores: the threads only compete
+    (1.5, 0.5, 0),   # at the threshold, cores - 0.5
+])
+def test_read_ahead_threads_go_only_when_the_rest_of_the_process_fills_the_cores(rest: float, reads: float, threads: int) -> None:
+    tuner, changes = drive_read_ahead(rest, reads)
+    assert len(changes) == 1 and changes[0].settled and changes[0].num_workers == threads
+    assert tuner.decision == changes[0]
+    assert f"{rest:.2f}" in changes[0].reason and f"{reads:.2f}" in changes[0].reason
+    # Decided once: later steps change nothing, and are counted for stats().
+    stats = tuner.stats()
+    assert stats["settled"] and stats["since_settled"]["steps"] > 0
+    json.dumps(stats)
+
+
+def test_read_ahead_measures_nothing_in_its_first_second_nor_before_a_full_window() -> None:
+    proc = FakeProcess()
+    tuner = ReadAheadTuner(2, batches_per_read=64, cores=2, reads_cpu=lambda: proc.reads,
+                           clock=lambda: proc.now, process_cpu=lambda: proc.cpu)
+    assert tuner.observe(0.0, 0.0) is None  # the first step starts the clock
+    proc.run(0.95, 2.0, 0.0)  # start-up with a busy rest: not measured
+    assert tuner.observe(0.0, 0.95) is None
+    proc.run(0.05, 0.2, 1.5)
+    assert tuner.observe(0.001, 0.049) is None  # one second in: the window opens here
+    steps = 0
+    decision = None
+    while decision is None:
+        proc.run(0.01, 0.2, 1.5)
+        decision = tuner.observe(0.001, 0.009)
+        steps += 1
+    assert steps == 128  # two reads of 64 batches; 1.28 s, past the half second too
+    assert decision.num_workers == 2  # the busy start-up did not count
+    _, changes = drive_read_ahead(1.75, 0.25, cores=16)
+    assert changes[0].num_workers == 2  # 16 cores: the same step leaves most of them free

@@ -9,7 +9,7 @@ from typing import Any
 
 from naiad.errors import StateError
 from naiad.parallel import HandlerFactory, WorkerPool
-from naiad.plan import GroupTask, RestoreTask
+from naiad.plan import GroupTask, RestoreTask, group_rows
 from naiad.sources.base import Source
 from naiad.stream import (
     STREAM_STATE_VERSION,
@@ -62,6 +62,12 @@ class StreamPipeline:
         overlap nothing with the training loop."""
         rows = self.source.known_rows() if self.options.shuffle else None
         return rows is not None and rows <= (self.options.shuffle_buffer or 0)
+
+    def batches_per_read(self) -> int:
+        """About how many batches one read task of a pass yields (a read group: NOTE [ Read
+        groups ] in plan.py), what a measurement of the reads must span."""
+        buffer = self.options.buffer_rows if self.options.shuffle else 0
+        return max(1, group_rows(buffer) // max(1, self.options.batch_size))
 
     def why_not_resumable(self) -> str | None:
         return None
