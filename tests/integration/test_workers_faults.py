@@ -206,3 +206,32 @@ def test_ctrl_c_stops_threads_and_resized_pools_cleanly(mode: str, workers: int,
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in children):
         assert time.monotonic() < deadline, "a worker outlived the interrupted process"
         time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_a_thread_pool_closed_from_its_own_worker_thread_shuts_down() -> None:
+    """The cyclic garbage collector can collect a loader in one of its own read-ahead threads;
+    closing the pool there must not try to join that thread (RuntimeError), and every thread
+    still ends."""
+    import threading
+
+    holder: dict[str, WorkerPool] = {}
+
+    def factory(ctx: WorkerContext) -> Any:
+        def handle(x: int) -> int:
+            if x == 3:
+                holder["pool"].close()
+            return x * 2
+        return handle
+
+    pool = WorkerPool(factory, num_workers=2, mode="thread")
+    holder["pool"] = pool
+    before = set(threading.enumerate())
+    results = list(pool.imap(range(4), prefetch=1))
+    assert results == [0, 2, 4, 6]
+    started = [t for t in threading.enumerate() if t not in before]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(t.is_alive() for t in started):
+        time.sleep(0.05)
+    assert not [t.name for t in started if t.is_alive()]
+    pool.close()

@@ -529,6 +529,11 @@ def _shutdown_threads(threads: list[threading.Thread], task_queues: list[queue.Q
     for tq in task_queues:
         tq.put(None)
     deadline = time.monotonic() + JOIN_TIMEOUT_S
+    me = threading.current_thread()
     for t in threads:
+        if t is me:
+            # The loader was collected in one of its own workers (the cyclic collector runs in
+            # whichever thread allocates): that thread leaves at its next task, the None above.
+            continue
         # A thread stuck in user code cannot be killed; it is a daemon and dies with the process.
         t.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -306,6 +306,9 @@ class Source(ABC):
     """Whether this format keeps its parsed blocks across epochs by default, when they fit the
     budget: parsing costs far more than reading (NOTE [ Kept blocks ] in sources/decoded.py)."""
 
+    keep_parsed_bytes: int | None = None  # the reader's option; class defaults for subclasses
+    _kept: KeptBlocks | bool | None = None  # that build themselves (coverage.PositionSource)
+
     def __init__(
         self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise", max_bad_rows: int | float | None = None,
         storage_options: Mapping[str, Any] | Storage | None = None, retry: RetryPolicy | None = None,
