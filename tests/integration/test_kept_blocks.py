@@ -223,21 +223,30 @@ def test_process_workers_keep_nothing_and_yield_the_same_rows(tmp_path: Path) ->
     assert source.kept_blocks() is not None and len(source.kept_blocks()) == 1
 
 
-def test_gather_joins_slices_picks_and_lists() -> None:
-    kept = KeptBlocks(1 << 20)
-    cols = {"a": np.arange(10), "s": [f"s{i}" for i in range(10)]}
-    kept.put([("b0", 4), ("b1", 6)], cols)
-    assert not cols["a"].flags.writeable
-    whole = kept.gather([("b1", 0, 6, None)])
-    assert whole is not None and whole["a"].tolist() == [4, 5, 6, 7, 8, 9]
-    got = kept.gather([("b1", 1, 6, np.array([0, 3])), ("b0", 1, 3, None)])
+def test_gather_joins_ranges_picks_and_lists() -> None:
+    from naiad.sources.base import Block
+
+    blocks = [Block("f", i, i + 1, n, 0) for i, n in enumerate([4, 6, 3])]
+    kept = KeptBlocks(blocks, 1 << 20)
+    cols = {"a": np.arange(10), "s": [f"s{i}" for i in range(10)], "e": np.arange(20.0).reshape(10, 2)}
+    kept.put([(blocks[0], 4), (blocks[1], 6)], cols)  # one read of two blocks
+    assert len(kept) == 2 and cols["a"].flags.writeable  # the read's own arrays are left alone
+    whole = kept.gather([(blocks[1], 0, 6, None)])
+    assert whole is not None and whole["a"].tolist() == [4, 5, 6, 7, 8, 9] and whole["s"][0] == "s4"
+    whole["a"][:] = -1  # a copy: the kept rows stay
+    got = kept.gather([(blocks[1], 1, 6, np.array([0, 3])), (blocks[0], 1, 3, None)])
     assert got is not None and got["a"].tolist() == [5, 8, 1, 2] and got["s"] == ["s5", "s8", "s1", "s2"]
-    assert got["a"].flags.writeable
-    assert kept.gather([("b0", 0, 4, None), ("b2", 0, 1, None)]) is None
-    small = KeptBlocks(100)
-    small.put([("b0", 10)], {"a": np.arange(10.0)})
-    small.put([("b1", 10)], {"a": np.arange(10.0)})
-    assert len(small) == 1 and small.gather([("b1", 0, 10, None)]) is None
+    assert got["e"].tolist() == [[10.0, 11.0], [16.0, 17.0], [2.0, 3.0], [4.0, 5.0]]
+    many = kept.gather([(blocks[1], 2, 4, None), (blocks[0], 0, 1, None), (blocks[1], 5, 6, None)])
+    assert many is not None and many["a"].tolist() == [6, 7, 0, 9]
+    assert kept.gather([(blocks[0], 0, 4, None), (blocks[2], 0, 1, None)]) is None  # block 2 not kept
+    kept.put([(blocks[2], 3)], {"a": np.arange(3) + 100, "s": ["x", "y", "z"], "e": np.zeros((3, 2))})
+    last = kept.gather([(blocks[2], 0, 3, None), (blocks[0], 3, 4, None)])
+    assert last is not None and last["a"].tolist() == [100, 101, 102, 3] and last["s"] == ["x", "y", "z", "s3"]
+    # Columns over the budget: nothing is kept.
+    small = KeptBlocks(blocks, 100)
+    small.put([(blocks[0], 4)], {"a": np.arange(4.0)})
+    assert len(small) == 0 and small.gather([(blocks[0], 0, 4, None)]) is None
 
 
 def test_budget_defaults_and_checks(tmp_path: Path) -> None:

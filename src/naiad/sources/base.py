@@ -412,7 +412,7 @@ class Source(ABC):
             with _KEEP_DECISION:
                 if self._kept is None:
                     fits = bool(budget) and len(self) * row_bytes(self.schema()) <= budget
-                    self._kept = KeptBlocks(budget) if fits else False
+                    self._kept = KeptBlocks(self.blocks(), budget) if fits else False
                 kept = self._kept
         return kept if isinstance(kept, KeptBlocks) else None
 
