@@ -543,8 +543,12 @@ class DataLoader(TorchDataLoader[T_co]):
         """Whether the read-ahead threads are the default's, measured against reading inline
         while the loop runs (NOTE [ Tuned read-ahead ]): not when the user set ``read_ahead``,
         nor for URLs, whose threads mostly wait on requests."""
+        return self.options.read_ahead is None and not self._reads_urls()
+
+    def _reads_urls(self) -> bool:
+        """Whether the stream's source has a remote file (its read-ahead waits on requests)."""
         source = getattr(self._pipeline, "source", None)
-        return self.options.read_ahead is None and not (source is not None and any(is_remote(p) for p in source.paths))
+        return source is not None and any(is_remote(p) for p in source.paths)
 
     def read_ahead_threads(self) -> int:
         """Threads that read a streaming source ahead of the loop while ``num_workers=0`` (the
@@ -558,19 +562,18 @@ class DataLoader(TorchDataLoader[T_co]):
             # Every read comes before the first batch: read inline, on PyArrow's threads
             # (10 MB files: 1.07-1.21x the read-ahead threads, bench/RESULTS.md).
             return 0
-        source = getattr(self._pipeline, "source", None)
-        return default_read_ahead(remote=source is not None and any(is_remote(p) for p in source.paths))
+        return default_read_ahead(remote=self._reads_urls())
 
     def _make_pool(self, base_seed: int) -> WorkerPool:
         tuner = self._tuner
         workers = self.num_workers if tuner is None else tuner.decision.num_workers
-        read_ahead = self.read_ahead_threads()
-        if read_ahead and self._ahead_tuner is not None:
-            read_ahead = self._ahead_tuner.decision.num_workers
+        threads = self.read_ahead_threads()
+        # The default read-ahead starts where its tuner stands (all its threads, or inline).
+        read_ahead = self._ahead_tuner.decision.num_workers if threads and self._ahead_tuner is not None else threads
         return WorkerPool(
             self._pipeline.handler_factory(),
             num_workers=read_ahead or workers,
-            mode="thread" if self.read_ahead_threads() else self.worker_mode,
+            mode="thread" if threads else self.worker_mode,
             multiprocessing_context=self.multiprocessing_context,
             timeout_s=self.timeout or None,
             worker_init_fn=self.worker_init_fn if self.num_workers > 0 or tuner is not None else None,

@@ -445,8 +445,6 @@ class _Driven(Iterator[Any]):
             close()
 
 
-
-
 class ReadAheadTuner(AutoTuner):
     """Decides whether a streaming source's read-ahead threads pay, from where the process's CPU
     time goes while the loop runs (NOTE [ Tuned read-ahead ]).

@@ -63,16 +63,6 @@ def default_keep_bytes() -> int:
     return min(_KEEP_CAP_BYTES, usable_memory() // 16)
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The concatenation of ``arange(s, s + n)`` for each start and length, without a loop."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    ends = np.cumsum(lengths)
-    jumps = np.repeat(starts - (ends - lengths), lengths)
-    return np.arange(total, dtype=np.int64) + jumps
-
-
 class KeptBlocks:
     """Parsed columns of whole blocks, kept in file order up to a byte budget (NOTE [ Kept
     blocks ]).
@@ -130,19 +120,16 @@ class KeptBlocks:
         assert kept is not None
         if set(kept) != set(columns):
             return
-        starts = np.fromiter((self._start[b] for b, _ in parts), np.int64, count=len(parts))
-        lengths = np.fromiter((n for _, n in parts), np.int64, count=len(parts))
-        index = _ranges(starts, lengths)
+        # One slice per block (as in gather): faster than a scatter through an index.
+        moves = []
+        src = 0
+        for block, n in parts:
+            moves.append((self._start[block], src, n))
+            src += n
         for name, col in columns.items():
             dst = kept[name]
-            if isinstance(dst, np.ndarray):
-                if len(parts) == 1:
-                    dst[starts[0]:starts[0] + lengths[0]] = col
-                else:
-                    dst[index] = col
-            else:
-                for i, value in zip(index.tolist(), col):
-                    dst[i] = value
+            for at, frm, n in moves:
+                dst[at:at + n] = col[frm:frm + n]
         with self._lock:
             self._kept.update(b for b, _ in parts)
 
@@ -153,21 +140,16 @@ class KeptBlocks:
         if kept is None or not all(block in self._kept for block, _, _, _ in parts):
             return None
         if all(take is None for _, _, _, take in parts):
-            # Slices joined: for ranges of a few hundred rows, 1.8x faster than a take through
-            # an index (which reads an index entry per value).
+            # Slices joined (a new array even for one): for ranges of a few hundred rows, 1.8x
+            # faster than a take through an index (which reads an index entry per value).
             spans = [(self._start[b] + lo, self._start[b] + hi) for b, lo, hi, _ in parts]
-            out: dict[str, np.ndarray | list] = {}
-            for name, col in kept.items():
-                if isinstance(col, np.ndarray):
-                    out[name] = np.concatenate([col[a:z] for a, z in spans]) if len(spans) > 1 else col[spans[0][0]:spans[0][1]].copy()
-                else:
-                    out[name] = [v for a, z in spans for v in col[a:z]]
-            return out
-        else:
-            index = np.concatenate([
-                np.arange(self._start[b] + lo, self._start[b] + hi, dtype=np.int64) if take is None
-                else self._start[b] + lo + np.asarray(take, np.int64)
-                for b, lo, hi, take in parts
-            ])
+            return {name: (np.concatenate([col[a:z] for a, z in spans]) if isinstance(col, np.ndarray)
+                           else [v for a, z in spans for v in col[a:z]])
+                    for name, col in kept.items()}
+        index = np.concatenate([
+            np.arange(self._start[b] + lo, self._start[b] + hi, dtype=np.int64) if take is None
+            else self._start[b] + lo + np.asarray(take, np.int64)
+            for b, lo, hi, take in parts
+        ])
         return {name: (col.take(index, axis=0) if isinstance(col, np.ndarray) else [col[i] for i in index.tolist()])
                 for name, col in kept.items()}
