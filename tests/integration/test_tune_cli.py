@@ -43,7 +43,7 @@ def test_tune_demo_sweeps_prints_a_table_and_recommends(tmp_path: Path) -> None:
     # At the default block size 0, 1 process, 1 thread; at 1 MiB and 4 MiB 0 and 1 thread.
     assert sum(1 for line in table if line.strip().startswith(("*", "0", "1"))) == 7
     assert "Recommended: naiad.DataLoader(" in proc.stdout
-    assert "7/7" in proc.stderr  # the progress bar, on stderr
+    assert "8/8" in proc.stderr  # the progress bar, on stderr: 7 settings, then the shuffle figures
     data = json.loads(out.read_text())
     assert len(data["results"]) == 7 and data["recommended"]["num_workers"] in (0, 1)
     assert {r["block_bytes"] for r in data["results"]} == {None, 1 << 20, 4 << 20}
@@ -108,7 +108,8 @@ def test_tune_sweeps_block_sizes_and_buffers_and_compares_the_defaults(tmp_path:
         assert ("shuffle less" in proc.stdout) == coarser
     else:
         assert "within 5% of the best" in proc.stdout and "nothing to change" in proc.stdout
-        best = max(r["rows_per_s"] for r in data["results"])
+        bar = data["quality_bar"]
+        best = max(r["rows_per_s"] for r in data["results"] if abs(r["corr"]) <= bar["corr"] and r["span"] >= bar["span"])
         assert defaults["rows_per_s"] >= 0.95 * best
 
 
@@ -135,6 +136,39 @@ def test_tune_parquet_sweeps_no_block_size_and_measures_the_defaults_apart(
 
     assert main(["tune", str(path), "--block-bytes", "auto,1M"]) == 2
     assert "`--block-bytes` applies to CSV, JSONL and text sources" in capsys.readouterr().err
+
+
+def test_tune_never_recommends_a_setting_that_mixes_less_unless_asked(tmp_path: Path) -> None:
+    # 8 KiB blocks and a 64-row buffer keep a batch's rows close together in the file; the
+    # defaults (one block, a buffer bigger than the file) mix it whole.
+    csv = small_csv(tmp_path, rows=20_000)
+    args = [str(csv), "--batch-size", "64", "--seconds", "0.2", "--workers", "0", "--block-bytes", "auto,8K",
+            "--buffer", "auto,64", "--no-progress"]
+    out = tmp_path / "tune.json"
+    proc = tune(tmp_path, *args, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    figures = {(r["block_bytes"], r["shuffle_buffer"]): (r["corr"], r["span"]) for r in data["results"]}
+    assert len(figures) == 4
+    assert figures[(None, None)][1] > 0.95 and abs(figures[(None, None)][0]) < 0.02  # 63/65: a full permutation
+    assert figures[(8192, 64)][1] < 0.2 and figures[(None, 64)][1] < 0.2
+    bar = data["quality_bar"]
+    assert bar == {"corr": 0.02, "span": round(0.98 * 63 / 65, 4)}
+    chosen = figures[(data["recommended"]["block_bytes"], data["recommended"]["shuffle_buffer"])]
+    assert abs(chosen[0]) <= bar["corr"] and chosen[1] >= bar["span"]
+    header = next(line for line in proc.stdout.splitlines() if "rows/s" in line)
+    assert header.split()[-2:] == ["corr", "span"]
+    marked = [line for line in proc.stdout.splitlines() if line.startswith("-")]
+    assert marked and all("64" in line for line in marked)  # the small buffer's rows
+    assert "among those with |corr| <= 0.02 and batch span >= 0.95" in proc.stdout
+
+    proc = tune(tmp_path, *args, "--any-order", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["quality_bar"] is None
+    best = max(data["results"], key=lambda r: r["rows_per_s"])
+    assert data["recommended_over_defaults"] > 0 and best["rows_per_s"] > 0
+    assert not any(line.startswith("-") for line in proc.stdout.splitlines())
 
 
 @pytest.mark.parametrize("bad", ["0", "abc", "4X", "-1M", "auto,", "0.5"])

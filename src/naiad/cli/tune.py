@@ -8,7 +8,9 @@ second, the time the loop waited for each batch, the CPU the loader used (traini
 workers, 100% = one core), the peak memory (proportional set size, so pages shared by forked
 workers count once) and the time to the first batch. It recommends the cheapest setting (fewest
 workers, threads before processes, shallow prefetch, default block and buffer) within 5% of the
-best throughput, and measures the defaults (``naiad.DataLoader(naiad.read(path), batch_size=B,
+best throughput among the settings that shuffle as well as the aim (``|corr| <= 0.02``, batch
+span at least 98% of a full permutation's, or the defaults' own figures where they miss it; figures from a dry run of two
+epochs over row numbers, NOTE [ Coverage check ]), and measures the defaults (``naiad.DataLoader(naiad.read(path), batch_size=B,
 shuffle=True, seed=0)``) against it.
 
     naiad tune demo --step-ms 2
@@ -35,6 +37,7 @@ from naiad.cli.tune_report import (
     Setting,
     defaults_report,
     format_table,
+    quality_bar,
     recommend,
 )
 from naiad.parallel.threads import usable_cores
@@ -135,6 +138,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--full", action="store_true",
         help="every worker setting at every block size and buffer (default: at the default ones "
         "only, the others with 0 workers and the most workers on threads)",
+    )
+    parser.add_argument(
+        "--any-order", action="store_true",
+        help="rank settings by speed alone: also recommend one that mixes less than the aim "
+        "(|corr| <= 0.02, batch span >= 98%% of a full permutation's) or the defaults",
     )
     parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per setting (default 2)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -251,6 +259,33 @@ def _in_memory(paths: list[str], suffix: str) -> Any:
     columns = [np.asarray(c.to_numpy(zero_copy_only=False), dtype=np.float32) for c in table.columns]
     x = np.column_stack(columns[:-1]) if len(columns) > 1 else columns[0][:, None]
     return TensorDataset(torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(columns[-1])))
+
+
+def shuffle_figures(source: Any, shuffle_buffer: int | None, batch_size: int, epochs: int = 2) -> tuple[float, float]:
+    """``(corr, span)`` of the order ``naiad.DataLoader(source, batch_size=batch_size, shuffle=True,
+    seed=0, shuffle_buffer=shuffle_buffer)`` delivers: the largest ``|corr(position, row)|`` and
+    the least batch span over its first ``epochs`` epochs.
+
+    From the coverage check's dry run (NOTE [ Coverage check ]): the plan and the shuffle buffer
+    over row numbers, no row read. Workers never change the order, so a block size and a buffer
+    have one figure whatever the workers.
+    """
+    import numpy as np
+
+    from naiad.coverage import PositionSource, Topology, planned_batches
+    from naiad.coverage_report import shuffle_quality_of
+
+    pos = PositionSource(source)
+    topology = Topology(1, batch_size=batch_size, shuffle_buffer=shuffle_buffer)
+    corr, span = 0.0, 1.0
+    for epoch in range(epochs):
+        batches = planned_batches(pos, topology, 0, epoch=epoch)
+        sizes = np.fromiter((len(b) for b in batches), np.int64, count=len(batches))
+        rows = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+        q = shuffle_quality_of([(rows, sizes)], len(rows))
+        corr = max(corr, q.pearson, key=abs)
+        span = min(span, q.batch_span)
+    return corr, span
 
 
 def _rows(batch: Any) -> int:
@@ -440,7 +475,8 @@ def run(args: argparse.Namespace) -> int:
     sweep = settings_for(workers, args.modes, args.prefetch, blocks, buffers, full=args.full)
     print(f"naiad tune: {target.words}; batch size {args.batch_size}; step {args.step_ms:g} ms; "
           f"{len(sweep)} settings, {args.seconds:g} s each; {usable_cores()} usable cores")
-    progress = _Progress(len(sweep) + (DEFAULTS not in sweep), not args.no_progress)
+    # One step per setting, one for the defaults when they are not one, one for the shuffle figures.
+    progress = _Progress(len(sweep) + (DEFAULTS not in sweep) + 1, not args.no_progress)
     results = []
     for i, setting in enumerate(sweep):
         progress.show(i, setting.words())
@@ -450,16 +486,25 @@ def run(args: argparse.Namespace) -> int:
     if defaults is None:
         progress.show(len(sweep), "the defaults")
         defaults = measure(target, DEFAULTS, batch_size=args.batch_size, step_s=args.step_ms / 1e3, seconds=args.seconds)
+    progress.show(progress.total - 1, "shuffle quality")
+    figures: dict[tuple[int | None, int | None], tuple[float, float]] = {}
+    for r in [*results, defaults] if target.memory is None else []:  # a sampler's full permutation: no figures
+        key = (r.setting.block_bytes, r.setting.shuffle_buffer)
+        if key not in figures:
+            figures[key] = shuffle_figures(target.dataset(key[0]), key[1], args.batch_size)
+        r.corr, r.span = figures[key]
     progress.show(progress.total, "done")
-    chosen = recommend(results)
-    print(format_table(results, chosen, blocks=target.line_blocks, buffers=target.memory is None))
+    bar = None if args.any_order else quality_bar(defaults.corr, defaults.span, args.batch_size)
+    chosen = recommend(results, bar)
+    print(format_table(results, chosen, blocks=target.line_blocks, buffers=target.memory is None, bar=bar))
     print(f"\nRecommended: {chosen.setting.words()}")
-    print(f"  the cheapest setting within {TOLERANCE:.0%} of the best rows/s; "
+    among = "" if bar is None or defaults.span is None else f" among those with {bar.words()} (the others marked -)"
+    print(f"  the cheapest setting within {TOLERANCE:.0%} of the best rows/s{among}; "
           f"the loop waits {chosen.wait_ms_per_step:.3f} ms per step there.")
     default_block = target.default_block_bytes()
     default_buffer = None if target.memory is not None else _default_buffer()
     call = f"naiad.DataLoader({'dataset' if target.memory is not None else 'naiad.read(path)'}, batch_size={args.batch_size}, shuffle=True, seed=0)"
-    lines, todo = defaults_report(results, defaults, chosen, call, default_block, default_buffer)
+    lines, todo = defaults_report(results, defaults, chosen, call, default_block, default_buffer, bar)
     print("\n".join(lines))
     if args.json:
         payload = {
@@ -469,6 +514,7 @@ def run(args: argparse.Namespace) -> int:
             "default_block_bytes": default_block,
             "default_shuffle_buffer": default_buffer,
             "results": [r.as_json() for r in results],
+            "quality_bar": None if bar is None else asdict(bar),
             "recommended": asdict(chosen.setting),
             "defaults": defaults.as_json(),
             "recommended_over_defaults": chosen.rows_per_s / defaults.rows_per_s if defaults.rows_per_s else None,

@@ -9,6 +9,23 @@ from typing import Any
 # Settings within this fraction of the best throughput count as equally fast.
 TOLERANCE = 0.05
 
+CORR_AIM = 0.02
+"""The most ``|corr(position in the epoch, row number)|`` a recommended setting may have."""
+SPAN_AIM = 0.98
+"""The least batch span a recommended setting may have, as a share of a full permutation's.
+
+The batch span is the median over batches of (max row - min row) / N. For a full permutation it
+is about ``(b - 1) / (b + 1)`` for batches of ``b`` rows (the expected range of ``b`` uniform
+draws): 0.998 for 1024, 0.94 for 32. The aim is 98% of that (0.978 for batches of 1024)."""
+SLACK = 0.01
+"""How much worse than the defaults' own figures a setting may measure when the defaults miss
+the aim: the figures of two epochs vary by about this much between equally good settings."""
+
+
+def full_permutation_span(batch_size: int) -> float:
+    """The batch span of a full permutation for batches of ``batch_size`` rows (large N)."""
+    return (batch_size - 1) / (batch_size + 1)
+
 
 def size_words(nbytes: int) -> str:
     """``4194304`` -> ``"4 MiB"``, ``1572864`` -> ``"1.5 MiB"``, ``65538`` -> ``"64 KiB"``, ``1000`` -> ``"1000 B"``."""
@@ -63,32 +80,78 @@ class Measurement:
     peak_mem_mb: float
     first_batch_s: float
     steps: int
+    corr: float | None = None
+    """``corr(position in the epoch, row number)`` of the setting's first epoch (None: not known,
+    a map-style dataset, whose sampler draws a full permutation)."""
+    span: float | None = None
+    """The batch span of the same epoch (None as for ``corr``)."""
+
+    def mixes(self, bar: QualityBar | None) -> bool:
+        """Whether this setting shuffles at least as well as ``bar`` asks (None, or no figures: yes)."""
+        if bar is None or self.corr is None or self.span is None:
+            return True
+        return abs(self.corr) <= bar.corr and self.span >= bar.span
 
     def as_json(self) -> dict[str, Any]:
         """The setting's fields and the figures, flat."""
         return {**asdict(self.setting), **{k: v for k, v in asdict(self).items() if k != "setting"}}
 
 
-def recommend(results: list[Measurement]) -> Measurement:
-    """The cheapest setting within 5% of the best throughput."""
-    best = max(r.rows_per_s for r in results)
-    fast = [r for r in results if r.rows_per_s >= (1 - TOLERANCE) * best]
+@dataclass(frozen=True)
+class QualityBar:
+    """The shuffle quality a recommendation must keep: ``|corr| <= corr`` and ``span >= span``."""
+
+    corr: float
+    span: float
+
+    def words(self) -> str:
+        """``|corr| <= 0.02 and batch span >= 0.98``."""
+        return f"|corr| <= {self.corr:.3g} and batch span >= {self.span:.3g}"
+
+
+def quality_bar(corr: float | None, span: float | None, batch_size: int) -> QualityBar:
+    """The aim (:data:`CORR_AIM`, :data:`SPAN_AIM`), or, where the defaults' figures ``corr`` and
+    ``span`` miss it, those less :data:`SLACK`: a recommendation never mixes less than both.
+
+    A faster setting that mixes less is a trade, not a better setting: larger blocks keep more
+    rows of the file together in a batch (4 MiB blocks of a 150 MB CSV: batch span 0.92 against
+    0.995), and which of the two a model needs is the user's call (``--any-order``).
+    """
+    most, least = CORR_AIM, SPAN_AIM * full_permutation_span(batch_size)
+    if corr is not None and abs(corr) > most:
+        most = abs(corr) + SLACK
+    if span is not None and span < least:
+        least = span - SLACK
+    return QualityBar(round(most, 4), round(least, 4))
+
+
+def recommend(results: list[Measurement], bar: QualityBar | None = None) -> Measurement:
+    """The cheapest setting within 5% of the best throughput among those that mix as well as
+    ``bar`` (all of them when none does, or without a bar)."""
+    pool = [r for r in results if r.mixes(bar)] or results
+    best = max(r.rows_per_s for r in pool)
+    fast = [r for r in pool if r.rows_per_s >= (1 - TOLERANCE) * best]
     return min(fast, key=lambda r: r.setting.cost())
 
 
-def format_table(results: list[Measurement], chosen: Measurement, *, blocks: bool, buffers: bool) -> str:
-    """The sweep as an aligned text table; the recommended row is starred.
+def format_table(results: list[Measurement], chosen: Measurement, *, blocks: bool, buffers: bool,
+                 bar: QualityBar | None = None) -> str:
+    """The sweep as an aligned text table; the recommended row is starred, and a row that mixes
+    less than ``bar`` is marked ``-``.
 
-    ``blocks`` and ``buffers`` add the block size and shuffle buffer columns (streaming sources).
+    ``blocks`` and ``buffers`` add the block size and shuffle buffer columns (streaming sources);
+    the quality columns come with any figures.
     """
+    quality = any(r.span is not None for r in results)
     header = ["", "workers", "mode", "prefetch"]
     header += ["block"] * blocks + ["buffer"] * buffers
     header += ["rows/s", "wait/step ms", "CPU %", "peak mem MB", "first batch s"]
+    header += ["corr", "span"] * quality
     rows = []
     for r in results:
         s = r.setting
         row = [
-            "*" if r is chosen else "",
+            "*" if r is chosen else ("" if r.mixes(bar) else "-"),
             str(s.num_workers),
             s.worker_mode if s.num_workers else "-",
             str(s.prefetch_factor) if s.prefetch_factor else "-",
@@ -104,6 +167,8 @@ def format_table(results: list[Measurement], chosen: Measurement, *, blocks: boo
             f"{r.peak_mem_mb:,.0f}",
             f"{r.first_batch_s:.2f}",
         ]
+        if quality:
+            row += ["-" if r.corr is None else f"{r.corr:+.3f}", "-" if r.span is None else f"{r.span:.3f}"]
         rows.append(row)
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
@@ -136,14 +201,16 @@ def changes(chosen: Setting, default_block: int | None, default_buffer: int | No
 
 def defaults_report(
     results: list[Measurement], defaults: Measurement, chosen: Measurement, call: str,
-    default_block: int | None, default_buffer: int | None,
+    default_block: int | None, default_buffer: int | None, bar: QualityBar | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """The lines printed after the recommendation, and the changes it makes to the defaults.
 
-    ``call`` is the defaults' DataLoader call, in words. The changes are empty when the defaults
-    are within 5% of the best.
+    ``call`` is the defaults' DataLoader call, in words. The defaults are compared with the best
+    setting that mixes as well as ``bar``; the changes are empty when they are within 5% of it.
+    A faster setting that mixes less is named, with its figures, and not counted.
     """
-    best = max(max(r.rows_per_s for r in results), defaults.rows_per_s)
+    pool = [r for r in results if r.mixes(bar)] or results
+    best = max(max(r.rows_per_s for r in pool), defaults.rows_per_s)
     share = defaults.rows_per_s / best if best > 0 else 1.0
     gain = chosen.rows_per_s / defaults.rows_per_s if defaults.rows_per_s > 0 else float("inf")
     what = ["num_workers=0"]
@@ -155,6 +222,13 @@ def defaults_report(
         f"\nDefaults: {call} ({', '.join(what)}): {defaults.rows_per_s:,.0f} rows/s; "
         f"the recommendation measures {gain:.2f}x that."
     ]
+    fastest = max(results, key=lambda r: r.rows_per_s)
+    if bar is not None and not fastest.mixes(bar) and fastest.rows_per_s > chosen.rows_per_s:
+        lines.append(
+            f"Faster but mixing less: {fastest.setting.words()} at {fastest.rows_per_s:,.0f} rows/s "
+            f"({fastest.rows_per_s / defaults.rows_per_s:.2f}x the defaults), corr {fastest.corr:+.3f} and batch span "
+            f"{fastest.span:.3f}, against {bar.words()}; not recommended (--any-order ranks by speed alone)."
+        )
     todo = changes(chosen.setting, default_block, default_buffer)
     if share >= 1 - TOLERANCE or not todo:
         lines.append(f"The defaults are within {TOLERANCE:.0%} of the best ({share:.2f}x): nothing to change.")
