@@ -271,11 +271,13 @@ def tasks_for(ordered: Sequence[Block], share: Any) -> list[ReadTask]:
             lo, hi = piece
             first = max(int(np.searchsorted(starts, lo, side="right")) - 1, 0)
             last = min(int(np.searchsorted(starts, hi, side="left")), len(ordered))
-            # (Python ints: a range is most of an epoch's blocks, and NumPy scalars cost 10x.)
-            for block, start, n in zip(ordered[first:last], starts[first:last].tolist(), rows[first:last].tolist()):
-                a, b = max(lo - start, 0), min(hi - start, n)
-                if b > a:
-                    tasks.append(ReadTask(block, a, b))
+            # Whole arrays, then one constructor call per read: a range is most of an epoch's
+            # blocks (2,288 for a 150 MB CSV), and a Python loop of NumPy scalars costs 10x.
+            a = np.maximum(lo - starts[first:last], 0)
+            b = np.minimum(hi - starts[first:last], rows[first:last])
+            keep = np.flatnonzero(b > a)
+            picked = ordered[first:last] if len(keep) == last - first else [ordered[first + k] for k in keep.tolist()]
+            tasks.extend(map(ReadTask, picked, a[keep].tolist(), b[keep].tolist()))
             continue
         which = np.searchsorted(starts, piece, side="right") - 1
         cuts = np.flatnonzero(np.diff(which)) + 1
@@ -325,39 +327,31 @@ def group_tasks(tasks: Sequence[ReadTask], max_rows: int, max_bytes: int = GROUP
     """
     if max_rows <= 1:
         return list(tasks)
+    n = np.fromiter((t.hi - t.lo if t.take is None else len(t.take) for t in tasks), np.int64, count=len(tasks))
+    size = _bytes_of_reads(tasks, n, max_bytes)
+    # A group ends before the read that would take it past either bound (a read alone may).
+    ends_rows, ends_bytes = np.cumsum(n), np.cumsum(size)
     out: list[Task] = []
-    run: list[ReadTask] = []
-    rows = nbytes = 0
-
-    def close() -> None:
-        if len(run) == 1:
-            out.append(run[0])
-        elif run:
-            out.append(GroupTask(tuple(run)))
-
-    for t in tasks:
-        n = t.hi - t.lo if t.take is None else len(t.take)  # t.rows, without a property call per block
-        size = _bytes_of(t.block, n)
-        if run and (rows + n > max_rows or nbytes + size > max_bytes):
-            close()
-            run, rows, nbytes = [], 0, 0
-        run.append(t)
-        rows += n
-        nbytes += size
-    close()
+    i, count = 0, len(tasks)
+    while i < count:
+        base_rows = int(ends_rows[i - 1]) if i else 0
+        base_bytes = int(ends_bytes[i - 1]) if i else 0
+        j = min(int(np.searchsorted(ends_rows, base_rows + max_rows, side="right")),
+                int(np.searchsorted(ends_bytes, base_bytes + max_bytes, side="right")))
+        j = max(j, i + 1)
+        out.append(tasks[i] if j == i + 1 else GroupTask(tuple(tasks[i:j])))
+        i = j
     return out
 
 
-def _bytes_of(b: Block, rows_read: int) -> int:
-    """About how many bytes reading ``rows_read`` rows of ``b`` reads: their share of a
-    byte-range block (row groups, record batches and row ranges count as one byte: grouped by
-    rows only)."""
-    span, rows = b.stop - b.start, b.rows
-    if b.stop < 0:
-        return _WHOLE_FILE
-    if rows == 0 or span <= 1 or span == rows:
-        return 0
-    return span * rows_read // rows
-
-
-_WHOLE_FILE = 1 << 62  # a compressed file, read whole: never grouped with another read
+def _bytes_of_reads(tasks: Sequence[ReadTask], rows_read: np.ndarray, max_bytes: int) -> np.ndarray:
+    """About how many bytes each read reads: its rows' share of a byte-range block. Row groups,
+    record batches and row ranges count 0 (grouped by rows only); a compressed file, read whole,
+    counts more than ``max_bytes``, so it is never grouped with another read."""
+    spans = np.fromiter((t.block.stop - t.block.start if t.block.stop >= 0 else -1 for t in tasks), np.int64, count=len(tasks))
+    rows = np.fromiter((t.block.rows for t in tasks), np.int64, count=len(tasks))
+    out = np.zeros(len(tasks), np.int64)
+    ranged = (rows > 0) & (spans > 1) & (spans != rows)
+    out[ranged] = spans[ranged] * rows_read[ranged] // rows[ranged]
+    out[spans < 0] = max_bytes + 1
+    return out

@@ -63,6 +63,11 @@ def default_keep_bytes() -> int:
     return min(_KEEP_CAP_BYTES, usable_memory() // 16)
 
 
+_SLICES_MAX = 16
+"""Up to this many ranges, a gather joins slices; past it, it takes through one index (for 73
+ranges of about 900 rows and ten columns, 8% faster)."""
+
+
 class KeptBlocks:
     """Parsed columns of whole blocks, kept in file order up to a byte budget (NOTE [ Kept
     blocks ]).
@@ -140,16 +145,22 @@ class KeptBlocks:
         if kept is None or not all(block in self._kept for block, _, _, _ in parts):
             return None
         if all(take is None for _, _, _, take in parts):
-            # Slices joined (a new array even for one): for ranges of a few hundred rows, 1.8x
-            # faster than a take through an index (which reads an index entry per value).
             spans = [(self._start[b] + lo, self._start[b] + hi) for b, lo, hi, _ in parts]
-            return {name: (np.concatenate([col[a:z] for a, z in spans]) if isinstance(col, np.ndarray)
-                           else [v for a, z in spans for v in col[a:z]])
-                    for name, col in kept.items()}
-        index = np.concatenate([
-            np.arange(self._start[b] + lo, self._start[b] + hi, dtype=np.int64) if take is None
-            else self._start[b] + lo + np.asarray(take, np.int64)
-            for b, lo, hi, take in parts
-        ])
+            if len(spans) <= _SLICES_MAX:
+                # Slices joined (a new array even for one): for a few ranges of a few hundred
+                # rows, 1.8x faster than a take through an index (which reads an entry per value).
+                return {name: (np.concatenate([col[a:z] for a, z in spans]) if isinstance(col, np.ndarray)
+                               else [v for a, z in spans for v in col[a:z]])
+                        for name, col in kept.items()}
+            # Many ranges: one index for all columns costs less than a slice per range per column.
+            first = np.fromiter((a for a, _ in spans), np.int64, count=len(spans))
+            lengths = np.fromiter((z - a for a, z in spans), np.int64, count=len(spans))
+            index = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(first - (np.cumsum(lengths) - lengths), lengths)
+        else:
+            index = np.concatenate([
+                np.arange(self._start[b] + lo, self._start[b] + hi, dtype=np.int64) if take is None
+                else self._start[b] + lo + np.asarray(take, np.int64)
+                for b, lo, hi, take in parts
+            ])
         return {name: (col.take(index, axis=0) if isinstance(col, np.ndarray) else [col[i] for i in index.tolist()])
                 for name, col in kept.items()}
