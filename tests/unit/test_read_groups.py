@@ -221,3 +221,11 @@ def test_arrow_slices_shuffle_every_row_once_and_resume(tmp_path: Path, workers:
 
     assert sorted(ids_of(make()).tolist()) == list(range(4701))
     check_resume(make, epochs=2, positions=[0.0, 0.45, 1.0])
+
+
+def test_a_compressed_file_read_whole_is_never_grouped() -> None:
+    small = [ReadTask(Block(f"s{i}", 0, 100, 10, 1), 0, 10) for i in range(3)]
+    whole = [ReadTask(Block(f"w{i}.csv.gz", 0, -1, 10, 1), 0, 10) for i in range(2)]
+    tasks = group_tasks([small[0], whole[0], whole[1], small[1], small[2]], max_rows=1000)
+    assert [t if isinstance(t, ReadTask) else t.reads for t in tasks] == [
+        small[0], whole[0], whole[1], (small[1], small[2])]
