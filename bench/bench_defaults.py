@@ -135,7 +135,7 @@ def settings_for(fmt: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
             rkw = {} if bb is None else {"block_bytes": bb}
             name = label + ("" if bb is None else f", {bb >> 20} MiB blocks")
             out.append((name, kw, rkw))
-    return out
+    return [run for run in out if run[0] == "defaults" or not ONLY or run[0].startswith(tuple(ONLY))]
 
 
 def ids_column(batch: Any) -> np.ndarray:
@@ -146,6 +146,7 @@ def ids_column(batch: Any) -> np.ndarray:
 
 
 KEEP_PARSED: list[int] = []  # --keep-parsed-bytes, for the CSV and JSONL readers
+ONLY: list[str] = []  # --settings: label prefixes
 
 
 def make_loader(paths: list[str], kw: dict[str, Any], rkw: dict[str, Any]) -> naiad.DataLoader:
@@ -220,10 +221,14 @@ def main() -> None:
     p.add_argument("--sizes", default="10,150", help="CSV megabytes, comma-separated")
     p.add_argument("--files", default="1", help="file counts, comma-separated (the data split evenly)")
     p.add_argument("--formats", default="csv,jsonl,parquet,arrow,npy")
-    p.add_argument("--repeats", type=int, default=3, help="epochs per setting after a first one (median)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="epochs per setting after a first one (median); more for small data, up to 3M rows a setting")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "naiad-bench" / "defaults"))
     p.add_argument("--step-ms", type=float, default=0.0, help="a CPU-bound training step after every batch (ms)")
     p.add_argument("--busy", type=int, default=0, help="spinning processes beside the measurement")
+    p.add_argument("--settings", default="",
+                   help="only the settings whose labels start with one of these (comma-separated; the defaults always run), "
+                        "e.g. 'inline,1 read-ahead' for the in-process ones")
     p.add_argument("--keep-parsed-bytes", type=int, default=None,
                    help="the CSV and JSONL readers' keep_parsed_bytes (0: parse every epoch, as a source over the budget does)")
     args = p.parse_args()
@@ -233,6 +238,7 @@ def main() -> None:
         calibrate_step(args.step_ms)
     if args.keep_parsed_bytes is not None:
         KEEP_PARSED.append(args.keep_parsed_bytes)
+    ONLY.extend(x.strip() for x in args.settings.split(",") if x.strip())
     import multiprocessing as mp
 
     busy = [mp.get_context("fork").Process(target=spin, daemon=True) for _ in range(args.busy)]
@@ -297,7 +303,9 @@ def report(fmt: str, size: int, files: int, rows: int, paths: list[str], repeats
         # timed epoch memory the others do not hold.
         _, _, got = epoch(loader, 0, keep_ids=(name == "defaults"))
         ids = got or ids
-    for r in range(repeats):
+    # Short epochs are noisy (a 10 MB epoch is about 30 ms): more rounds for them, as many as
+    # give each setting about 3M rows, 30 at most.
+    for r in range(max(repeats, min(30, 3_000_000 // max(rows, 1)))):
         # Each round starts one setting later, so no setting always runs first (or after the same one).
         for name, _kw, _rkw in runs[r % len(runs):] + runs[: r % len(runs)]:
             dt, n, _ = epoch(loaders[name], 1 + r)
