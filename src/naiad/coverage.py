@@ -35,7 +35,7 @@ import functools
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -75,11 +75,17 @@ class PositionSource(Source):
 
     What the coverage check streams (NOTE [ Coverage check ]): the same plan as the source's,
     with row numbers where the data would be.
+
+    Attributes:
+        loader_buffer_rows: the shuffle buffer a loader of the source takes by default
+            (:func:`~naiad.stream.default_buffer_rows` of the source, not of its row numbers: one
+            int64 column, whose blocks are not metadata's, would get another).
     """
 
     def __init__(self, source: Source) -> None:
         # Source.__init__ would look the files up again; the blocks are the source's own.
         self.paths = list(source.paths)
+        self.loader_buffer_rows = default_buffer_rows(source)
         self.on_bad_rows = "raise"
         self._schema = pa.schema([("row", pa.int64())])
         self._blocks = list(source.blocks())
@@ -91,6 +97,12 @@ class PositionSource(Source):
         for b in self._blocks:
             first_row.setdefault(b.path, self._start[b])
         self._file_starts = list(first_row.items())
+
+    def with_loader_buffer(self, topology: Topology) -> Topology:
+        """``topology`` with :attr:`loader_buffer_rows` where its buffer is the default (None)."""
+        if topology.shuffle_buffer is not None:
+            return topology
+        return replace(topology, shuffle_buffer=self.loader_buffer_rows)
 
     def _read_schema(self) -> pa.Schema:
         return self._schema
@@ -297,6 +309,9 @@ def planned_batches(
         array([17,  3, 11,  9])
     """
     pos = source if isinstance(source, PositionSource) else PositionSource(source)
+    if shuffle:  # a default buffer is what the loader of the source would take
+        topology = pos.with_loader_buffer(topology)
+        resumed = None if resumed is None else (pos.with_loader_buffer(resumed[0]), resumed[1])
     check = _Check(pos, seed=seed, shuffle=shuffle, stream_rows=0)
     state = None if resumed is None else check.state_after(resumed[0], epoch, resumed[1])
     return check.dry_run(check.options(topology, rank), epoch, state).batches()

@@ -52,6 +52,21 @@ def test_dry_run_is_the_loaders_order_batch_for_batch(tmp_path, fmt, world_size,
             assert got == _planned(paths, fmt, topo, rank, epoch=epoch, seed=5), (epoch, rank)
 
 
+def test_dry_run_takes_the_default_buffer_of_the_source_not_of_its_row_numbers(tmp_path):
+    # Three row groups of 60,000 rows: few metadata blocks that fit the budget, so the loader's
+    # default buffer holds all 180,000 rows, more than the 131,072 a source of unknown blocks gets.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "groups.parquet"
+    pq.write_table(pa.table({"id": np.arange(180_000, dtype=np.int64)}), path, row_group_size=60_000)
+    loader = naiad.DataLoader(naiad.read_parquet(str(path)), batch_size=4096, shuffle=True, seed=3)
+    got = [ids_of(b) for b in loader]
+    planned = planned_batches(naiad.read_parquet(str(path)), Topology(1, batch_size=4096), 0, seed=3)
+    assert len(got) == len(planned) and all(np.array_equal(a, b) for a, b in zip(got, planned))
+    assert np.median([(b.max() - b.min()) / 180_000 for b in planned]) > 0.99  # mixed whole
+
+
 def test_dry_run_without_shuffle_is_file_order_in_contiguous_ranges(tmp_path):
     paths = write_numbered(str(tmp_path), "csv", SIZES)
     batches = [_planned(paths, "csv", Topology(2, batch_size=10), r, shuffle=False) for r in range(2)]
