@@ -308,3 +308,31 @@ def test_read_rows_rejects_rows_out_of_order(tmp_path):
     src = open_numbered(write_numbered(str(tmp_path), "csv", [10]), "csv", small_blocks=False)
     with pytest.raises(ConfigError, match="ascend"):
         src.read_rows(src.blocks()[0], np.array([3, 2]))
+
+
+def test_the_default_block_is_a_share_of_the_whole_source_not_of_each_file(tmp_path):
+    from naiad.sources.lines import DefaultBlocks, default_block_bytes
+
+    # Sparse files: sizes without the bytes. Three of 100 MiB: 1/4096 of 300 MiB is 75 KiB, where
+    # each file alone would get the 64 KiB floor (and eight such sources 8x the blocks).
+    paths = []
+    for i in range(3):
+        p = tmp_path / f"part-{i}.csv"
+        with open(p, "wb") as f:
+            f.truncate(100 << 20)
+        paths.append(str(p))
+    assert default_block_bytes(paths) == (300 << 20) // 4096 == 75 << 10
+    assert default_block_bytes(paths[:1]) == 64 << 10
+    assert default_block_bytes([str(tmp_path / "missing.csv")]) == 64 << 10
+    with open(tmp_path / "big.csv", "wb") as f:
+        f.truncate(20 << 30)
+    assert default_block_bytes([str(tmp_path / "big.csv")]) == 4 << 20  # the cap
+
+    class Lines(DefaultBlocks):
+        def __init__(self, paths: list[str], block_bytes: int | None) -> None:
+            self.paths, self.block_bytes = paths, block_bytes
+
+    assert {Lines(paths, None).block_bytes_for(p) for p in paths} == {75 << 10}
+    assert Lines(paths, 1000).block_bytes_for(paths[0]) == 1000
+    src = sources.read_csv(paths[0])
+    assert isinstance(src, DefaultBlocks) and src.block_bytes_for(paths[0]) == 64 << 10

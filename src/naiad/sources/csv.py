@@ -33,8 +33,8 @@ from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
+    DefaultBlocks,
     count_rows,
-    default_block_bytes,
     detect_compression,
     parse_group_lines,
     parse_robust,
@@ -111,7 +111,8 @@ def read_csv(
             a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
             summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
-            (None: about 1/4096 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
+            (None: about 1/4096 of the source's local files together, or of each remote file,
+            between 64 KiB and 4 MiB; see ``lines.default_block_bytes``).
         index_dir: where the block index (the row-count scan's result) is kept, so a new
             process, every rank and a resume skip the scan: None (the user cache folder),
             "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
@@ -143,7 +144,7 @@ def read_csv(
     )
 
 
-class CsvSource(Source):
+class CsvSource(DefaultBlocks, Source):
     """CSV files cut into byte-range blocks (see :func:`read_csv`)."""
 
     keeps_parsed = True
@@ -303,7 +304,7 @@ class CsvSource(Source):
             if None not in (first, names) and names != first:
                 raise SourceError(f"the header {names} differs from the first file's {first}.", path=path, line=1)
         blocks = scan_file(
-            path, block_bytes=self.block_bytes or default_block_bytes(path), index_dir=self.index_dir, header_lines=1 if self.header else 0,
+            path, block_bytes=self.block_bytes_for(path), index_dir=self.index_dir, header_lines=1 if self.header else 0,
             compression=self.compression, keep_blank=False, whole=self.newlines_in_values,
         )
         if self.newlines_in_values and blocks:

@@ -32,7 +32,7 @@ from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
-    default_block_bytes,
+    DefaultBlocks,
     detect_compression,
     parse_group_lines,
     parse_robust,
@@ -93,7 +93,8 @@ def read_jsonl(
             a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
             summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
-            (None: about 1/4096 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
+            (None: about 1/4096 of the source's local files together, or of each remote file,
+            between 64 KiB and 4 MiB; see ``lines.default_block_bytes``).
         index_dir: where the block index (the row-count scan's result) is kept, so a new
             process, every rank and a resume skip the scan: None (the user cache folder),
             "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
@@ -120,7 +121,7 @@ def read_jsonl(
                        keep_parsed_bytes=keep_parsed_bytes)
 
 
-class JsonlSource(Source):
+class JsonlSource(DefaultBlocks, Source):
     """JSON Lines files cut into byte-range blocks (see :func:`read_jsonl`)."""
 
     keeps_parsed = True
@@ -199,7 +200,7 @@ class JsonlSource(Source):
         return select_columns(self.full_schema(), self._selected, self.paths[0])
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=self.block_bytes or default_block_bytes(path), index_dir=self.index_dir, header_lines=0,
+        return scan_file(path, block_bytes=self.block_bytes_for(path), index_dir=self.index_dir, header_lines=0,
                          compression=self.compression, keep_blank=False, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:

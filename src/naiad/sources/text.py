@@ -14,7 +14,7 @@ from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, PathLike,
 from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
-    default_block_bytes,
+    DefaultBlocks,
     parse_group_lines,
     parse_selected_lines,
     read_block_bytes,
@@ -53,7 +53,8 @@ def read_text(
             a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
             summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
-            (None: about 1/4096 of each file, between 64 KiB and 4 MiB; see ``default_block_bytes``).
+            (None: about 1/4096 of the source's local files together, or of each remote file,
+            between 64 KiB and 4 MiB; see ``lines.default_block_bytes``).
         index_dir: where the block index (the row-count scan's result) is kept, so a new
             process, every rank and a resume skip the scan: None (the user cache folder),
             "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
@@ -77,7 +78,7 @@ def read_text(
                       storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir)
 
 
-class TextSource(Source):
+class TextSource(DefaultBlocks, Source):
     """Text files cut into byte-range blocks of whole lines (see :func:`read_text`)."""
 
     def __init__(
@@ -109,7 +110,7 @@ class TextSource(Source):
         return pa.schema([(self.column, pa.string())])
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=self.block_bytes or default_block_bytes(path), index_dir=self.index_dir, header_lines=0,
+        return scan_file(path, block_bytes=self.block_bytes_for(path), index_dir=self.index_dir, header_lines=0,
                          compression=self.compression, keep_blank=True, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
