@@ -325,7 +325,7 @@ def report(fmt: str, size: int, files: int, rows: int, paths: list[str], repeats
     bar = quality_bar(d_corr, d_span, 1024)
     mixes = {name: abs(c) <= bar.corr and s >= bar.span for name, (c, s) in quality_of.items()}
     best = max(((v, k) for k, v in rates.items() if k != "defaults" and mixes[k]), default=(rates["defaults"], "defaults"))
-    fastest = max((v, k) for k, v in rates.items() if k != "defaults")
+    fastest = max(((v, k) for k, v in rates.items() if k != "defaults"), default=best)
     print("| setting | M rows/s (median) | vs defaults | corr | batch span |")
     print("|---|---|---|---|---|")
     for name, rate in rates.items():
