@@ -8,10 +8,11 @@ second, the time the loop waited for each batch, the CPU the loader used (traini
 workers, 100% = one core), the peak memory (proportional set size, so pages shared by forked
 workers count once) and the time to the first batch. It recommends the cheapest setting (fewest
 workers, threads before processes, shallow prefetch, default block and buffer) within 5% of the
-best throughput among the settings that shuffle as well as the aim (``|corr| <= 0.02``, batch
-span at least 98% of a full permutation's, or the defaults' own figures where they miss it; figures from a dry run of two
-epochs over row numbers, NOTE [ Coverage check ]), and measures the defaults (``naiad.DataLoader(naiad.read(path), batch_size=B,
-shuffle=True, seed=0)``) against it.
+best throughput among the settings that shuffle as well as the aim (``|corr| <= 0.02``, a batch
+span of at least 98% of a full permutation's, or the defaults' own figures where they miss it;
+the figures come from a dry run of two epochs over row numbers, NOTE [ Coverage check ]), and
+measures the defaults (``naiad.DataLoader(naiad.read(path), batch_size=B, shuffle=True, seed=0)``)
+against it.
 
     naiad tune demo --step-ms 2
     naiad tune "data/*.parquet" --batch-size 512 --json tune.json
@@ -488,17 +489,18 @@ def run(args: argparse.Namespace) -> int:
         defaults = measure(target, DEFAULTS, batch_size=args.batch_size, step_s=args.step_ms / 1e3, seconds=args.seconds)
     progress.show(progress.total - 1, "shuffle quality")
     figures: dict[tuple[int | None, int | None], tuple[float, float]] = {}
-    for r in [*results, defaults] if target.memory is None else []:  # a sampler's full permutation: no figures
+    for r in [*results, defaults] if target.memory is None else []:  # a sampler's permutation: no figures
         key = (r.setting.block_bytes, r.setting.shuffle_buffer)
         if key not in figures:
             figures[key] = shuffle_figures(target.dataset(key[0]), key[1], args.batch_size)
         r.corr, r.span = figures[key]
     progress.show(progress.total, "done")
-    bar = None if args.any_order else quality_bar(defaults.corr, defaults.span, args.batch_size)
+    streamed = target.memory is None
+    bar = quality_bar(defaults.corr, defaults.span, args.batch_size) if streamed and not args.any_order else None
     chosen = recommend(results, bar)
     print(format_table(results, chosen, blocks=target.line_blocks, buffers=target.memory is None, bar=bar))
     print(f"\nRecommended: {chosen.setting.words()}")
-    among = "" if bar is None or defaults.span is None else f" among those with {bar.words()} (the others marked -)"
+    among = "" if bar is None else f" among those with {bar.words()} (the others marked -)"
     print(f"  the cheapest setting within {TOLERANCE:.0%} of the best rows/s{among}; "
           f"the loop waits {chosen.wait_ms_per_step:.3f} ms per step there.")
     default_block = target.default_block_bytes()
