@@ -311,7 +311,7 @@ def test_read_rows_rejects_rows_out_of_order(tmp_path):
 
 
 def test_the_default_block_is_a_share_of_the_whole_source_not_of_each_file(tmp_path):
-    from naiad.sources.lines import DefaultBlocks, default_block_bytes
+    from naiad.sources.lines import block_bytes_for, default_block_bytes
 
     # Sparse files: sizes without the bytes. Three of 100 MiB: 1/4096 of 300 MiB is 75 KiB, where
     # each file alone would get the 64 KiB floor (and eight such sources 8x the blocks).
@@ -328,11 +328,30 @@ def test_the_default_block_is_a_share_of_the_whole_source_not_of_each_file(tmp_p
         f.truncate(20 << 30)
     assert default_block_bytes([str(tmp_path / "big.csv")]) == 4 << 20  # the cap
 
-    class Lines(DefaultBlocks):
-        def __init__(self, paths: list[str], block_bytes: int | None) -> None:
-            self.paths, self.block_bytes = paths, block_bytes
+    src = sources.read_csv(paths)
+    assert src.local_bytes() == 300 << 20
+    assert block_bytes_for(paths[0], None, src.local_bytes()) == 75 << 10
+    assert block_bytes_for(paths[0], 1000, src.local_bytes()) == 1000
+    assert block_bytes_for(paths[0], None, None) == 64 << 10  # a remote source: each file alone
 
-    assert {Lines(paths, None).block_bytes_for(p) for p in paths} == {75 << 10}
-    assert Lines(paths, 1000).block_bytes_for(paths[0]) == 1000
-    src = sources.read_csv(paths[0])
-    assert isinstance(src, DefaultBlocks) and src.block_bytes_for(paths[0]) == 64 << 10
+
+@pytest.mark.parametrize("fmt", ["npy", "arrow"])
+def test_npy_and_arrow_blocks_are_a_share_of_the_whole_source(tmp_path, fmt):
+    # Two files of 3,000,000 rows: alone, 1/4096 of a file is under the 1,024-row floor; the
+    # source's 6,000,000 rows give blocks of 1,464.
+    paths = []
+    for i in range(2):
+        values = np.full(3_000_000, i, np.int8)
+        p = tmp_path / f"part-{i}.{fmt}"
+        if fmt == "npy":
+            np.save(p, values)
+        else:
+            table = pa.table({"x": values})
+            with pa.ipc.new_file(str(p), table.schema) as w:
+                w.write_table(table)
+        paths.append(str(p))
+    both = sources.read(paths)
+    assert max(b.rows for b in both.blocks()) == 6_000_000 // 4096 == 1464  # Arrow slices evenly: 1463-1464
+    one = sources.read(paths[:1])
+    assert max(b.rows for b in one.blocks()) == 1024
+    assert sum(b.rows for b in both.blocks()) == 6_000_000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from naiad.sources.base import (
     cast_to_schema,
     check_columns_present,
     check_no_nulls,
+    default_block_rows,
     indexed_blocks,
     resolve_dtypes,
     select_columns,
@@ -61,7 +63,7 @@ def read_arrow(
             a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
             summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_rows: the most rows of a block: a bigger record batch is read as slices of it,
-            each a block of the shuffle (None: about 1/4096 of each file's rows, between 1,024
+            each a block of the shuffle (None: about 1/4096 of the source's rows, between 1,024
             and 65,536, for local files; remote files keep whole batches, which are what one
             range read fetches). NOTE [ Record batch slices ].
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
@@ -152,7 +154,7 @@ class ArrowSource(Source):
                     counts.append(reader.get_batch(i).num_rows)
                 except (OSError, pa.ArrowException) as exc:
                     raise SourceError(f"cannot read record batch {i} ({exc}); is the file truncated?", path=path) from None
-            step = self.block_rows or min(1 << 16, max(1 << 10, sum(counts) // 4096))
+            step = self.block_rows or default_block_rows(sum(counts), os.path.getsize(path), self.local_bytes())
         self._batch_first_row[path] = np.concatenate([[0], np.cumsum(counts)]).tolist()
         return sliced_blocks(indexed_blocks(path, counts), step)
 

@@ -100,6 +100,17 @@ class BlockData(NamedTuple):
         return len(self.bad)
 
 
+def default_block_rows(file_rows: int, file_bytes: int, source_bytes: int | None) -> int:
+    """Rows per block of a file of ``file_rows`` rows in ``file_bytes`` bytes, for a source of
+    ``source_bytes`` (None: the file alone): about 1/4096 of the source's rows, estimated from
+    its bytes at this file's bytes per row, between 1,024 and 65,536 (as
+    ``lines.default_block_bytes`` for text)."""
+    rows = file_rows
+    if source_bytes and file_bytes > 0:
+        rows = file_rows * source_bytes // file_bytes
+    return int(min(1 << 16, max(1 << 10, rows // 4096)))
+
+
 def bad_entry(at: int, path: str, reason: str, *, line: int | None = None, row: int | None = None,
               column: str | None = None) -> dict[str, Any]:
     """One skipped row for :attr:`BlockData.bad` (``line`` for text formats, ``row`` for others;
@@ -308,6 +319,7 @@ class Source(ABC):
 
     keep_parsed_bytes: int | None = None  # the reader's option; class defaults for subclasses
     _kept: KeptBlocks | bool | None = None  # that build themselves (coverage.PositionSource)
+    _local_bytes: int | None = None  # local_bytes(), once
 
     def __init__(
         self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise", max_bad_rows: int | float | None = None,
@@ -433,6 +445,21 @@ class Source(ABC):
             "something rebuilt the loader as torch's. Give the trainer naiad's loader itself: "
             "accelerator.prepare() keeps it as it is."
         )
+
+    def local_bytes(self) -> int | None:
+        """The bytes of the source's files together when they are all local (a ``stat`` each,
+        once), else None (a remote object's size may cost a request). What the default block
+        sizes are a share of: the blocks of a source, not of each file, are what its epoch
+        permutation orders."""
+        if self._local_bytes is None and not any(is_remote(p) for p in self.paths):
+            total = 0
+            for path in self.paths:
+                try:
+                    total += os.path.getsize(path)
+                except OSError:
+                    pass  # opening it will say what is wrong
+            self._local_bytes = total
+        return self._local_bytes
 
     def __len__(self) -> int:
         """Total rows over all files (may trigger the row count)."""

@@ -33,7 +33,7 @@ from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
-    DefaultBlocks,
+    block_bytes_for,
     count_rows,
     detect_compression,
     parse_group_lines,
@@ -144,7 +144,7 @@ def read_csv(
     )
 
 
-class CsvSource(DefaultBlocks, Source):
+class CsvSource(Source):
     """CSV files cut into byte-range blocks (see :func:`read_csv`)."""
 
     keeps_parsed = True
@@ -304,7 +304,7 @@ class CsvSource(DefaultBlocks, Source):
             if None not in (first, names) and names != first:
                 raise SourceError(f"the header {names} differs from the first file's {first}.", path=path, line=1)
         blocks = scan_file(
-            path, block_bytes=self.block_bytes_for(path), index_dir=self.index_dir, header_lines=1 if self.header else 0,
+            path, block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), index_dir=self.index_dir, header_lines=1 if self.header else 0,
             compression=self.compression, keep_blank=False, whole=self.newlines_in_values,
         )
         if self.newlines_in_values and blocks:

@@ -32,7 +32,7 @@ from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
-    DefaultBlocks,
+    block_bytes_for,
     detect_compression,
     parse_group_lines,
     parse_robust,
@@ -121,7 +121,7 @@ def read_jsonl(
                        keep_parsed_bytes=keep_parsed_bytes)
 
 
-class JsonlSource(DefaultBlocks, Source):
+class JsonlSource(Source):
     """JSON Lines files cut into byte-range blocks (see :func:`read_jsonl`)."""
 
     keeps_parsed = True
@@ -200,7 +200,7 @@ class JsonlSource(DefaultBlocks, Source):
         return select_columns(self.full_schema(), self._selected, self.paths[0])
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=self.block_bytes_for(path), index_dir=self.index_dir, header_lines=0,
+        return scan_file(path, block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), index_dir=self.index_dir, header_lines=0,
                          compression=self.compression, keep_blank=False, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:

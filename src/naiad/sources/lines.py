@@ -35,7 +35,7 @@ from naiad.sources.readahead import io_map
 from naiad.sources.scan import header_end, scan_plain
 
 __all__ = [
-    "BadRow", "DefaultBlocks", "default_block_bytes", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
+    "BadRow", "block_bytes_for", "default_block_bytes", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
     "parse_selected_lines", "read_selected_lines", "scan_file", "select_rows", "slice_rows",
 ]
 
@@ -86,28 +86,21 @@ def default_block_bytes(paths: Sequence[str]) -> int:
             size += storage.size(path)
         except OSError:
             pass
-    return int(min(4 << 20, max(64 << 10, size // 4096)))
+    return _block_of(size)
 
 
-class DefaultBlocks:
-    """The block size a line source cuts its files into when ``block_bytes`` is None (a mixin
-    for sources with ``paths`` and ``block_bytes``): :func:`default_block_bytes` of all its
-    files when they are local (a ``stat`` each), else of each file alone (a remote file's size
-    may cost a request, and a source of many shards would pay one per shard first)."""
+def _block_of(source_bytes: int) -> int:
+    return int(min(4 << 20, max(64 << 10, source_bytes // 4096)))
 
-    paths: list[str]
-    block_bytes: int | None
-    _source_block_bytes: int | None = None
 
-    def block_bytes_for(self, path: str) -> int:
-        """The block size to cut ``path`` into."""
-        if self.block_bytes:
-            return self.block_bytes
-        if any(storage.is_remote(p) for p in self.paths):
-            return default_block_bytes([path])
-        if self._source_block_bytes is None:  # cut side by side on threads: the same value either way
-            self._source_block_bytes = default_block_bytes(self.paths)
-        return self._source_block_bytes
+def block_bytes_for(path: str, block_bytes: int | None, source_bytes: int | None) -> int:
+    """The block size to cut ``path`` into: ``block_bytes`` if given, else about 1/4096 of the
+    source's bytes (``source_bytes``, its local files together: ``Source.local_bytes``), or of
+    the file alone when that is None (a remote file's size may cost a request, and a source of
+    many shards would pay one per shard first), between 64 KiB and 4 MiB."""
+    if block_bytes:
+        return block_bytes
+    return default_block_bytes([path]) if source_bytes is None else _block_of(source_bytes)
 
 
 def count_rows(buf: bytes | memoryview, keep_blank: bool) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from naiad.sources.base import (
     PathLike,
     ReaderCache,
     Source,
+    default_block_rows,
     expand_paths,
     to_arrow_type,
 )
@@ -50,7 +52,8 @@ def read_npy(
         column: the column name for plain (not structured) arrays given without a mapping.
         dtypes: a mapping column -> dtype, or one dtype for every column (cast per block).
         block_rows: rows per block, the unit of reading and of block shuffling (None: about
-            1/4096 of each file, between 1,024 and 65,536 rows).
+            1/4096 of the source's rows (its local files together; each remote file alone),
+            between 1,024 and 65,536 rows).
         storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
             (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
         retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
@@ -192,7 +195,8 @@ class NpySource(Source):
         n = next(iter(lengths.values()))
         # Many blocks, so that the epoch permutation shuffles; each is a cheap memory-map slice,
         # and consecutive ones are read as one task (NOTE [ Read groups ] in plan.py).
-        step = self.block_rows or min(1 << 16, max(1 << 10, n // 4096))
+        total = self.local_bytes()
+        step = self.block_rows or default_block_rows(n, os.path.getsize(path) if total else 0, total)
         return [Block(path, lo, min(lo + step, n), min(lo + step, n) - lo, lo) for lo in range(0, n, step)]
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:

@@ -14,7 +14,7 @@ from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, PathLike,
 from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
-    DefaultBlocks,
+    block_bytes_for,
     parse_group_lines,
     parse_selected_lines,
     read_block_bytes,
@@ -78,7 +78,7 @@ def read_text(
                       storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir)
 
 
-class TextSource(DefaultBlocks, Source):
+class TextSource(Source):
     """Text files cut into byte-range blocks of whole lines (see :func:`read_text`)."""
 
     def __init__(
@@ -110,7 +110,7 @@ class TextSource(DefaultBlocks, Source):
         return pa.schema([(self.column, pa.string())])
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=self.block_bytes_for(path), index_dir=self.index_dir, header_lines=0,
+        return scan_file(path, block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), index_dir=self.index_dir, header_lines=0,
                          compression=self.compression, keep_blank=True, whole=False)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
