@@ -355,3 +355,37 @@ def test_npy_and_arrow_blocks_are_a_share_of_the_whole_source(tmp_path, fmt):
     one = sources.read(paths[:1])
     assert max(b.rows for b in one.blocks()) == 1024
     assert sum(b.rows for b in both.blocks()) == 6_000_000
+
+
+def test_npy_headers_are_parsed_one_at_a_time(tmp_path, monkeypatch):
+    # NumPy parses a header with ast.literal_eval, which CPython 3.11 cannot run in two threads at
+    # once (SystemError "AST constructor recursion depth mismatch" for an undamaged file, about
+    # one new loader in twelve with two read-ahead threads): opening is serialised.
+    import threading
+    import time
+
+    from naiad.sources import npy
+
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros((4, 2)))
+    inside, most, lock = [0], [0], threading.Lock()
+    real = np.load
+
+    def slow_load(*args, **kwargs):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(npy.np, "load", slow_load)
+    threads = [threading.Thread(target=npy._load, args=(str(path),)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert most[0] == 1
