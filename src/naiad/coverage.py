@@ -240,8 +240,6 @@ def check_coverage(
         from naiad.sources.auto import read
 
         source = read(source)
-    if shuffle_buffer is None and shuffle:
-        shuffle_buffer = default_buffer_rows(source)  # what the loader would take
     before = Topology(world_size, num_workers, batch_size, drop_last, shuffle_buffer)
     after = Topology(
         before.world_size if new_world_size is None else new_world_size,
@@ -250,6 +248,8 @@ def check_coverage(
         drop_last, before.shuffle_buffer if new_shuffle_buffer is None else new_shuffle_buffer,
     )
     pos = PositionSource(source)
+    if shuffle:  # a default buffer is what the loader would take
+        before, after = pos.with_loader_buffer(before), pos.with_loader_buffer(after)
     check = _Check(pos, seed=int(seed), shuffle=bool(shuffle), stream_rows=stream_rows)
     runs0 = check.epoch_runs(before, 0)
     report = CoverageReport(
