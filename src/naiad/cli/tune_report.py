@@ -81,10 +81,11 @@ class Measurement:
     first_batch_s: float
     steps: int
     corr: float | None = None
-    """``corr(position in the epoch, row number)`` of the setting's first epoch (None: not known,
-    a map-style dataset, whose sampler draws a full permutation)."""
+    """``corr(position in the epoch, row number)``, the largest in magnitude over the setting's
+    first two epochs (None: not known, a map-style dataset, whose sampler draws a full
+    permutation)."""
     span: float | None = None
-    """The batch span of the same epoch (None as for ``corr``)."""
+    """The least batch span over the same epochs (None as for ``corr``)."""
 
     def mixes(self, bar: QualityBar | None) -> bool:
         """Whether this setting shuffles at least as well as ``bar`` asks (None, or no figures: yes)."""
