@@ -15,6 +15,7 @@ the epoch was received, the next epoch's start, as in torchdata's StatefulDataLo
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,7 +37,15 @@ class PassRecord:
     run: PipelinePass
     progress: PassProgress
     base_seed: int
-    length: int | None  # the pass's batches (None: not known)
+
+    @functools.cached_property
+    def length(self) -> int | None:
+        """The pass's batches (None: not known). Asked when a state needs it, not when the pass
+        opens: a stream's rows may still be being counted then (NOTE [ Early reads ])."""
+        try:
+            return len(self.run)
+        except TypeError:
+            return None  # an IterableDataset's pass
 
 
 def pass_position(last: PassRecord | None, *, iterating: bool, loader_epoch: int, device: bool) -> tuple[PassRecord, int] | None:

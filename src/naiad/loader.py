@@ -407,11 +407,7 @@ class DataLoader(TorchDataLoader[T_co]):
             if resume is not None and resume.get("base_seed") is not None:
                 seed = int(resume["base_seed"])  # the interrupted pass's, for its workers' draws
             run = self._pipeline.open_pass(epoch, seed, None if resume is None else resume["pipeline"])
-            try:
-                length: int | None = len(run)
-            except TypeError:
-                length = None  # an IterableDataset's pass
-            self._last_pass = PassRecord(epoch, run, progress, seed, length)
+            self._last_pass = PassRecord(epoch, run, progress, seed)
             return run
 
         pending = LazyPass(open_pass, epoch)

@@ -34,6 +34,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 
+from naiad.early import EarlyReads
 from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
 from naiad.errors import ConfigError, StateError
 from naiad.ledger import BadRowLedger, BadRowTracker
@@ -225,10 +226,10 @@ def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tu
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         source.keep_nothing()  # this worker's own copy (NOTE [ Kept blocks ])
     # Inline there is no other worker, so PyArrow may use its own threads on a block.
-    return functools.partial(_read_task, source, context.num_workers == 0)
+    return functools.partial(read_task, source, context.num_workers == 0)
 
 
-def _read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if isinstance(task, RestoreTask):  # a resume's window: only the rows it restores
         data = source.read_rows_many([(t.block, t.row_numbers()) for t in task.reads], use_threads=use_threads)
     elif isinstance(task, GroupTask):  # consecutive small reads, in one go (NOTE [ Read groups ])
@@ -496,47 +497,72 @@ class BatchStream(Iterator[Batch]):
 
     # -- the pipeline --------------------------------------------------------------------------
 
+    def _early_reads(self) -> EarlyReads | None:
+        """Reads planned before the rows are counted: a fresh pass on one rank (NOTE [ Early reads ])."""
+        if self._plan is not None or self.batches_yielded or self.legs or self.world_size != 1:
+            return None
+        o = self.options
+        return EarlyReads.start(self.source, seed=o.seed, epoch=self.epoch, shuffle=o.shuffle,
+                                max_rows=group_rows(current_leg(o).buffer_rows), plan=lambda: self.plan)
+
     def _generate(self) -> Iterator[Batch]:
         if self.ended is not None:
             return
-        plan, o = self.plan, self.options
-        sizes = plan.batch_sizes
-        if len(sizes) == 0:
+        o = self.options
+        early = self._early_reads()
+        # Early reads know no batch sizes until the count ends: all are batch_size but the last.
+        sizes = self.plan.batch_sizes if early is None else None
+        if sizes is not None and len(sizes) == 0:
             return
-        start = int(sizes[: self.batches_yielded].sum())
+        start = int(sizes[: self.batches_yielded].sum()) if sizes is not None else 0
         buffer = ShuffleBuffer(o.buffer_rows, buffer_keys(o.seed, self.epoch, self.rank, len(self.legs))) if o.shuffle else None
-        batcher = _Batcher(sizes, self.batches_yielded, self.source.empty_columns())
+        batcher = _Batcher(sizes, self.batches_yielded, self.source.empty_columns(), o.batch_size)
         if batcher.done:
             return
         tracker = None
-        if self.source.on_bad_rows == "skip":
+        if sizes is not None and self.source.on_bad_rows == "skip":
             tracker = self._tracker = BadRowTracker(
                 self.counters.ledger, self.epoch, self.source.max_bad_rows, int(sizes.sum()), self.bad_rows,
             )
-        restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
-        # A resume's owed rows, then its held rows, come first (NOTE [ Owed rows first ]).
-        # Blocks decoded whole whatever rows are picked (row groups, compressed files) are read once.
-        whole = self.source.blocks_from_metadata or any(b.stop < 0 for b in self.source.blocks())
-        restoring = Restoring(plan, restore, group_rows(o.buffer_rows), int(sizes[self.batches_yielded]), in_steps=not whole)
-        results = self.imap(restoring.tasks())
+        restoring: Restoring | None = None
+        if early is None:
+            plan = self.plan
+            restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
+            # A resume's owed rows, then its held rows, come first (NOTE [ Owed rows first ]).
+            # Blocks decoded whole whatever rows are picked (row groups, compressed files) are read once.
+            whole = self.source.blocks_from_metadata or any(b.stop < 0 for b in self.source.blocks())
+            restoring = Restoring(plan, restore, group_rows(o.buffer_rows), int(plan.batch_sizes[self.batches_yielded]),
+                                  in_steps=not whole)
+            issued: Sequence[Task | RestoreTask] = restoring.issued
+            results = self.imap(restoring.tasks())
+        else:
+            issued, results = early.issued, self.imap(early.tasks())
         try:
-            for i, (columns, bad) in enumerate(results):
-                self._count(restoring.issued[i], columns)
+            for i, (columns, bad) in enumerate(results if early is None else early.checked(iter(results))):
+                self._count(issued[i], columns)
                 arrays = {name: as_array(col) for name, col in columns.items()}
                 if tracker is not None:  # skipped rows keep their positions until their batch
                     arrays = tracker.tag(arrays, bad)
-                if restoring.restores(i):
+                if restoring is not None and restoring.restores(i):
                     batcher.add(restoring.take(arrays))
                     yield from self._emit(batcher.ready())
                     continue
-                restoring.settle(buffer)  # the held rows, back in the buffer before it takes more
+                if restoring is not None:
+                    restoring.settle(buffer)  # the held rows, back in the buffer before it takes more
+                if early is not None and batcher.sizes is None and early.plan is not None:
+                    self._plan = early.plan
+                    batcher.sizes = early.plan.batch_sizes
                 for chunk in buffer.push(arrays) if buffer is not None else [arrays]:
                     batcher.add(chunk)
                     yield from self._emit(batcher.ready())
                 if batcher.done:
                     return  # drop_last: the remaining rows are not used this epoch
+            if early is not None and batcher.sizes is None:
+                self._plan = early.resolve()
+                batcher.sizes = self._plan.batch_sizes
             if buffer is not None:
-                restoring.settle(buffer)
+                if restoring is not None:
+                    restoring.settle(buffer)
                 for chunk in buffer.drain():  # a chunk at a time: the next batch waits for one
                     batcher.add(chunk)
                     yield from self._emit(batcher.ready())
@@ -580,8 +606,9 @@ def to_torch(arrays: Mapping[str, np.ndarray]) -> Batch:
 class _Batcher:
     """Cuts a stream of row chunks into the planned batch sizes."""
 
-    def __init__(self, sizes: np.ndarray, first: int, empty: Mapping[str, Any]) -> None:
-        self.sizes = sizes
+    def __init__(self, sizes: np.ndarray | None, first: int, empty: Mapping[str, Any], batch_size: int) -> None:
+        self.sizes = sizes  # None: not known yet, every batch until then is ``batch_size`` (one rank)
+        self.batch_size = batch_size
         self.next = first
         self.chunks: deque[dict[str, np.ndarray]] = deque()
         self.rows = 0
@@ -589,7 +616,7 @@ class _Batcher:
 
     @property
     def done(self) -> bool:
-        return self.next >= len(self.sizes)
+        return self.sizes is not None and self.next >= len(self.sizes)
 
     def add(self, chunk: dict[str, np.ndarray]) -> None:
         n = len(next(iter(chunk.values()))) if chunk else 0
@@ -597,15 +624,19 @@ class _Batcher:
             self.chunks.append(chunk)
             self.rows += n
 
+    def _size(self) -> int:
+        return self.batch_size if self.sizes is None else int(self.sizes[self.next])
+
     def ready(self) -> Iterator[dict[str, np.ndarray]]:
-        while not self.done and self.rows >= self.sizes[self.next]:
-            yield self._take(int(self.sizes[self.next]))
+        while not self.done and self.rows >= self._size():
+            yield self._take(self._size())
 
     def finish(self) -> Iterator[dict[str, np.ndarray]]:
         # Rows were skipped as bad: the last batches are short (even empty) rather than
         # missing, so every rank still yields the planned number of batches.
+        assert self.sizes is not None
         while not self.done:
-            yield self._take(min(self.rows, int(self.sizes[self.next])))
+            yield self._take(min(self.rows, self._size()))
 
     def _take(self, k: int) -> dict[str, np.ndarray]:
         self.next += 1

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import naiad
 from naiad.sources.index import index_folder, load_index
 from naiad.sources.lines import row_spans, scan_file
-from naiad.sources.scan import cut_lines, cut_lines_parallel, header_end
+from naiad.sources.scan import cut_lines, cut_lines_parallel, early_cut, header_end, span_rows
 
 
 def reference_cut(data: bytes, block_bytes: int, header_lines: int, keep_blank: bool) -> list[tuple[int, int, int, int]]:
@@ -90,6 +90,31 @@ def test_regions_side_by_side_cut_the_same(rows: list[bytes], final_newline: boo
     got = cut_lines_parallel(open_at, pos, len(data), block_bytes, 1 + header_lines, keep_blank, threads,
                              region_bytes=region, chunk_bytes=piece)
     assert got == reference_cut(data, block_bytes, header_lines, keep_blank)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines, st.booleans(), st.integers(1, 64), st.integers(0, 1), st.booleans())
+def test_the_early_cut_and_its_counts_are_the_scans(tmp_path_factory: pytest.TempPathFactory, rows: list[bytes],
+                                                    final_newline: bool, block_bytes: int, header_lines: int,
+                                                    keep_blank: bool) -> None:
+    # The byte ranges from the grid points alone, then each block counted on its own (NOTE [
+    # Early reads ]): blank lines at block starts, lines longer than a step, a last line alone.
+    data = b"\n".join(rows) + (b"\n" if final_newline and rows else b"")
+    path = tmp_path_factory.mktemp("early") / "f.txt"
+    path.write_bytes(data)
+    spans = early_cut(str(path), block_bytes, header_lines)
+    got = [(a, b, span_rows(str(path), a, b, keep_blank)) for a, b in spans]
+    assert got == [e[:3] for e in reference_cut(data, block_bytes, header_lines, keep_blank)]
+
+
+def test_the_early_cut_searches_back_past_long_lines(tmp_path: Path) -> None:
+    # Lines longer than the first backward read (4 KiB) and than a step.
+    data = b"h\n" + b"".join(b"%d,%s\n" % (i, b"a" * (i * 997 % 20000)) for i in range(60)) + b"\r\n\nend"
+    path = tmp_path / "f.csv"
+    path.write_bytes(data)
+    for bb in (100, 5000, 1 << 16):
+        got = [(a, b, span_rows(str(path), a, b, False)) for a, b in early_cut(str(path), bb, 1)]
+        assert got == [e[:3] for e in reference_cut(data, bb, 1, False)]
 
 
 def test_scan_crosses_its_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

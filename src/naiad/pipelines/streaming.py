@@ -108,4 +108,6 @@ class StreamPass:
         return self.stream.get_state(batches_yielded=self.start + delivered)
 
     def __len__(self) -> int:
-        return len(self.stream)
+        # From where the pass began, as a map-style pass counts (the stream's own len() is what
+        # it still owes); asked when a state needs it, perhaps after some batches.
+        return len(self.stream) + self.stream.batches_yielded - self.start

@@ -16,7 +16,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, Literal, NamedTuple, TypeAlias, Union
 
 import numpy as np
@@ -320,6 +320,7 @@ class Source(ABC):
     keep_parsed_bytes: int | None = None  # the reader's option; class defaults for subclasses
     _kept: KeptBlocks | bool | None = None  # that build themselves (coverage.PositionSource)
     _local_bytes: int | None = None  # local_bytes(), once
+    _counting: Future[list[Block]] | None = None  # count_beside()'s
 
     def __init__(
         self, paths: PathLike, *, on_bad_rows: OnBadRows = "raise", max_bad_rows: int | float | None = None,
@@ -372,16 +373,66 @@ class Source(ABC):
         """Every block of every file, in file order, with row counts (computed once, cached).
 
         Files are cut side by side on threads (a newline scan, a footer read, a request: all
-        release the GIL); the first file that fails, in file order, raises."""
+        release the GIL); the first file that fails, in file order, raises. A count started by
+        :meth:`count_beside` is waited for."""
         if self._blocks is None:
-            threads = min(usable_cores(), len(self.paths), 8)
-            if threads > 1:
-                with ThreadPoolExecutor(threads, thread_name_prefix="naiad-blocks", initializer=one_core_each) as pool:
-                    per_file = list(pool.map(self._file_blocks, self.paths))
-            else:
-                per_file = [self._file_blocks(path) for path in self.paths]
-            self._blocks = [b for blocks in per_file for b in blocks]
+            counting = self._counting
+            if counting is not None:
+                return counting.result()
+            self._blocks = self._cut_files()
         return self._blocks
+
+    def _cut_files(self) -> list[Block]:
+        threads = min(usable_cores(), len(self.paths), 8)
+        if threads > 1:
+            with ThreadPoolExecutor(threads, thread_name_prefix="naiad-blocks", initializer=one_core_each) as pool:
+                per_file = list(pool.map(self._file_blocks, self.paths))
+        else:
+            per_file = [self._file_blocks(path) for path in self.paths]
+        return [b for blocks in per_file for b in blocks]
+
+    def count_beside(self) -> None:
+        """Start cutting and counting the files on a thread of their own, while this one goes on
+        (NOTE [ Early reads ] in naiad/early.py); :meth:`blocks` waits for it."""
+        if self._blocks is not None or self._counting is not None:
+            return
+        counting: Future[list[Block]] = Future()
+
+        def count() -> None:
+            try:
+                self._blocks = self._cut_files()
+                counting.set_result(self._blocks)
+            except BaseException as exc:  # noqa: BLE001 - raised by blocks(), in its caller's thread
+                counting.set_exception(exc)
+
+        self._counting = counting
+        threading.Thread(target=count, name="naiad-count", daemon=True).start()
+
+    def counted(self) -> bool:
+        """Whether the blocks' rows are known (a count beside the reads has ended, or failed)."""
+        return self._blocks is not None or (self._counting is not None and self._counting.done())
+
+    def early_blocks(self) -> list[Block] | None:
+        """Every block's byte range before the rows are counted (rows -1, first line 0), for the
+        reads that start beside the count (NOTE [ Early reads ] in naiad/early.py); None when
+        the format or a file does not cut that way, or the blocks are known or being counted."""
+        if self._blocks is not None or self._counting is not None:
+            return None
+        out: list[Block] = []
+        for path in self.paths:
+            cut = self._early_cut(path)
+            if cut is None:
+                return None
+            out += cut
+        return out
+
+    def _early_cut(self, path: str) -> list[Block] | None:
+        """``path``'s blocks before their rows are counted, where the format can cut it so."""
+        return None
+
+    def early_rows(self, block: Block) -> int:
+        """The rows of a block of :meth:`early_blocks`, counted alone as :meth:`blocks` would."""
+        raise NotImplementedError(f"{type(self).__name__} has no early blocks")
 
     def prepare(self) -> None:
         """Cut the files into blocks and read the schema, both at once when neither is known: the
@@ -613,6 +664,7 @@ class Source(ABC):
         state = self.__dict__.copy()
         state["_blocks"] = None
         state["_kept"] = None  # a copy decides again, and keeps its own
+        state.pop("_counting", None)  # a thread's: the copy counts again if it must
         return state
 
 

@@ -33,6 +33,8 @@ from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
+    CutArgs,
+    LineBlocks,
     block_bytes_for,
     count_rows,
     detect_compression,
@@ -40,7 +42,6 @@ from naiad.sources.lines import (
     parse_robust,
     parse_selected_lines,
     read_block_bytes,
-    scan_file,
     slice_rows,
 )
 from naiad.sources.storage import RetryPolicy
@@ -144,7 +145,7 @@ def read_csv(
     )
 
 
-class CsvSource(Source):
+class CsvSource(LineBlocks, Source):
     """CSV files cut into byte-range blocks (see :func:`read_csv`)."""
 
     keeps_parsed = True
@@ -295,7 +296,11 @@ class CsvSource(Source):
 
     # -- blocks ----------------------------------------------------------------------------
 
-    def _file_blocks(self, path: str) -> list[Block]:
+    def _cut_args(self, path: str) -> CutArgs:
+        return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), header_lines=1 if self.header else 0,
+                       compression=self.compression, keep_blank=False, whole=self.newlines_in_values, index_dir=self.index_dir)
+
+    def _check_header(self, path: str) -> None:
         if self.header:
             # Every file is parsed with the first file's names: a different header would
             # silently put values in the wrong columns.
@@ -303,10 +308,14 @@ class CsvSource(Source):
             names = self._header_names(path)
             if None not in (first, names) and names != first:
                 raise SourceError(f"the header {names} differs from the first file's {first}.", path=path, line=1)
-        blocks = scan_file(
-            path, block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), index_dir=self.index_dir, header_lines=1 if self.header else 0,
-            compression=self.compression, keep_blank=False, whole=self.newlines_in_values,
-        )
+
+    def _early_cut(self, path: str) -> list[Block] | None:
+        self._check_header(path)  # before any row of the file is read
+        return super()._early_cut(path)
+
+    def _file_blocks(self, path: str) -> list[Block]:
+        self._check_header(path)
+        blocks = super()._file_blocks(path)
         if self.newlines_in_values and blocks:
             # Lines are not records here: count the records by parsing (as text, so a bad
             # value does not stop the count; rows with a wrong field count are counted too).

@@ -32,13 +32,14 @@ from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
+    CutArgs,
+    LineBlocks,
     block_bytes_for,
     detect_compression,
     parse_group_lines,
     parse_robust,
     parse_selected_lines,
     read_block_bytes,
-    scan_file,
     slice_rows,
 )
 from naiad.sources.storage import RetryPolicy
@@ -121,7 +122,7 @@ def read_jsonl(
                        keep_parsed_bytes=keep_parsed_bytes)
 
 
-class JsonlSource(Source):
+class JsonlSource(LineBlocks, Source):
     """JSON Lines files cut into byte-range blocks (see :func:`read_jsonl`)."""
 
     keeps_parsed = True
@@ -199,9 +200,9 @@ class JsonlSource(Source):
     def _read_schema(self) -> pa.Schema:
         return select_columns(self.full_schema(), self._selected, self.paths[0])
 
-    def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), index_dir=self.index_dir, header_lines=0,
-                         compression=self.compression, keep_blank=False, whole=False)
+    def _cut_args(self, path: str) -> CutArgs:
+        return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), header_lines=0,
+                       compression=self.compression, keep_blank=False, whole=False, index_dir=self.index_dir)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -32,10 +33,10 @@ from naiad.sources import storage
 from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows
 from naiad.sources.index import IndexDir, load_index, save_index
 from naiad.sources.readahead import io_map
-from naiad.sources.scan import header_end, scan_plain
+from naiad.sources.scan import early_cut, header_end, scan_plain, span_rows
 
 __all__ = [
-    "BadRow", "block_bytes_for", "default_block_bytes", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
+    "BadRow", "CutArgs", "LineBlocks", "block_bytes_for", "default_block_bytes", "early_file_cut", "early_rows", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
     "parse_selected_lines", "read_selected_lines", "scan_file", "select_rows", "slice_rows",
 ]
 
@@ -52,6 +53,36 @@ class BadRow(ValueError):
     def __init__(self, message: str, column: str | None = None) -> None:
         super().__init__(message)
         self.column = column
+
+
+class CutArgs(TypedDict):
+    """How a line-based source cuts one file (the arguments of :func:`scan_file`)."""
+
+    block_bytes: int
+    header_lines: int
+    compression: str | None
+    keep_blank: bool
+    whole: bool
+    index_dir: IndexDir
+
+
+class LineBlocks:
+    """The blocks of a line-based source (CSV, JSON Lines, text), which says how it cuts a file
+    (``_cut_args``): by the newline scan, or before the rows are counted for the reads that
+    start beside it (NOTE [ Early reads ] in naiad/early.py)."""
+
+    def _cut_args(self, path: str) -> CutArgs:
+        raise NotImplementedError
+
+    def _file_blocks(self, path: str) -> list[Block]:
+        return scan_file(path, **self._cut_args(path))
+
+    def _early_cut(self, path: str) -> list[Block] | None:
+        return early_file_cut(path, **self._cut_args(path))
+
+    def early_rows(self, block: Block) -> int:
+        """The rows of a block of ``early_blocks()``, counted alone as the scan counts them."""
+        return early_rows(block, self._cut_args(block.path)["keep_blank"])
 
 
 def detect_compression(path: str, compression: str | None) -> str | None:
@@ -152,7 +183,7 @@ def scan_file(
             data = storage.read_range(path, 0, -1)
         start = header_end(data, header_lines, path) if header_lines else 0
         return [Block(path, start, -1, count_rows(memoryview(data)[start:], keep_blank), 1 + header_lines)]
-    params = {"cut": "lines", "block_bytes": block_bytes, "header_lines": header_lines, "keep_blank": keep_blank}
+    params = _cut_params(block_bytes, header_lines, keep_blank)
     entries = load_index(index_dir, path, params)
     if entries is not None and not _cut_holds(path, entries, block_bytes, header_lines, keep_blank):
         entries = None  # a stale or forged entry: scan again
@@ -160,6 +191,31 @@ def scan_file(
         entries = scan_plain(path, block_bytes, header_lines, keep_blank)
         save_index(index_dir, path, params, entries)
     return [Block(path, a, b, n, line) for a, b, n, line in entries]
+
+
+def _cut_params(block_bytes: int, header_lines: int, keep_blank: bool) -> dict[str, object]:
+    """What a stored cut is keyed by besides the file (NOTE [ Block index ])."""
+    return {"cut": "lines", "block_bytes": block_bytes, "header_lines": header_lines, "keep_blank": keep_blank}
+
+
+def early_file_cut(
+    path: str, *, block_bytes: int, header_lines: int, compression: str | None, keep_blank: bool, whole: bool,
+    index_dir: IndexDir = False,
+) -> list[Block] | None:
+    """The blocks :func:`scan_file` would cut ``path`` into, before their rows are counted (rows
+    -1, first line 0), for the reads that start beside the scan (NOTE [ Early reads ] in
+    naiad/early.py); None where that does not pay: a compressed or remote file, one block per
+    file, or a cut the block index already holds (read in a moment)."""
+    if whole or storage.is_remote(path) or detect_compression(path, compression) is not None:
+        return None
+    if load_index(index_dir, path, _cut_params(block_bytes, header_lines, keep_blank)) is not None:
+        return None
+    return [Block(path, a, b, -1, 0) for a, b in early_cut(path, block_bytes, header_lines)]
+
+
+def early_rows(block: Block, keep_blank: bool) -> int:
+    """The rows of a block of :func:`early_file_cut`, counted alone as the scan counts them."""
+    return span_rows(block.path, block.start, block.stop, keep_blank)
 
 
 def _cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], block_bytes: int, header_lines: int,

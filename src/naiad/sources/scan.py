@@ -44,7 +44,10 @@ from naiad.parallel.threads import thread_cores
 from naiad.sources import storage
 from naiad.sources.cache import CHUNK_BYTES
 
-__all__ = ["SCAN_CHUNK_BYTES", "SCAN_REGION_BYTES", "Entry", "cut_lines", "cut_lines_parallel", "header_end", "scan_plain"]
+__all__ = [
+    "SCAN_CHUNK_BYTES", "SCAN_REGION_BYTES", "Entry", "cut_lines", "cut_lines_parallel", "early_cut", "header_end", "scan_plain",
+    "span_rows",
+]
 
 SCAN_CHUNK_BYTES = 1 << 20
 """Bytes the scan reads and compares at a time (see NOTE [ Newline scan ])."""
@@ -78,6 +81,62 @@ def scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool)
                                           keep_blank, threads, SCAN_REGION_BYTES, SCAN_CHUNK_BYTES)
         f.seek(pos)
         return cut_lines(f, pos, block_bytes, 1 + header_lines, keep_blank, SCAN_CHUNK_BYTES)
+
+
+def early_cut(path: str, block_bytes: int, header_lines: int) -> list[tuple[int, int]]:
+    """The byte ranges of :func:`scan_plain`'s cut of a local plain file, without its counts,
+    from the bytes near the steps' ends only (NOTE [ Early reads ] in naiad/early.py).
+
+    A block ends after the last newline before a grid point unless that newline ended the
+    previous block (NOTE [ Newline scan ]), so each end is found by searching back from its
+    grid point to the previous end: a line's length of bytes per block, not the file."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        pos = header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path) if header_lines else 0
+        spans: list[tuple[int, int]] = []
+        start = pos
+        # The grid points, then the file's end (its last newline ends the last full block).
+        for g in (*range(pos + block_bytes, size + 1, block_bytes), size):
+            nl = _last_newline(f.fileno(), start, g)
+            if nl >= 0:
+                spans.append((start, nl + 1))
+                start = nl + 1
+        if start < size:  # the last line, without a newline
+            spans.append((start, size))
+        return spans
+
+
+def _last_newline(fd: int, lo: int, hi: int) -> int:
+    """The last newline in bytes ``[lo, hi)`` of the file, or -1: read backwards from ``hi``."""
+    want = 4096
+    end = hi
+    while end > lo:
+        a = max(lo, end - want)
+        k = os.pread(fd, end - a, a).rfind(b"\n")
+        if k >= 0:
+            return a + k
+        end, want = a, min(want * 4, SCAN_CHUNK_BYTES)
+    return -1
+
+
+def span_rows(path: str, start: int, stop: int, keep_blank: bool) -> int:
+    """The rows of the block ``[start, stop)`` of :func:`early_cut`, as :func:`scan_plain`
+    counts them: its lines, less blank ones unless ``keep_blank``."""
+    with open(path, "rb") as f:
+        at = max(0, start - 2)
+        f.seek(at)
+        before = f.read(start - at)  # as the scan's regions: what is missing is a newline
+        prev1 = before[-1] if before else 10
+        prev2 = before[-2] if len(before) > 1 else 10
+        region = _scan_region(f, start, stop, start, stop - start + 1, keep_blank,
+                              max(1, min(SCAN_CHUNK_BYTES, stop - start)), prev1, prev2)
+    if region.end != stop:
+        raise SourceError(f"expected {stop - start} bytes at offset {start}, read {region.end - start}: "
+                          "the file shrank while it was read.", path=path)
+    if region.last_byte == 10 or start == stop:
+        return region.newlines - (0 if keep_blank else region.blanks)
+    # The last line, without a newline (its block holds no other): blank if it is a lone \r.
+    return int(keep_blank or not (stop - start == 1 and region.last_byte == 13))
 
 
 def _open_at(path: str, offset: int) -> io.BufferedIOBase:

@@ -14,11 +14,12 @@ from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, PathLike,
 from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
+    CutArgs,
+    LineBlocks,
     block_bytes_for,
     parse_group_lines,
     parse_selected_lines,
     read_block_bytes,
-    scan_file,
     slice_rows,
 )
 from naiad.sources.storage import RetryPolicy
@@ -78,7 +79,7 @@ def read_text(
                       storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir)
 
 
-class TextSource(Source):
+class TextSource(LineBlocks, Source):
     """Text files cut into byte-range blocks of whole lines (see :func:`read_text`)."""
 
     def __init__(
@@ -109,9 +110,9 @@ class TextSource(Source):
     def _read_schema(self) -> pa.Schema:
         return pa.schema([(self.column, pa.string())])
 
-    def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), index_dir=self.index_dir, header_lines=0,
-                         compression=self.compression, keep_blank=True, whole=False)
+    def _cut_args(self, path: str) -> CutArgs:
+        return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), header_lines=0,
+                       compression=self.compression, keep_blank=True, whole=False, index_dir=self.index_dir)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=True)

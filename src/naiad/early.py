@@ -1,0 +1,149 @@
+"""The first reads of a fresh line-based source, planned while its rows are still being counted.
+
+NOTE [ Early reads ]
+A plan needs every block's row count (NOTE [ Exactly once across ranks ] in plan.py), and a
+CSV, JSON Lines or text file has none until a newline scan has read all of it: about 0.5 s for
+2 GB on two cores, before the first batch. But one rank's plan of a fresh epoch needs much
+less to begin:
+
+* The blocks' byte ranges, and so their number and the epoch's block order, come from the bytes
+  near the steps' ends alone (``scan.early_cut``: NOTE [ Newline scan ]'s rule, searched back
+  from each grid point).
+* On a single rank, from the start of an epoch, the plan reads every row of every block in
+  that order, grouped greedily (NOTE [ Read groups ]): a group is known once the rows of its
+  blocks and of the next are, and each block can be counted alone (``scan.span_rows``).
+* Batches are all ``batch_size`` but the last.
+
+So the full count runs on a thread of its own (``Source.count_beside``) while the reads start
+from these early tasks; once the count ends, the early tasks are checked against the plan it
+gives (the same reads, in the same groups) and the rest of the pass is that plan's. The order
+is the plan's own, whichever came first: a resume, ``len()`` and a state see only the plan.
+
+Two things the count alone knows wait for it. The line numbers that errors name: an early
+read that fails is read again from its planned block once the count ends, so the message names
+the right line. And the epoch's rows: the batch sizes, the number of batches (``len()``).
+Early reads are made only from the start of an epoch on one rank, with ``on_bad_rows="raise"``
+(skipped rows are tracked against the rank's rows), for local plain files of at least
+``EARLY_MIN_BYTES`` without a block index entry, and never past the first half of the blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from naiad.errors import SourceError
+from naiad.plan import GroupTask, RankPlan, ReadTask, Task, block_permutation, group_tasks
+from naiad.sources.base import Block, Source
+
+__all__ = ["EARLY_MIN_BYTES", "EarlyReads"]
+
+EARLY_MIN_BYTES = 64 << 20
+"""Sources smaller than this are counted before their first read (the count then takes less
+than a read group's parse)."""
+
+
+class EarlyReads:
+    """A fresh pass's tasks on one rank, from before the rows are counted (NOTE [ Early reads ]).
+
+    Args:
+        source: the source, its count started beside (``count_beside``).
+        blocks: its :meth:`~naiad.sources.Source.early_blocks`.
+        seed, epoch, shuffle: the plan's.
+        max_rows: the read groups' rows (``plan.group_rows``).
+        plan: the pass's plan, made once the rows are counted (waits for the count).
+    """
+
+    def __init__(self, source: Source, blocks: list[Block], *, seed: int, epoch: int, shuffle: bool, max_rows: int,
+                 plan: Any) -> None:
+        self.source = source
+        self.blocks = blocks
+        self.order = block_permutation(len(blocks), seed=seed, epoch=epoch, shuffle=shuffle)
+        self.max_rows = max_rows
+        self._plan = plan
+        self.plan: RankPlan | None = None  # once resolved
+        self.early: list[Task] = []  # the early tasks handed out
+        self.issued: list[Task] = []  # every task handed out, in order
+
+    @classmethod
+    def start(cls, source: Source, *, seed: int, epoch: int, shuffle: bool, max_rows: int, plan: Any) -> EarlyReads | None:
+        """Early reads for ``source`` with its count started beside, or None where they do not
+        apply to the source (NOTE [ Early reads ])."""
+        if source.on_bad_rows != "raise" or (source.local_bytes() or 0) < EARLY_MIN_BYTES:
+            return None
+        blocks = source.early_blocks()
+        if blocks is None or len(blocks) < 4:
+            return None
+        source.count_beside()
+        return cls(source, blocks, seed=seed, epoch=epoch, shuffle=shuffle, max_rows=max_rows, plan=plan)
+
+    def tasks(self) -> Iterator[Task]:
+        """Every task of the pass, in order: early ones while the count runs, then the plan's."""
+        for task in self._tasks():
+            self.issued.append(task)
+            yield task
+
+    def _tasks(self) -> Iterator[Task]:
+        pending: list[ReadTask] = []
+        k, stop = 0, len(self.order) // 2  # the end of an epoch is the plan's (drop_last trims it)
+        while not self.source.counted():
+            groups = group_tasks(pending, self.max_rows)
+            while len(groups) < 2 and k < stop:  # the first group ends where the next begins
+                block = self.blocks[int(self.order[k])]
+                k += 1
+                rows = self.source.early_rows(block)
+                if rows:  # a block of blank lines only is never read (as in plan.tasks_for)
+                    pending.append(ReadTask(block._replace(rows=rows), 0, rows))
+                    groups = group_tasks(pending, self.max_rows)
+            if len(groups) < 2:
+                break
+            first = groups[0]
+            pending = pending[len(first.reads) if isinstance(first, GroupTask) else 1:]
+            self.early.append(first)
+            yield first
+        yield from self.resolve().tasks[len(self.early):]
+
+    def resolve(self) -> RankPlan:
+        """The pass's plan (waits for the count), its first tasks checked against the early ones."""
+        if self.plan is None:
+            plan: RankPlan = self._plan()
+            if [_key(t) for t in plan.tasks[: len(self.early)]] != [_key(t) for t in self.early]:
+                raise RuntimeError("naiad: the early reads differ from the plan; please report this with the file's size "
+                                   "and the loader's arguments.")
+            self.plan = plan
+        return self.plan
+
+    def planned(self, i: int) -> Task:
+        """Task ``i`` as the plan has it (waits for the count): an early one with its lines."""
+        return self.resolve().tasks[i]
+
+    def checked(self, results: Iterator[Any]) -> Iterator[Any]:
+        """``results`` in order, an early read's error raised again from its planned task, whose
+        blocks know their lines (NOTE [ Early reads ]): the message names the right one."""
+        for i in itertools.count():
+            try:
+                result = next(results)
+            except StopIteration:
+                return
+            except SourceError:
+                if i < len(self.early):
+                    self._read_again(i)
+                raise
+            yield result
+
+    def _read_again(self, i: int) -> None:
+        from naiad.stream import read_task  # the read a worker makes
+
+        try:
+            read_task(self.source, False, self.planned(i))
+        except SourceError as again:
+            raise again from None
+
+
+def _key(task: Task) -> tuple[Any, ...]:
+    """What a task reads (not its blocks' first lines)."""
+    reads = task.reads if isinstance(task, GroupTask) else (task,)
+    return tuple((t.block[:4], t.lo, t.hi, None if t.take is None else np.asarray(t.take).tolist()) for t in reads)
