@@ -516,7 +516,8 @@ class DataLoader(TorchDataLoader[T_co]):
         if threads:
             if self._ahead_tuner is None and self._tunes_read_ahead():
                 self._ahead_tuner = ReadAheadTuner(threads, getattr(self._pipeline, "batches_per_read", lambda: 1)(),
-                                                      self.prefetch_factor or 2)
+                                                      self.prefetch_factor or 2,
+                                                      settled=getattr(self._pipeline, "settled", lambda: True))
             # Read-ahead threads run no user code and hold no pass's state: kept across passes,
             # so a short epoch does not pay for starting and joining them.
             if self._pool is None or self._pool_pid != os.getpid():  # a forked child has no threads

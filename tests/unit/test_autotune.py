@@ -274,6 +274,27 @@ def test_read_ahead_threads_go_only_when_the_rest_of_the_process_fills_the_cores
     json.dumps(stats)
 
 
+def test_read_ahead_measures_nothing_until_the_source_is_counted() -> None:
+    # A count beside the first reads (NOTE [ Early reads ]) keeps the cores busy: neither the
+    # step's nor the reads', so the second before the window starts once it has ended.
+    proc = FakeProcess()
+    counted = [False]
+    tuner = ReadAheadTuner(2, batches_per_read=64, cores=2, reads_cpu=lambda: proc.reads, settled=lambda: counted[0],
+                           clock=lambda: proc.now, process_cpu=lambda: proc.cpu)
+    for _ in range(500):  # 2 s of steps while the count runs beside them: a busy "rest"
+        proc.run(0.004, 1.8, 0.2)
+        assert tuner.observe(0.001, 0.003) is None
+    counted[0] = True
+    decision = None
+    steps = 0
+    while decision is None:
+        proc.run(0.004, 0.4, 1.4)
+        decision = tuner.observe(0.001, 0.003)
+        steps += 1
+    assert decision.num_workers == 2  # the count's busy cores did not count
+    assert steps > 250  # a second of steps after the count, then the window
+
+
 def test_read_ahead_measures_nothing_in_its_first_second_nor_before_a_full_window() -> None:
     proc = FakeProcess()
     tuner = ReadAheadTuner(2, batches_per_read=64, cores=2, reads_cpu=lambda: proc.reads,

@@ -31,7 +31,7 @@ training step on every core they only compete with it: torch's threads wait for 
 lost its core, and a 150 MB CSV ran at 0.79x of reading inline (bench/RESULTS.md, "The defaults
 under contention"). Which way wins depends on the step, which only the running loop shows.
 :class:`ReadAheadTuner` looks at where the process's CPU time goes, once, after the first second
-of reading: the read-ahead threads' CPU time (each read's ``time.thread_time``, reported by the
+of reading (counted from when a fresh source's rows are, NOTE [ Early reads ]): the read-ahead threads' CPU time (each read's ``time.thread_time``, reported by the
 pool as the ``worker_cpu`` stage) against the rest of the process (``time.process_time`` less
 that). When the rest keeps nearly every core busy (at least ``cores - 0.5``: torch's threads in a
 CPU step) the threads go and the reads run inline; otherwise they stay. An A/B comparison of
@@ -449,7 +449,9 @@ class ReadAheadTuner(AutoTuner):
     """Decides whether a streaming source's read-ahead threads pay, from where the process's CPU
     time goes while the loop runs (NOTE [ Tuned read-ahead ]).
 
-    After the first ``delay_s`` seconds of steps (start-up, the first reads), one window of at
+    After the first ``delay_s`` seconds of steps (start-up, the first reads) from when
+    ``settled()`` holds (a fresh source's rows counted beside the reads, NOTE [ Early reads ] in
+    naiad/early.py: that count's CPU time is neither the reads' nor the step's), one window of at
     least ``window_s`` seconds and two reads runs with ``threads`` threads. If the rest of the
     process (the training step's threads and the loop: its CPU time less the read-ahead
     threads') kept nearly every core busy, the threads only compete with the step: read inline
@@ -463,18 +465,20 @@ class ReadAheadTuner(AutoTuner):
         reads_cpu: the read-ahead threads' CPU seconds so far (the pool's ``worker_cpu`` stage).
         cores: the cores there are (default: the usable ones).
         delay_s, window_s: how long to wait before measuring, and to measure.
+        settled: whether the process's start-up work beside the loop is over (default: always).
         clock, process_cpu: wall time and the process's CPU time (tests pass their own).
     """
 
     def __init__(self, threads: int, batches_per_read: int, prefetch: int = 2, *,
                  reads_cpu: Callable[[], float] | None = None, cores: int | None = None,
-                 delay_s: float = 1.0, window_s: float = 0.5,
+                 delay_s: float = 1.0, window_s: float = 0.5, settled: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.monotonic, process_cpu: Callable[[], float] = time.process_time) -> None:
         super().__init__(max_workers=threads, prefetch=prefetch, min_steps=max(16, 2 * max(1, batches_per_read)),
                          min_window_s=window_s, transfer_cost_s=0.0)
         self.threads = threads
         self.cores = cores or usable_cores()
         self.delay_s = delay_s
+        self._source_settled = settled
         self.reads_cpu: Callable[[], float] = reads_cpu or (lambda: 0.0)
         self._decision = TunerDecision(threads, prefetch, f"measuring where the CPU time goes with {threads} read-ahead threads", False)
         self._clock = clock
@@ -489,6 +493,8 @@ class ReadAheadTuner(AutoTuner):
             return super().observe(wait_s, step_s)
         now = self._clock()
         if self._began is None:
+            if not self._source_settled():
+                return None
             self._began = now
         if now - self._began < self.delay_s:
             return None

@@ -69,6 +69,11 @@ class StreamPipeline:
         buffer = self.options.buffer_rows if self.options.shuffle else 0
         return max(1, group_rows(buffer) // max(1, self.options.batch_size))
 
+    def settled(self) -> bool:
+        """Whether the source's rows are counted: a count beside the first reads (NOTE [ Early
+        reads ]) is CPU time of the process that is neither the reads' nor the step's."""
+        return self.source.counted()
+
     def why_not_resumable(self) -> str | None:
         return None
 
