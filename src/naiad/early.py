@@ -36,7 +36,15 @@ from typing import Any
 import numpy as np
 
 from naiad.errors import SourceError
-from naiad.plan import GroupTask, RankPlan, ReadTask, Task, block_permutation, group_tasks
+from naiad.plan import (
+    GROUP_MAX_BYTES,
+    GroupTask,
+    RankPlan,
+    ReadTask,
+    Task,
+    block_permutation,
+    group_tasks,
+)
 from naiad.sources.base import Block, Source
 
 __all__ = ["EARLY_MIN_BYTES", "EarlyReads"]
@@ -88,20 +96,26 @@ class EarlyReads:
 
     def _tasks(self) -> Iterator[Task]:
         pending: list[ReadTask] = []
+        rows_in = bytes_in = 0  # of the pending reads
         k, stop = 0, len(self.order) // 2  # the end of an epoch is the plan's (drop_last trims it)
         while not self.source.counted():
-            groups = group_tasks(pending, self.max_rows)
-            while len(groups) < 2 and k < stop:  # the first group ends where the next begins
+            # The first group is known once the reads after it are: when the pending ones pass
+            # either bound of a group (plan.group_tasks cuts before the read that would).
+            while not (len(pending) > 1 and (rows_in > self.max_rows or bytes_in > GROUP_MAX_BYTES)) and k < stop:
                 block = self.blocks[int(self.order[k])]
                 k += 1
                 rows = self.source.early_rows(block)
                 if rows:  # a block of blank lines only is never read (as in plan.tasks_for)
                     pending.append(ReadTask(block._replace(rows=rows), 0, rows))
-                    groups = group_tasks(pending, self.max_rows)
+                    rows_in, bytes_in = rows_in + rows, bytes_in + block.stop - block.start
+            groups = group_tasks(pending, self.max_rows)
             if len(groups) < 2:
                 break
             first = groups[0]
-            pending = pending[len(first.reads) if isinstance(first, GroupTask) else 1:]
+            taken = pending[: len(first.reads) if isinstance(first, GroupTask) else 1]
+            pending = pending[len(taken):]
+            rows_in -= sum(t.rows for t in taken)
+            bytes_in -= sum(t.block.stop - t.block.start for t in taken)
             self.early.append(first)
             yield first
         yield from self.resolve().tasks[len(self.early):]
