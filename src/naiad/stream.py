@@ -230,6 +230,7 @@ def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tu
 
 
 def read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What a worker does with one task of a plan: its rows as columns, and the rows it skipped."""
     if isinstance(task, RestoreTask):  # a resume's window: only the rows it restores
         data = source.read_rows_many([(t.block, t.row_numbers()) for t in task.reads], use_threads=use_threads)
     elif isinstance(task, GroupTask):  # consecutive small reads, in one go (NOTE [ Read groups ])
