@@ -528,7 +528,7 @@ class DataLoader(TorchDataLoader[T_co]):
             return self._pool, False, base_seed, self._ahead_tuner
         if self._pool is not None and not persistent:
             # Read-ahead threads of an earlier pass, no longer wanted (the rows turned out to
-            # fit in the shuffle buffer).
+            # fit in the shuffle buffer, or all but one read group of them).
             self._pool.close()
             self._pool = None
         pool = self._make_pool(base_seed)
@@ -554,10 +554,10 @@ class DataLoader(TorchDataLoader[T_co]):
             return 0
         if self.options.read_ahead is not None:
             return self.options.read_ahead
-        reads_all = getattr(self._pipeline, "reads_all_before_first_batch", None)  # a stream's
-        if reads_all is not None and reads_all():
-            # Every read comes before the first batch: read inline, on PyArrow's threads
-            # (10 MB files: 1.07-1.21x the read-ahead threads, bench/RESULTS.md).
+        reads_first = getattr(self._pipeline, "reads_before_first_batch", None)  # a stream's
+        if reads_first is not None and reads_first():
+            # Every read but at most one comes before the first batch: read inline, on PyArrow's
+            # threads (10 MB files: 1.07-1.21x the read-ahead threads, bench/RESULTS.md).
             return 0
         return default_read_ahead(remote=self._reads_urls())
 

@@ -177,3 +177,24 @@ def test_a_small_or_indexed_source_is_counted_first(tmp_path: Path, monkeypatch:
     epoch(naiad.read_csv(path, block_bytes=512, index_dir=tmp_path / "index"))  # writes the entry
     epoch(naiad.read_csv(path, block_bytes=512, index_dir=tmp_path / "index"))  # reads it
     assert len(gate.made) == 1  # the first indexed one only
+
+
+def test_a_count_that_fails_fails_the_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The count beside the reads raises (the file changed under it): the loop gets the error once
+    # the early reads need the plan, and does not wait for ever.
+    path = write(tmp_path / "data.csv", "csv")
+    gate = Gate(monkeypatch)
+
+    def broken(source: Source) -> Any:
+        assert gate.open.wait(60)
+        raise naiad.SourceError("the file changed while it was counted", path=path)
+
+    monkeypatch.setattr(Source, "_cut_files", broken)
+    loader = loader_of(source_of(path, "csv"))
+    it = iter(loader)
+    next(it)  # an early batch
+    gate.open.set()
+    with pytest.raises(naiad.SourceError, match="changed while it was counted"):
+        for _ in it:
+            pass
+    assert gate.made and gate.made[0].early

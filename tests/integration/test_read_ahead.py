@@ -118,8 +118,9 @@ def test_the_threads_are_kept_across_epochs(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_rows_that_all_fit_in_the_buffer_are_read_inline(tmp_path: Path) -> None:
-    # Every read of such an epoch comes before its first batch: threads overlap nothing.
+def test_rows_that_fit_in_the_buffer_and_one_read_group_are_read_inline(tmp_path: Path) -> None:
+    # Every read of such an epoch but the last comes before its first batch: threads overlap
+    # (almost) nothing.
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -149,6 +150,10 @@ def test_rows_that_all_fit_in_the_buffer_are_read_inline(tmp_path: Path) -> None
     assert sorted(np.concatenate(batches(loader)).tolist()) == list(range(3000))
     np.save(tmp_path / "d.npy", np.arange(3000))  # an .npy file's header says too
     assert naiad.DataLoader(naiad.read(tmp_path / "d.npy"), batch_size=64, shuffle=True).read_ahead_threads() == 0
+    # The buffer and one read group (half a buffer) more: 2,000 + 1,000 rows are; 1,998 + 999 are not.
+    for buffer, threads in ((2000, 0), (1998, default_read_ahead())):
+        loader = naiad.DataLoader(naiad.read(tmp_path / "d.npy"), batch_size=64, shuffle=True, shuffle_buffer=buffer)
+        assert loader.read_ahead_threads() == threads
 
 
 def _count_rows(loader: naiad.DataLoader, out: object) -> None:

@@ -56,12 +56,13 @@ class StreamPipeline:
     def num_batches(self) -> int:
         return num_batches(self.source, self.options)
 
-    def reads_all_before_first_batch(self) -> bool:
-        """Whether a shuffled epoch reads every row before its first batch: all of them fit in
-        the shuffle buffer (known without a scan; else False). Threads reading ahead then
-        overlap nothing with the training loop."""
+    def reads_before_first_batch(self) -> bool:
+        """Whether a shuffled epoch makes all its reads but at most one before its first batch:
+        its rows fit in the shuffle buffer and one read group more (known without a scan; else
+        False). Threads reading ahead then overlap (almost) nothing with the training loop."""
         rows = self.source.known_rows() if self.options.shuffle else None
-        return rows is not None and rows <= (self.options.shuffle_buffer or 0)
+        buffer = self.options.shuffle_buffer or 0
+        return rows is not None and rows <= buffer + group_rows(buffer)
 
     def batches_per_read(self) -> int:
         """About how many batches one read task of a pass yields (a read group: NOTE [ Read
