@@ -30,7 +30,7 @@ Early reads are made only from the start of an epoch on one rank, with ``on_bad_
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -68,7 +68,7 @@ class EarlyReads:
     """
 
     def __init__(self, source: Source, blocks: list[Block], *, seed: int, epoch: int, shuffle: bool, max_rows: int,
-                 plan: Any) -> None:
+                 plan: Callable[[], RankPlan]) -> None:
         self.source = source
         self.blocks = blocks
         self.order = block_permutation(len(blocks), seed=seed, epoch=epoch, shuffle=shuffle)
@@ -79,7 +79,8 @@ class EarlyReads:
         self.issued: list[Task] = []  # every task handed out, in order
 
     @classmethod
-    def start(cls, source: Source, *, seed: int, epoch: int, shuffle: bool, max_rows: int, plan: Any) -> EarlyReads | None:
+    def start(cls, source: Source, *, seed: int, epoch: int, shuffle: bool, max_rows: int,
+              plan: Callable[[], RankPlan]) -> EarlyReads | None:
         """Early reads for ``source`` with its count started beside, or None where they do not
         apply to the source (NOTE [ Early reads ])."""
         if source.on_bad_rows != "raise" or (source.local_bytes() or 0) < EARLY_MIN_BYTES:
@@ -125,7 +126,7 @@ class EarlyReads:
     def resolve(self) -> RankPlan:
         """The pass's plan (waits for the count), its first tasks checked against the early ones."""
         if self.plan is None:
-            plan: RankPlan = self._plan()
+            plan = self._plan()
             if [_key(t) for t in plan.tasks[: len(self.early)]] != [_key(t) for t in self.early]:
                 raise RuntimeError("naiad: the early reads differ from the plan; please report this with the file's size "
                                    "and the loader's arguments.")
