@@ -550,17 +550,15 @@ class BatchStream(Iterator[Batch]):
                     continue
                 if restoring is not None:
                     restoring.settle(buffer)  # the held rows, back in the buffer before it takes more
-                if early is not None and batcher.sizes is None and early.plan is not None:
-                    self._plan = early.plan
-                    batcher.sizes = early.plan.batch_sizes
+                if early is not None and early.plan is not None:
+                    self._adopt_plan(early, batcher)
                 for chunk in buffer.push(arrays) if buffer is not None else [arrays]:
                     batcher.add(chunk)
                     yield from self._emit(batcher.ready())
                 if batcher.done:
                     return  # drop_last: the remaining rows are not used this epoch
-            if early is not None and batcher.sizes is None:
-                self._plan = early.resolve()
-                batcher.sizes = self._plan.batch_sizes
+            if early is not None:
+                self._adopt_plan(early, batcher)  # waits for the count, if it still runs
             if buffer is not None:
                 if restoring is not None:
                     restoring.settle(buffer)
@@ -573,6 +571,12 @@ class BatchStream(Iterator[Batch]):
             close = getattr(results, "close", None)
             if close is not None:
                 close()
+
+    def _adopt_plan(self, early: EarlyReads, batcher: _Batcher) -> None:
+        """The pass's plan, once early reads have it: this stream's, and its batch sizes."""
+        if batcher.sizes is None:
+            self._plan = early.resolve()
+            batcher.sizes = self._plan.batch_sizes
 
     def _count(self, task: Task | RestoreTask, columns: dict[str, Any]) -> None:
         c = self.counters

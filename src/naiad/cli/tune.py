@@ -489,16 +489,16 @@ def run(args: argparse.Namespace) -> int:
         defaults = measure(target, DEFAULTS, batch_size=args.batch_size, step_s=args.step_ms / 1e3, seconds=args.seconds)
     progress.show(progress.total - 1, "shuffle quality")
     figures: dict[tuple[int | None, int | None], tuple[float, float]] = {}
-    for r in [*results, defaults] if target.memory is None else []:  # a sampler's permutation: no figures
+    streamed = target.memory is None  # a sampler's permutation: no figures, no bar
+    for r in [*results, defaults] if streamed else []:
         key = (r.setting.block_bytes, r.setting.shuffle_buffer)
         if key not in figures:
             figures[key] = shuffle_figures(target.dataset(key[0]), key[1], args.batch_size)
         r.corr, r.span = figures[key]
     progress.show(progress.total, "done")
-    streamed = target.memory is None
     bar = quality_bar(defaults.corr, defaults.span, args.batch_size) if streamed and not args.any_order else None
     chosen = recommend(results, bar)
-    print(format_table(results, chosen, blocks=target.line_blocks, buffers=target.memory is None, bar=bar))
+    print(format_table(results, chosen, blocks=target.line_blocks, buffers=streamed, bar=bar))
     print(f"\nRecommended: {chosen.setting.words()}")
     among = "" if bar is None else f" among those with {bar.words()} (the others marked -)"
     print(f"  the cheapest setting within {TOLERANCE:.0%} of the best rows/s{among}; "

@@ -31,9 +31,9 @@ training step on every core they only compete with it: torch's threads wait for 
 lost its core, and a 150 MB CSV ran at 0.79x of reading inline (bench/RESULTS.md, "The defaults
 under contention"). Which way wins depends on the step, which only the running loop shows.
 :class:`ReadAheadTuner` looks at where the process's CPU time goes, once, after the first second
-of reading (counted from when a fresh source's rows are, NOTE [ Early reads ]): the read-ahead threads' CPU time (each read's ``time.thread_time``, reported by the
-pool as the ``worker_cpu`` stage) against the rest of the process (``time.process_time`` less
-that). When the rest keeps nearly every core busy (at least ``cores - 0.5``: torch's threads in a
+of reading (counted from when a fresh source's rows are, NOTE [ Early reads ]): the read-ahead
+threads' CPU time (each read's ``time.thread_time``, reported by the pool as the ``worker_cpu``
+stage) against the rest of the process (``time.process_time`` less that). When the rest keeps nearly every core busy (at least ``cores - 0.5``: torch's threads in a
 CPU step) the threads go and the reads run inline; otherwise they stay. An A/B comparison of
 windows was tried first and rejected: windows of a few hundred batches differ by 10-20% on a
 shared machine, and the edges of an epoch (filling and draining the shuffle buffer: 128 batches

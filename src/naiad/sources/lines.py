@@ -36,8 +36,9 @@ from naiad.sources.readahead import io_map
 from naiad.sources.scan import early_cut, header_end, scan_plain, span_rows
 
 __all__ = [
-    "BadRow", "CutArgs", "LineBlocks", "block_bytes_for", "default_block_bytes", "early_file_cut", "early_rows", "parse_group_lines", "detect_compression", "parse_robust", "read_block_bytes", "row_spans",
-    "parse_selected_lines", "read_selected_lines", "scan_file", "select_rows", "slice_rows",
+    "BadRow", "CutArgs", "LineBlocks", "block_bytes_for", "default_block_bytes", "detect_compression", "early_file_cut",
+    "early_rows", "parse_group_lines", "parse_robust", "parse_selected_lines", "read_block_bytes", "read_selected_lines",
+    "row_spans", "scan_file", "select_rows", "slice_rows",
 ]
 
 _COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".lz4": "lz4"}
