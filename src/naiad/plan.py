@@ -17,6 +17,7 @@ wait for a rank that has stopped. With ``drop_last=True`` every rank yields
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -25,9 +26,10 @@ import numpy as np
 
 from naiad.errors import ConfigError
 from naiad.sources.base import Block
+from naiad.sources.decoded import concat_ranges
 
 __all__ = [
-    "GroupTask", "RankPlan", "ReadTask", "RestoreTask", "Task", "batch_sizes", "block_permutation", "group_rows",
+    "GroupTask", "RankPlan", "ReadTask", "RestoreTask", "Task", "batch_sizes", "block_permutation", "block_runs", "group_rows",
     "group_tasks", "make_plan", "ordered_blocks", "rank_bounds", "rng_for", "tasks_for",
 ]
 
@@ -186,9 +188,66 @@ def block_permutation(num_blocks: int, *, seed: int, epoch: int, shuffle: bool) 
     return np.argsort((rank + rng.random(num_blocks)) / sizes[stratum], kind="stable")
 
 
-def ordered_blocks(blocks: Sequence[Block], *, seed: int, epoch: int, shuffle: bool) -> list[Block]:
-    """``blocks`` in this epoch's order (:func:`block_permutation`)."""
-    return [blocks[i] for i in block_permutation(len(blocks), seed=seed, epoch=epoch, shuffle=shuffle).tolist()]
+RUNS_MIN = 16
+"""The fewest runs a rank's share of an epoch is permuted in (NOTE [ Block runs ])."""
+
+
+def block_runs(num_blocks: int, total_rows: int, buffer_rows: int, world_size: int = 1) -> int:
+    """How many consecutive blocks the epoch permutation moves as one, for a shuffle buffer of
+    ``buffer_rows`` (0: not shuffled) on each of ``world_size`` ranks.
+
+    NOTE [ Block runs ]
+    A block order mixes the rows the shuffle buffer does not: a rank's rows past its first
+    ``buffer_rows`` enter the buffer as it empties, late in the epoch, so the order of the
+    blocks they come from is what keeps the epoch's end from being the files' end. When the
+    buffer holds most of a rank's rows, few units of order are needed: with a share ``u`` of
+    the rows left out of the buffer, ``4096 * u**2`` of them (at least ``RUNS_MIN``) leave a
+    |corr| of the epoch position with the row number under 0.01 and a batch span of 0.998, as
+    for 4,096 blocks and a buffer of a sliver of the rows (measured on 135,135 rows of JSON
+    Lines, 12 epochs each: u = 0.26 with 297 units 0.008 at most, with 19 units 0.041; u =
+    0.10 with 19 units 0.018; u = 0.03 with 5 units 0.005, the noise of a full permutation).
+    So the blocks, cut small enough for any buffer, are permuted in runs of consecutive ones
+    (each run in file order), and the kept rows of a run are one slice to gather, not a range
+    per block: a 10 MB source's epochs ran 6-10% faster in 1-4 MiB blocks, for the same order
+    figures. The run follows the buffer and the world size, so a buffer given smaller than the
+    default gets the single blocks its order needs; it is part of the plan, a pure function of
+    the rows, the blocks and the epoch's first topology (an elastic resume keeps it). Only
+    sources under ``early.EARLY_MIN_BYTES`` get runs (see ``stream.plan_for``): a bigger one may
+    start reading before its rows are counted, in an order that must not depend on them.
+
+    Example:
+        >>> block_runs(297, 135_135, 131_072), block_runs(2_288, 2_027_027, 131_072)
+        (18, 1)
+    """
+    if buffer_rows <= 0 or world_size < 1 or total_rows <= 0:
+        return 1
+    uncovered = max(0.0, 1.0 - buffer_rows * world_size / total_rows)
+    if uncovered >= 0.5:
+        return 1
+    units = max(RUNS_MIN, math.ceil(4096 * uncovered**2)) * world_size
+    return max(1, num_blocks // units)
+
+
+def block_order(num_blocks: int, *, seed: int, epoch: int, shuffle: bool, run: int = 1) -> np.ndarray:
+    """The blocks' indices in this epoch's order: :func:`block_permutation` of runs of about
+    ``run`` consecutive blocks, each run in file order (NOTE [ Block runs ]).
+
+    Example:
+        >>> order = block_order(10, seed=0, epoch=0, shuffle=True, run=5)
+        >>> sorted(order.tolist()) == list(range(10)) and order[0] in (0, 5)
+        True
+    """
+    runs = num_blocks // run if shuffle and run > 1 else 0
+    if runs <= 1:
+        return block_permutation(num_blocks, seed=seed, epoch=epoch, shuffle=shuffle)
+    bounds = (np.arange(runs + 1, dtype=np.int64) * num_blocks) // runs
+    picked = block_permutation(runs, seed=seed, epoch=epoch, shuffle=True)
+    return concat_ranges(bounds[picked], np.diff(bounds)[picked])
+
+
+def ordered_blocks(blocks: Sequence[Block], *, seed: int, epoch: int, shuffle: bool, run: int = 1) -> list[Block]:
+    """``blocks`` in this epoch's order (:func:`block_order`)."""
+    return [blocks[i] for i in block_order(len(blocks), seed=seed, epoch=epoch, shuffle=shuffle, run=run).tolist()]
 
 
 def rank_bounds(total_rows: int, world_size: int) -> np.ndarray:
@@ -235,9 +294,11 @@ def make_plan(
     batch_size: int,
     drop_last: bool,
     group_rows: int = 0,
+    run: int = 1,
 ) -> RankPlan:
     """The plan of one rank for one epoch (see NOTE [ Exactly once across ranks ]); consecutive
-    small reads are grouped up to ``group_rows`` rows (NOTE [ Read groups ]; 0: never).
+    small reads are grouped up to ``group_rows`` rows (NOTE [ Read groups ]; 0: never), and the
+    blocks permuted in runs of ``run`` (NOTE [ Block runs ]).
 
     Example:
         >>> from naiad.sources import Block
@@ -253,7 +314,7 @@ def make_plan(
         raise ConfigError(f"`batch_size` must be >= 1, got {batch_size}.")
     from naiad.elastic import Leg, Segments, rank_share
 
-    ordered = ordered_blocks(blocks, seed=seed, epoch=epoch, shuffle=shuffle)
+    ordered = ordered_blocks(blocks, seed=seed, epoch=epoch, shuffle=shuffle, run=run)
     total = sum(b.rows for b in ordered)
     share, sizes = rank_share(Segments([(0, total)]), Leg(world_size, batch_size, drop_last, 0), rank)
     return RankPlan(group_tasks(tasks_for(ordered, share), group_rows), len(share), sizes, total)

@@ -34,7 +34,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 
-from naiad.early import EarlyReads
+from naiad.early import EARLY_MIN_BYTES, EarlyReads
 from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
 from naiad.errors import ConfigError, StateError
 from naiad.ledger import BadRowLedger, BadRowTracker
@@ -45,6 +45,7 @@ from naiad.plan import (
     RankPlan,
     RestoreTask,
     Task,
+    block_runs,
     group_rows,
     group_tasks,
     make_plan,
@@ -108,12 +109,13 @@ def default_buffer_rows(source: Source) -> int:
     return int(max(DEFAULT_SHUFFLE_BUFFER_ROWS, min(2 * biggest, cap)))
 
 
-STREAM_STATE_VERSION = 5
+STREAM_STATE_VERSION = 6
 """Version 2 added the data's fingerprint and the epoch's legs (elastic resume); version 3 the
 read groups (NOTE [ Read groups ]), which change the shuffle buffer's chunks; version 4 the keyed
 permutation big buffers draw from (NOTE [ Keyed permutation ]), which changes their order;
 version 5 read groups of half the buffer, not a quarter (``plan.group_rows``), and the stratified
-block order (NOTE [ Stratified block order ])."""
+block order (NOTE [ Stratified block order ]); version 6 the runs of blocks a buffer that holds
+most of the rows permutes (NOTE [ Block runs ])."""
 
 Batch = dict[str, Any]
 Imap = Callable[[Iterable[Any]], Iterator[Any]]
@@ -269,15 +271,18 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
         # A plan is a pure function of these: made once per source (a load_state_dict checks the
         # saved one, the pass after it runs it, len() counts its batches).
         buffer = current_leg(options).buffer_rows
+        run = run_for(source, buffer, world_size)
         key = ("plan", options.seed, epoch, options.shuffle, rank, world_size, options.batch_size,
-               options.drop_last, buffer, len(source.blocks()))
+               options.drop_last, buffer, len(source.blocks()), run)
         return _per_source(source, key, lambda: make_plan(
             source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,
             world_size=world_size, batch_size=options.batch_size, drop_last=options.drop_last,
-            group_rows=group_rows(buffer),
+            group_rows=group_rows(buffer), run=run,
         ))
     blocks = source.blocks()
-    ordered = ordered_blocks(blocks, seed=options.seed, epoch=epoch, shuffle=options.shuffle)
+    # The epoch's order is its first leg's, whatever topology resumed it (NOTE [ Block runs ]).
+    run = run_for(source, legs[0].buffer_rows, legs[0].world_size)
+    ordered = ordered_blocks(blocks, seed=options.seed, epoch=epoch, shuffle=options.shuffle, run=run)
     total = sum(b.rows for b in ordered)
 
     def leftovers_for(i: int) -> Leftovers:
@@ -300,6 +305,16 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
     leg = current_leg(options)
     share, sizes = rank_share(sequence, leg, rank)
     return RankPlan(group_tasks(tasks_for(ordered, share), group_rows(leg.buffer_rows)), len(share), sizes, total)
+
+
+def run_for(source: Source, buffer_rows: int, world_size: int) -> int:
+    """How many consecutive blocks of ``source`` its epoch permutation moves as one
+    (``plan.block_runs``): one for a source of ``EARLY_MIN_BYTES`` or more, whose first reads
+    may come before its rows are counted (NOTE [ Early reads ]), in the order of single blocks."""
+    if (source.local_bytes() or 0) >= EARLY_MIN_BYTES:
+        return 1
+    blocks = source.blocks()
+    return block_runs(len(blocks), sum(b.rows for b in blocks), buffer_rows, world_size)
 
 
 def current_leg(options: StreamOptions, batches: int = 0) -> Leg:

@@ -249,6 +249,22 @@ def test_gather_joins_ranges_picks_and_lists() -> None:
     assert len(small) == 0 and small.gather([(blocks[0], 0, 4, None)]) is None
 
 
+def test_gather_joins_the_blocks_of_a_run() -> None:
+    # NOTE [ Block runs ]: blocks that follow one another are one slice, however many they are.
+    from naiad.sources.base import Block
+
+    blocks = [Block("f", i, i + 1, 3, 0) for i in range(40)]
+    kept = KeptBlocks(blocks, 1 << 20)
+    kept.put([(b, 3) for b in blocks], {"a": np.arange(120)})
+    order = list(range(20, 40)) + list(range(0, 20))  # two runs of 20 blocks
+    parts = [(blocks[i], 0, 3, None) for i in order]
+    got = kept.gather(parts)
+    assert got is not None and got["a"].tolist() == list(range(60, 120)) + list(range(60))
+    scattered = [(blocks[i], 1, 3, None) for i in order]  # not one run: a range per block
+    got = kept.gather(scattered)
+    assert got is not None and got["a"].tolist() == [3 * i + k for i in order for k in (1, 2)]
+
+
 def test_budget_defaults_and_checks(tmp_path: Path) -> None:
     assert 0 < default_keep_bytes() <= 1 << 30
     assert default_keep_bytes() <= usable_memory() // 16

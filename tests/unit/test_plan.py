@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from naiad.errors import ConfigError
-from naiad.plan import batch_sizes, block_permutation, make_plan, rank_bounds
+from naiad.plan import (
+    RUNS_MIN,
+    batch_sizes,
+    block_order,
+    block_permutation,
+    block_runs,
+    make_plan,
+    rank_bounds,
+)
 from naiad.sources import Block
 
 
@@ -31,12 +39,13 @@ def _global_ids(blocks: list[Block], plan) -> np.ndarray:
     drop_last=st.booleans(),
     seed=st.integers(0, 2**32),
     epoch=st.integers(0, 5),
+    run=st.integers(1, 4),
 )
-def test_ranks_partition_rows_and_yield_equal_batch_counts(rows, world_size, batch_size, shuffle, drop_last, seed, epoch):
+def test_ranks_partition_rows_and_yield_equal_batch_counts(rows, world_size, batch_size, shuffle, drop_last, seed, epoch, run):
     blocks = _blocks(rows)
     plans = [
         make_plan(blocks, seed=seed, epoch=epoch, shuffle=shuffle, rank=r, world_size=world_size,
-                  batch_size=batch_size, drop_last=drop_last)
+                  batch_size=batch_size, drop_last=drop_last, run=run)
         for r in range(world_size)
     ]
     ids = np.concatenate([_global_ids(blocks, p) for p in plans])
@@ -101,6 +110,37 @@ def test_the_block_order_leaves_no_trend_over_the_epoch() -> None:
         assert max(map(abs, stratified)) < max(map(abs, uniform)) / 4
     assert max(abs(np.corrcoef(np.arange(2288), block_permutation(2288, seed=s, epoch=1, shuffle=True))[0, 1])
                for s in range(30)) < 0.005
+
+
+def test_block_runs_follow_the_rows_the_buffer_leaves_out() -> None:
+    # NOTE [ Block runs ]: 135,135 rows in 297 blocks; the default buffer holds 97% of them.
+    assert block_runs(297, 135_135, 131_072) == 297 // RUNS_MIN
+    assert block_runs(297, 135_135, 100_000) == 1  # a quarter left out: 277 units wanted
+    assert block_runs(297, 135_135, 8_192) == 1
+    assert block_runs(297, 135_135, 0) == 1  # not shuffled
+    assert block_runs(2_288, 2_027_027, 131_072) == 1  # 150 MB of CSV: the buffer holds 6%
+    assert block_runs(297, 100_000, 131_072) == 297 // RUNS_MIN  # every row in the buffer
+    assert block_runs(297, 135_135, 131_072, world_size=2) == 297 // (2 * RUNS_MIN)  # per rank
+    assert block_runs(20, 1_000, 1_000) == 1  # too few blocks to join
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 400), run=st.integers(1, 40), seed=st.integers(0, 2**32), epoch=st.integers(0, 9))
+def test_block_order_permutes_runs_of_consecutive_blocks(n: int, run: int, seed: int, epoch: int) -> None:
+    order = block_order(n, seed=seed, epoch=epoch, shuffle=True, run=run)
+    assert sorted(order.tolist()) == list(range(n))
+    runs = n // run
+    if runs <= 1:  # nothing to join: the single blocks' order
+        assert np.array_equal(order, block_permutation(n, seed=seed, epoch=epoch, shuffle=True))
+        return
+    bounds = (np.arange(runs + 1) * n) // runs
+    breaks = np.flatnonzero(np.diff(order) != 1) + 1
+    starts = order[np.concatenate(([0], breaks))]
+    # Every run starts at a boundary and is read whole, in file order (two runs may follow
+    # each other in file order too: then they read as one).
+    assert set(starts.tolist()) <= set(bounds[:-1].tolist())
+    assert len(starts) <= runs
+    assert np.array_equal(block_order(n, seed=seed, epoch=epoch, shuffle=False, run=run), np.arange(n))
 
 
 def test_batch_sizes_short_rank_makes_smaller_last_batches():
