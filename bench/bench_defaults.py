@@ -23,13 +23,14 @@ training loop does; ``--busy 2`` keeps two spinning processes running beside the
 measurement, as other jobs or preprocessing on the same machine do.
 
 The table: ten columns (an int64 row id and nine floats with four decimals, about 74 bytes a
-row as CSV). ``--sizes`` are CSV megabytes; every format gets the same rows.
+row as CSV). ``--sizes`` are CSV megabytes; every format gets the same rows (``txt``: each row
+as one line of text, a string for ``naiad.read_text``, the CSV's lines without the header).
 
-    python bench/bench_defaults.py --sizes 10,150,1000 --formats csv,jsonl,parquet,arrow,npy
+    python bench/bench_defaults.py --sizes 10,150,1000 --formats csv,jsonl,txt,parquet,arrow,npy
     python bench/bench_defaults.py --sizes 150 --formats csv,parquet --step-ms 5
     python bench/bench_defaults.py --sizes 150 --formats csv,parquet --busy 2
 
-``--keep-parsed-bytes 0`` makes CSV and JSONL parse every epoch, as a source too big to keep its
+``--keep-parsed-bytes 0`` makes CSV, JSONL and text parse every epoch, as a source too big to keep its
 parsed blocks does (NOTE [ Kept blocks ] in naiad/sources/decoded.py), at a size that runs quickly.
 """
 
@@ -107,6 +108,8 @@ def write(table: pa.Table, fmt: str, folder: Path, files: int) -> list[str]:
         if not p.exists():
             if fmt == "csv":
                 pacsv.write_csv(part, p)
+            elif fmt == "txt":  # the same rows as lines of text, one string each
+                pacsv.write_csv(part, p, write_options=pacsv.WriteOptions(include_header=False))
             elif fmt == "jsonl":
                 with open(p, "w") as f:
                     for chunk in part.to_batches(100_000):
@@ -128,7 +131,7 @@ def write(table: pa.Table, fmt: str, folder: Path, files: int) -> list[str]:
 def settings_for(fmt: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(label, loader kwargs, reader kwargs): the defaults first."""
     out: list[tuple[str, dict[str, Any], dict[str, Any]]] = [("defaults", {}, {})]
-    blocks = [None, 1 << 20, 4 << 20] if fmt in ("csv", "jsonl") else [None]
+    blocks = [None, 1 << 20, 4 << 20] if fmt in ("csv", "jsonl", "txt") else [None]
     for bb in blocks:
         for label, kw in (("inline (read_ahead=0)", {"read_ahead": 0}), ("1 read-ahead thread", {"read_ahead": 1}),
                           ("2 threads", {"num_workers": 2, "worker_mode": "thread"}),
@@ -140,18 +143,20 @@ def settings_for(fmt: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
 
 
 def ids_column(batch: Any) -> np.ndarray:
+    if isinstance(batch, dict) and "text" in batch:  # a line "id,f0,...": only the untimed epoch parses it
+        return np.array([int(line[: line.index(",")]) for line in batch["text"]], dtype=np.int64)
     if isinstance(batch, dict) and "id" in batch:
         return batch["id"].numpy()
     arr = next(iter(batch.values())) if isinstance(batch, dict) else batch
     return arr[:, 0].numpy().astype(np.int64)  # npy: the whole row, the id first
 
 
-KEEP_PARSED: list[int] = []  # --keep-parsed-bytes, for the CSV and JSONL readers
+KEEP_PARSED: list[int] = []  # --keep-parsed-bytes, for the CSV, JSONL and text readers
 ONLY: list[str] = []  # --settings: label prefixes
 
 
 def make_loader(paths: list[str], kw: dict[str, Any], rkw: dict[str, Any]) -> naiad.DataLoader:
-    if KEEP_PARSED and paths[0].endswith((".csv", ".jsonl")):
+    if KEEP_PARSED and paths[0].endswith((".csv", ".jsonl", ".txt")):
         rkw = {**rkw, "keep_parsed_bytes": KEEP_PARSED[0]}
     return naiad.DataLoader(naiad.read(paths, **rkw), batch_size=1024, shuffle=True, seed=0, **kw)
 
@@ -161,10 +166,11 @@ def epoch(loader: naiad.DataLoader, ep: int, keep_ids: bool = False) -> tuple[fl
     t = time.perf_counter()
     n, ids = 0, []
     for b in loader:
-        i = ids_column(b)
-        n += len(i)
         if keep_ids:
-            ids.append(i)
+            ids.append(ids_column(b))
+            n += len(ids[-1])
+        else:
+            n += len(b["text"]) if isinstance(b, dict) and "text" in b else len(ids_column(b))
         train_step()
     dt = time.perf_counter() - t
     return dt, n, ids
@@ -224,7 +230,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10,150", help="CSV megabytes, comma-separated")
     p.add_argument("--files", default="1", help="file counts, comma-separated (the data split evenly)")
-    p.add_argument("--formats", default="csv,jsonl,parquet,arrow,npy")
+    p.add_argument("--formats", default="csv,jsonl,txt,parquet,arrow,npy")
     p.add_argument("--repeats", type=int, default=3,
                    help="epochs per setting after a first one (median); more for small data, up to 3M rows a setting")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "naiad-bench" / "defaults"))
