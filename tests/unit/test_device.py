@@ -144,6 +144,9 @@ def test_rows_are_the_length_of_the_first_array_leaf():
     assert _count_rows({"name": "x", "a": np.zeros((7, 1))}) == 7
     assert _count_rows(torch.tensor(1.0)) == 1
     assert _count_rows(["a", 1]) is None
+    # A text column (read_text's batches): one string a row, counted without a walk over them.
+    assert _count_rows({"text": ["a", "b", "c"]}) == 3
+    assert _count_rows({"text": [b"a", b"b"], "n": torch.zeros(2)}) == 2
 
 
 def test_move_to_device_walks_containers():
