@@ -463,8 +463,9 @@ class Source(ABC):
         """The parsed blocks this process keeps across epochs, or None when it keeps none (NOTE [
         Kept blocks ] in sources/decoded.py). Decided once the rows are counted: kept when the
         source's rows, at their parsed width, fit ``keep_parsed_bytes`` (None: the format's
-        default, :func:`~naiad.sources.decoded.default_keep_bytes` for CSV, JSON Lines and
-        text, nothing for the others)."""
+        default, :func:`~naiad.sources.decoded.default_keep_bytes` for CSV and JSON
+        Lines, nothing for the others: a text source's lines are Python strings, made anew
+        from the bytes each epoch)."""
         kept = self._kept
         if kept is None:
             budget = self.keep_parsed_bytes
