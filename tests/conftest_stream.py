@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Sequence
 
@@ -93,3 +94,33 @@ def run_epoch(
     finally:
         if own:
             pool.close()
+
+
+def run_legs(src: sources.Source, pool: WorkerPool, epoch: int, shuffle: bool, seed: int, drop_last: bool,
+             legs: Sequence[tuple[int, int, int, int | None]]) -> tuple[list[np.ndarray], list[list[int]]]:
+    """Run an epoch through ``legs`` = [(world_size, batch_size, buffer, stop_after or None)]:
+    each leg's ranks stop after ``stop_after`` batches, rank 0's JSON state starts the next leg.
+    Returns the ids delivered per leg (all ranks), and the batch counts per rank per leg."""
+    state = None
+    delivered, counts = [], []
+    for world_size, batch_size, buffer, stop in legs:
+        ids, per_rank = [], []
+        saved = None
+        for rank in range(world_size):
+            opts = StreamOptions(batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_buffer=buffer,
+                                 drop_last=drop_last, rank=rank, world_size=world_size)
+            stream = iter_batches(src, opts, epoch=epoch, imap=pool.imap, state=state)
+            start = n = stream.batches_yielded  # where a resume on the same topology starts
+            for batch in stream:
+                if stop is not None and n - start == stop:
+                    break
+                ids.append(ids_of(batch))
+                n += 1
+            per_rank.append(n - start)
+            if rank == 0 and stop is not None:
+                saved = json.loads(json.dumps(stream.get_state(batches_yielded=n)))
+            stream.close()
+        delivered.append(np.concatenate(ids) if ids else np.zeros(0, np.int64))
+        counts.append(per_rank)
+        state = saved
+    return delivered, counts

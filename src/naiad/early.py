@@ -47,13 +47,20 @@ from naiad.plan import (
 )
 from naiad.sources.base import Block, Source
 
-__all__ = ["EARLY_MIN_BYTES", "EarlyReads"]
+__all__ = ["EARLY_MIN_BYTES", "EarlyReads", "big_enough"]
 
 EARLY_MIN_BYTES = 256 << 20
 """Sources smaller than this are counted before their first read: the count then takes less
 than the first batch's reads (about 80 ms for 256 MiB on two cores, against two read groups of
 a CSV), and a 150 MB CSV's first epoch measured 0.90-0.94x as fast with early reads as without
 (bench/RESULTS.md, "early reads")."""
+
+
+def big_enough(source: Source) -> bool:
+    """Whether ``source``'s local files reach ``EARLY_MIN_BYTES``: the size from which a fresh
+    pass may read before its rows are counted (the plan then permutes single blocks, NOTE [
+    Block runs ] in plan.py, since the early reads cannot know the count)."""
+    return (source.local_bytes() or 0) >= EARLY_MIN_BYTES
 
 
 class EarlyReads:
@@ -83,7 +90,7 @@ class EarlyReads:
               plan: Callable[[], RankPlan]) -> EarlyReads | None:
         """Early reads for ``source`` with its count started beside, or None where they do not
         apply to the source (NOTE [ Early reads ])."""
-        if source.on_bad_rows != "raise" or (source.local_bytes() or 0) < EARLY_MIN_BYTES:
+        if source.on_bad_rows != "raise" or not big_enough(source):
             return None
         blocks = source.early_blocks()
         if blocks is None or len(blocks) < 4:

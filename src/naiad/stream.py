@@ -34,7 +34,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 
-from naiad.early import EARLY_MIN_BYTES, EarlyReads
+from naiad.early import EarlyReads, big_enough
 from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
 from naiad.errors import ConfigError, StateError
 from naiad.ledger import BadRowLedger, BadRowTracker
@@ -270,14 +270,14 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
     if not legs:
         # A plan is a pure function of these: made once per source (a load_state_dict checks the
         # saved one, the pass after it runs it, len() counts its batches).
+        # (The run of blocks, too: a function of the source, the buffer and the world size.)
         buffer = current_leg(options).buffer_rows
-        run = run_for(source, buffer, world_size)
         key = ("plan", options.seed, epoch, options.shuffle, rank, world_size, options.batch_size,
-               options.drop_last, buffer, len(source.blocks()), run)
+               options.drop_last, buffer, len(source.blocks()))
         return _per_source(source, key, lambda: make_plan(
             source.blocks(), seed=options.seed, epoch=epoch, shuffle=options.shuffle, rank=rank,
             world_size=world_size, batch_size=options.batch_size, drop_last=options.drop_last,
-            group_rows=group_rows(buffer), run=run,
+            group_rows=group_rows(buffer), run=run_for(source, buffer, world_size),
         ))
     blocks = source.blocks()
     # The epoch's order is its first leg's, whatever topology resumed it (NOTE [ Block runs ]).
@@ -309,12 +309,11 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
 
 def run_for(source: Source, buffer_rows: int, world_size: int) -> int:
     """How many consecutive blocks of ``source`` its epoch permutation moves as one
-    (``plan.block_runs``): one for a source of ``EARLY_MIN_BYTES`` or more, whose first reads
-    may come before its rows are counted (NOTE [ Early reads ]), in the order of single blocks."""
-    if (source.local_bytes() or 0) >= EARLY_MIN_BYTES:
+    (``plan.block_runs``): one for a source whose first reads may come before its rows are
+    counted (``early.big_enough``, NOTE [ Early reads ]), in the order of single blocks."""
+    if big_enough(source):
         return 1
-    blocks = source.blocks()
-    return block_runs(len(blocks), sum(b.rows for b in blocks), buffer_rows, world_size)
+    return block_runs(len(source.blocks()), len(source), buffer_rows, world_size)
 
 
 def current_leg(options: StreamOptions, batches: int = 0) -> Leg:

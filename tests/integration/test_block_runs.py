@@ -4,8 +4,6 @@ order still mixes, and a resume, an elastic resume and the coverage check's dry 
 
 from __future__ import annotations
 
-import functools
-import json
 import tempfile
 
 import numpy as np
@@ -15,8 +13,8 @@ import naiad
 from naiad.coverage import Topology, planned_batches
 from naiad.parallel import WorkerPool
 from naiad.plan import GroupTask
-from naiad.stream import StreamOptions, iter_batches, make_handler_factory, plan_for
-from tests.conftest_stream import ids_of, open_numbered, run_epoch, write_numbered
+from naiad.stream import StreamOptions, make_handler_factory, plan_for
+from tests.conftest_stream import ids_of, open_numbered, run_epoch, run_legs, write_numbered
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,27 +70,10 @@ def test_runs_follow_each_rank_s_share() -> None:
 
 def _resumed(src: naiad.Source, legs: list[tuple[int, int, int, int | None]]) -> list[np.ndarray]:
     """The ids each leg delivers: ``(world_size, batch_size, buffer, stop after)``; rank 0's JSON
-    state starts the next leg."""
+    state starts the next leg (``run_legs``)."""
     pool = WorkerPool(make_handler_factory(src), num_workers=0)
     try:
-        imap = functools.partial(pool.imap, prefetch=2, in_order=True)
-        state, out = None, []
-        for world_size, batch_size, buffer, stop in legs:
-            ids, saved = [], None
-            for rank in range(world_size):
-                stream = iter_batches(src, _options(buffer, batch_size, world_size, rank), epoch=0, imap=imap, state=state)
-                n = start = stream.batches_yielded
-                for batch in stream:
-                    if stop is not None and n - start == stop:
-                        break
-                    ids.append(ids_of(batch))
-                    n += 1
-                if rank == 0 and stop is not None:
-                    saved = json.loads(json.dumps(stream.get_state(batches_yielded=n)))
-                stream.close()
-            out.append(np.concatenate(ids) if ids else np.zeros(0, np.int64))
-            state = saved
-        return out
+        return run_legs(src, pool, 0, True, 3, False, legs)[0]
     finally:
         pool.close()
 

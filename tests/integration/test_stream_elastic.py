@@ -13,40 +13,12 @@ from hypothesis import strategies as st
 
 from naiad.parallel import WorkerPool
 from naiad.stream import StreamOptions, iter_batches, make_handler_factory
-from tests.conftest_stream import FORMATS, ids_of, open_numbered, write_numbered
+from tests.conftest_stream import FORMATS, ids_of, open_numbered, run_legs, write_numbered
 
 
 def _options(shuffle: bool, seed: int, world_size: int, rank: int, batch_size: int, buffer: int, drop_last: bool) -> StreamOptions:
     return StreamOptions(batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_buffer=buffer,
                          drop_last=drop_last, rank=rank, world_size=world_size)
-
-
-def _run_legs(src, pool, epoch, shuffle, seed, drop_last, legs):
-    """Run an epoch through ``legs`` = [(world_size, batch_size, buffer, stop_after or None)]:
-    each leg's ranks stop after ``stop_after`` batches, rank 0's JSON state starts the next leg.
-    Returns the ids delivered per leg (all ranks), and the batch counts per rank per leg."""
-    state = None
-    delivered, counts = [], []
-    for world_size, batch_size, buffer, stop in legs:
-        ids, per_rank = [], []
-        saved = None
-        for rank in range(world_size):
-            opts = _options(shuffle, seed, world_size, rank, batch_size, buffer, drop_last)
-            stream = iter_batches(src, opts, epoch=epoch, imap=pool.imap, state=state)
-            start = n = stream.batches_yielded  # where a resume on the same topology starts
-            for batch in stream:
-                if stop is not None and n - start == stop:
-                    break
-                ids.append(ids_of(batch))
-                n += 1
-            per_rank.append(n - start)
-            if rank == 0 and stop is not None:
-                saved = json.loads(json.dumps(stream.get_state(batches_yielded=n)))
-            stream.close()
-        delivered.append(np.concatenate(ids) if ids else np.zeros(0, np.int64))
-        counts.append(per_rank)
-        state = saved
-    return delivered, counts
 
 
 @pytest.mark.timeout(300)
@@ -66,7 +38,7 @@ def test_elastic_resume_delivers_every_remaining_row_exactly_once(fmt, sizes, sh
         src = open_numbered(write_numbered(d, fmt, sizes), fmt)
         pool = WorkerPool(make_handler_factory(src), num_workers=0)
         plan = [(w, b, buf, stop) for w, b, buf, stop in legs] + [(legs[-1][0] % 3 + 1, 5, 7, None)]
-        delivered, counts = _run_legs(src, pool, 3, shuffle, seed, False, plan)
+        delivered, counts = run_legs(src, pool, 3, shuffle, seed, False, plan)
         everything = np.concatenate(delivered)
         assert sorted(everything.tolist()) == list(range(sum(sizes)))
         for per_rank in counts:
@@ -77,7 +49,7 @@ def test_elastic_resume_delivers_every_remaining_row_exactly_once(fmt, sizes, sh
 def test_elastic_resume_with_drop_last_never_repeats_and_keeps_full_batches(tmp_path, fmt):
     src = open_numbered(write_numbered(str(tmp_path), fmt, [53, 30]), fmt)
     pool = WorkerPool(make_handler_factory(src), num_workers=0)
-    delivered, counts = _run_legs(src, pool, 0, True, 4, True, [(2, 4, 6, 3), (3, 5, 10, None)])
+    delivered, counts = run_legs(src, pool, 0, True, 4, True, [(2, 4, 6, 3), (3, 5, 10, None)])
     everything = np.concatenate(delivered)
     assert len(set(everything.tolist())) == len(everything)
     assert len(delivered[1]) % 5 == 0 and len(set(counts[1])) == 1
