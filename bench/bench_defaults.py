@@ -232,7 +232,7 @@ def main() -> None:
     p.add_argument("--files", default="1", help="file counts, comma-separated (the data split evenly)")
     p.add_argument("--formats", default="csv,jsonl,txt,parquet,arrow,npy")
     p.add_argument("--repeats", type=int, default=3,
-                   help="epochs per setting after a first one (median); more for small data, up to 3M rows a setting")
+                   help="epochs per setting after a first one (median); more for small data, up to 12M rows a setting")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "naiad-bench" / "defaults"))
     p.add_argument("--step-ms", type=float, default=0.0, help="a CPU-bound training step after every batch (ms)")
     p.add_argument("--busy", type=int, default=0, help="spinning processes beside the measurement")
@@ -319,10 +319,11 @@ def report(fmt: str, size: int, files: int, rows: int, paths: list[str], repeats
         # timed epoch memory the others do not hold.
         _, _, got = epoch(loader, 0, keep_ids=(name == "defaults"))
         ids = got or ids
-    # Short epochs are noisy (a 10 MB epoch is about 30 ms): more rounds for them, as many as
-    # give each setting about 3M rows, 30 at most.
+    # Short epochs are noisy (a 10 MB epoch is about 30 ms, a kept 150 MB one 0.5 s, and a
+    # median of 3 of those moved by 15% between runs): more rounds for them, as many as give
+    # each setting about 12M rows (5 at 150 MB), 30 at most.
     order = np.random.default_rng(0)
-    for r in range(max(repeats, min(30, 3_000_000 // max(rows, 1)))):
+    for r in range(max(repeats, min(30, 12_000_000 // max(rows, 1)))):
         # A new order each round (seeded), so no setting always runs first, nor always after the
         # same one: rotating the list, the defaults always followed "2 processes, 4 MiB blocks",
         # and a 10 MB CSV's defaults measured 0.82-0.88x of settings they tie with run in pairs.

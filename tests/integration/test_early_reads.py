@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,15 @@ class Gate:
         monkeypatch.setattr(early_mod, "EARLY_MIN_BYTES", 0)
 
 
+    def open_after_an_early_read(self, timeout: float = 30.0) -> None:
+        """Open once an early read has been made (or ``timeout`` passed: the test then fails on
+        its check of the early reads), not after a fixed delay a loaded machine can overrun."""
+        deadline = time.monotonic() + timeout
+        while not (self.made and self.made[0].early) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.open.set()
+
+
 def ids(batches: Iterator[Any], key: str) -> list[Any]:
     return [b[key].tolist() if hasattr(b[key], "tolist") else list(b[key]) for b in batches]
 
@@ -105,7 +115,7 @@ def test_early_reads_give_the_counted_sources_batches(tmp_path: Path, monkeypatc
         got = ids(iter([next(it), next(it)]), key)  # before any row is counted
         gate.open.set()
     else:  # the pool asks for a second group, which the first half of the blocks does not hold
-        threading.Timer(0.5, gate.open.set).start()
+        threading.Thread(target=gate.open_after_an_early_read, daemon=True).start()
         got = []
     got += ids(it, key)
     assert got == want
@@ -130,7 +140,7 @@ def test_an_early_reads_error_names_the_planned_line(tmp_path: Path, monkeypatch
     counted.blocks()
     want = first_error(counted)
     gate = Gate(monkeypatch)
-    threading.Timer(0.3, gate.open.set).start()
+    threading.Thread(target=gate.open_after_an_early_read, daemon=True).start()
     got = first_error(naiad.read_csv(str(path), block_bytes=512, index_dir=False))
     assert gate.made and gate.made[0].early
     assert got == want and "Expected 2 columns, got 3" in got, got
@@ -151,6 +161,41 @@ def test_a_state_taken_during_early_reads_resumes_exactly(tmp_path: Path, monkey
     got += ids(iter(resumed), "id")
     assert got == want
     assert sorted(np.concatenate(got).tolist()) == list(range(ROWS))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_the_next_epoch_parses_only_the_blocks_read_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          fmt: str) -> None:
+    # Early reads come before the parsed blocks can be kept (the store's size needs the count):
+    # the next epoch parses those blocks alone, not every read group that holds one of them.
+    path = write(tmp_path / f"data.{fmt}", fmt)
+    want = ids(iter(loader_of(source_of(path, fmt), read_ahead=0)), "id")
+    gate = Gate(monkeypatch)
+    source = source_of(path, fmt)
+    loader = loader_of(source, read_ahead=0)
+    it = iter(loader)
+    got = ids(iter([next(it), next(it)]), "id")
+    gate.open.set()
+    got += ids(it, "id")
+    assert got == want and gate.made[0].early
+    kept = source.kept_blocks()
+    assert kept is not None
+    left = kept.missing(source.blocks())
+    assert left
+
+    parsed: list[Any] = []
+    read_group = type(source)._read_group
+
+    def spied(self: Any, parts: Any, use_threads: bool) -> Any:
+        parsed.extend(block for block, _, _, _ in parts)
+        return read_group(self, parts, use_threads)
+
+    monkeypatch.setattr(type(source), "_read_group", spied)
+    loader.set_epoch(1)
+    again = ids(iter(loader), "id")
+    assert sorted(np.concatenate(again).tolist()) == list(range(ROWS))
+    assert parsed and set(parsed) <= set(left) and len(parsed) == len(set(parsed))
+    assert kept.missing(source.blocks()) == []
 
 
 def test_files_whose_headers_differ_fail_before_a_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -555,13 +555,28 @@ class Source(ABC):
             if not 0 <= lo <= hi <= block.rows:
                 raise ConfigError(f"rows {lo}:{hi} are outside block {block}.")
         kept = self.kept_blocks()
-        columns = kept.gather(parts) if kept is not None else None
+        columns = None if kept is None else kept.gather(parts)
+        if kept is not None and columns is None:
+            columns = self._fill_kept(kept, parts, use_threads)
         if columns is not None:
             return BlockData(columns)
         data = self._read_group(list(parts), use_threads)
         if kept is not None and not data.bad and all(take is None and lo == 0 and hi == b.rows for b, lo, hi, take in parts):
             kept.put([(b, b.rows) for b, _, _, _ in parts], data.columns)
         return data
+
+    def _fill_kept(self, kept: KeptBlocks, parts: Sequence[GroupPart], use_threads: bool) -> dict[str, np.ndarray | list] | None:
+        """The parts' rows when some of their blocks are kept: the others parsed whole, kept, and
+        the group gathered (NOTE [ Kept blocks ]); None when none are kept, or a block cannot be
+        (a skipped bad row, over the budget): the group is then read as it is."""
+        missing = kept.missing([block for block, _, _, _ in parts])
+        if not missing or len(missing) == len({block for block, _, _, _ in parts}):
+            return None
+        data = self._read_group([(block, 0, block.rows, None) for block in missing], use_threads)
+        if data.bad:
+            return None
+        kept.put([(block, block.rows) for block in missing], data.columns)
+        return kept.gather(parts)
 
     def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
         """The parts as one table when the reader can hand them over so (:meth:`_group_table`),
