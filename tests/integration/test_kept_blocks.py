@@ -17,6 +17,7 @@ from naiad.plan import ReadTask
 from naiad.sources.csv import CsvSource
 from naiad.sources.decoded import KeptBlocks, default_keep_bytes, usable_memory
 from naiad.sources.jsonl import JsonlSource
+from naiad.sources.text import TextSource
 from naiad.stream import make_handler_factory
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,6 +110,31 @@ def test_jsonl_keeps_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     want = epochs(naiad.DataLoader(naiad.read_jsonl(path, block_bytes=4000, keep_parsed_bytes=0), batch_size=256,
                                    shuffle=True, seed=1, shuffle_buffer=1000), 2)
     assert_same(got, want)
+
+
+def test_text_keeps_its_lines_and_counts_them_at_their_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "d.txt"
+    path.write_text("".join(f"line {i} " + "é" * (i % 5) + "\n" for i in range(ROWS)), encoding="utf-8")
+    counter = ParseCounter(monkeypatch, TextSource, "_read_group")
+
+    def loader(keep: int | None) -> naiad.DataLoader:
+        return naiad.DataLoader(naiad.read_text(str(path), block_bytes=4000, keep_parsed_bytes=keep), batch_size=256,
+                                shuffle=True, seed=2, shuffle_buffer=1000)
+
+    kept_loader = loader(None)
+    got = epochs(kept_loader, 3, counter)
+    assert counter.parses[0] > 0 and counter.parses[1:] == [0, 0]  # type: ignore[attr-defined]
+    assert_same(got, epochs(loader(0), 3))
+    assert sorted(v for b in got[2] for v in b["text"]) == sorted(path.read_text(encoding="utf-8").splitlines())
+    # The lines' memory: their UTF-8 bytes and 88 a line, not 8 bytes a row; a budget a byte
+    # under it keeps nothing.
+    source = naiad.read_text(str(path), block_bytes=4000)
+    need = path.stat().st_size + 88 * ROWS
+    assert source.parsed_bytes() == need
+    for budget, keeps in ((need, True), (need - 1, False)):
+        counted = naiad.read_text(str(path), keep_parsed_bytes=budget)
+        counted.blocks()  # decided once the rows are counted
+        assert (counted.kept_blocks() is not None) == keeps
 
 
 def test_a_source_over_the_budget_keeps_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -462,10 +462,9 @@ class Source(ABC):
     def kept_blocks(self) -> KeptBlocks | None:
         """The parsed blocks this process keeps across epochs, or None when it keeps none (NOTE [
         Kept blocks ] in sources/decoded.py). Decided once the rows are counted: kept when the
-        source's rows, at their parsed width, fit ``keep_parsed_bytes`` (None: the format's
-        default, :func:`~naiad.sources.decoded.default_keep_bytes` for CSV and JSON
-        Lines, nothing for the others: a text source's lines are Python strings, made anew
-        from the bytes each epoch)."""
+        source's rows, at their parsed width (:meth:`parsed_bytes`), fit ``keep_parsed_bytes``
+        (None: the format's default, :func:`~naiad.sources.decoded.default_keep_bytes` for CSV,
+        JSON Lines and text, nothing for the others, whose reads decode rather than parse)."""
         kept = self._kept
         if kept is None:
             budget = self.keep_parsed_bytes
@@ -475,10 +474,15 @@ class Source(ABC):
                 return None  # not counted yet: decided at a later read
             with _KEEP_DECISION:
                 if self._kept is None:
-                    fits = bool(budget) and len(self) * row_bytes(self.schema()) <= budget
+                    fits = bool(budget) and self.parsed_bytes() <= budget
                     self._kept = KeptBlocks(self.blocks(), budget) if fits else False
                 kept = self._kept
         return kept if isinstance(kept, KeptBlocks) else None
+
+    def parsed_bytes(self) -> int:
+        """About the memory the source's rows take parsed, as :meth:`kept_blocks` would keep them
+        (may trigger the row count)."""
+        return len(self) * row_bytes(self.schema())
 
     def keep_nothing(self) -> None:
         """Keep no parsed blocks in this copy of the source, and forget any kept (a process

@@ -1,8 +1,8 @@
 """Parsed blocks kept in memory across epochs, for the formats whose parse costs the most.
 
 NOTE [ Kept blocks ]
-A CSV or JSON Lines epoch spends most of its time in the parser, and every later epoch parses
-the same blocks again in a new order. When the source's rows, at their parsed width, fit a
+A CSV or JSON Lines epoch spends most of its time in the parser, a text epoch in splitting
+lines into Python strings, and every later epoch parses the same blocks again in a new order. When the source's rows, at their parsed width, fit a
 budget (``default_keep_bytes()``: 1/16 of the memory this process may use, at most 1 GiB), the
 process that reads the blocks keeps each one's parsed columns the first time and serves later
 reads from them: a later epoch of a 150 MB CSV is a gather from memory instead of a parse

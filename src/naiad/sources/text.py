@@ -41,6 +41,7 @@ def read_text(
     retry: RetryPolicy | None = None,
     cache_dir: CacheDir = None,
     cache_bytes: int | None = None,
+    keep_parsed_bytes: int | None = None,
 ) -> TextSource:
     """A lazy source over text files: each line (without its newline) is one sample.
 
@@ -68,6 +69,10 @@ def read_text(
             naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
         cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
             (None: half the disk's free space).
+        keep_parsed_bytes: the most memory for the lines kept across epochs as Python strings
+            in the process that reads them, so later epochs split nothing (None: 1/16 of the
+            memory, at most 1 GiB; 0: keep nothing). Counted as the text's bytes and 88 bytes
+            a line; all or nothing (NOTE [ Kept blocks ] in naiad/sources/decoded.py).
 
     Example:
         >>> ds = naiad.read_text("corpus/*.txt")  # doctest: +SKIP
@@ -76,7 +81,8 @@ def read_text(
     """
     return TextSource(paths, column=column, encoding=encoding, compression=compression,
                       on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-                      storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir)
+                      storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir,
+                      keep_parsed_bytes=keep_parsed_bytes)
 
 
 class TextSource(LineBlocks, Source):
@@ -97,8 +103,10 @@ class TextSource(LineBlocks, Source):
         retry: RetryPolicy | None = None,
         cache_dir: CacheDir = None,
         cache_bytes: int | None = None,
+        keep_parsed_bytes: int | None = None,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry,
+                         cache_dir=cache_dir, cache_bytes=cache_bytes, keep_parsed_bytes=keep_parsed_bytes)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
             raise ConfigError(f"`encoding` must be 'utf-8' or 'latin-1', got {encoding!r}.")
         self.column = column
@@ -107,8 +115,16 @@ class TextSource(LineBlocks, Source):
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)
 
+    keeps_parsed = True
+
     def _read_schema(self) -> pa.Schema:
         return pa.schema([(self.column, pa.string())])
+
+    def parsed_bytes(self) -> int:
+        """The lines as Python strings: their bytes, and 88 a line (a string object's header of
+        49-74 bytes, its list slot, the allocator's rounding). A compressed file's bytes are not
+        known before it is read: 256 a line there."""
+        return sum(b.stop - b.start + 88 * b.rows if b.stop >= 0 else 256 * b.rows for b in self.blocks())
 
     def _cut_args(self, path: str) -> CutArgs:
         return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), header_lines=0,
