@@ -262,14 +262,20 @@ def test_gather_joins_ranges_picks_and_lists() -> None:
     assert whole is not None and whole["a"].tolist() == [4, 5, 6, 7, 8, 9] and whole["s"][0] == "s4"
     whole["a"][:] = -1  # a copy: the kept rows stay
     got = kept.gather([(blocks[1], 1, 6, np.array([0, 3])), (blocks[0], 1, 3, None)])
-    assert got is not None and got["a"].tolist() == [5, 8, 1, 2] and got["s"] == ["s5", "s8", "s1", "s2"]
+    assert got is not None and got["a"].tolist() == [5, 8, 1, 2] and got["s"].tolist() == ["s5", "s8", "s1", "s2"]
+    assert got["s"].dtype == object  # Python values as objects: a gather is a C loop
     assert got["e"].tolist() == [[10.0, 11.0], [16.0, 17.0], [2.0, 3.0], [4.0, 5.0]]
     many = kept.gather([(blocks[1], 2, 4, None), (blocks[0], 0, 1, None), (blocks[1], 5, 6, None)])
     assert many is not None and many["a"].tolist() == [6, 7, 0, 9]
     assert kept.gather([(blocks[0], 0, 4, None), (blocks[2], 0, 1, None)]) is None  # block 2 not kept
     kept.put([(blocks[2], 3)], {"a": np.arange(3) + 100, "s": ["x", "y", "z"], "e": np.zeros((3, 2))})
     last = kept.gather([(blocks[2], 0, 3, None), (blocks[0], 3, 4, None)])
-    assert last is not None and last["a"].tolist() == [100, 101, 102, 3] and last["s"] == ["x", "y", "z", "s3"]
+    assert last is not None and last["a"].tolist() == [100, 101, 102, 3] and last["s"].tolist() == ["x", "y", "z", "s3"]
+    # Nested values (a JSON list per row) stay one object a row.
+    nested = KeptBlocks(blocks[:1], 1 << 20)
+    nested.put([(blocks[0], 4)], {"v": [[1, 2], [3, 4], [5, 6], []]})
+    got_nested = nested.gather([(blocks[0], 1, 4, None)])
+    assert got_nested is not None and got_nested["v"].tolist() == [[3, 4], [5, 6], []]
     # Columns over the budget: nothing is kept.
     small = KeptBlocks(blocks, 100)
     small.put([(blocks[0], 4)], {"a": np.arange(4.0)})
