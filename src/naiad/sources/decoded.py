@@ -2,12 +2,13 @@
 
 NOTE [ Kept blocks ]
 A CSV or JSON Lines epoch spends most of its time in the parser, a text epoch in splitting
-lines into Python strings, and every later epoch parses the same blocks again in a new order. When the source's rows, at their parsed width, fit a
-budget (``default_keep_bytes()``: 1/16 of the memory this process may use, at most 1 GiB), the
-process that reads the blocks keeps each one's parsed columns the first time and serves later
-reads from them: a later epoch of a 150 MB CSV is a gather from memory instead of a parse
-(bench/RESULTS.md). It is all or nothing: a source over the budget keeps nothing, so its memory
-stays bounded by the shuffle buffer; ``keep_parsed_bytes=0`` on the reader turns it off.
+lines into Python strings, and every later epoch parses the same blocks again in a new order.
+When the source's rows, at their parsed width, fit a budget (``default_keep_bytes()``: 1/16 of
+the memory this process may use, at most 1 GiB), the process that reads the blocks keeps each
+one's parsed columns the first time and serves later reads from them: a later epoch of a 150 MB
+CSV is a gather from memory instead of a parse (bench/RESULTS.md). It is all or nothing: a
+source over the budget keeps nothing, so its memory stays bounded by the shuffle buffer;
+``keep_parsed_bytes=0`` on the reader turns it off.
 
 What is kept, and why it is safe:
 - Only in the process whose threads read the blocks (the loop's read-ahead threads, inline
@@ -16,11 +17,12 @@ What is kept, and why it is safe:
 - Only whole blocks read without a skipped bad row: a block with one is parsed again at every
   read, so every epoch reports its skips in the ledger.
 - The rows are copied into one array per column, in file order (a block at its first row's
-  place; strings and other Python values in an object array, each row one object), and every read from them is a copy: nothing outside holds a reference to the kept
-  rows, so no in-place change of a batch reaches them. A read of many small blocks (about 500
-  rows each for a 150 MB CSV) joins one slice per block of each column's single array: it was a
-  dict of slices per block, whose Python overhead cost a quarter of a later epoch, and then a
-  ``take`` through an index, which reads an index entry per value (1.8x slower than slices).
+  place; strings and other Python values in an object array, each row one object), and every
+  read from them is a copy: nothing outside holds a reference to the kept rows, so no in-place
+  change of a batch reaches them. A read of many small blocks (about 500 rows each for a 150 MB
+  CSV) joins one slice per block of each column's single array: it was a dict of slices per
+  block, whose Python overhead cost a quarter of a later epoch, and then a ``take`` through an
+  index, which reads an index entry per value (1.8x slower than slices).
 - Which rows a read returns, in which order, does not depend on whether they were kept: the plan
   is unchanged, and a kept block is the parse's own output.
 - A read group of which only some blocks are kept parses just the others, keeps them, and

@@ -88,6 +88,8 @@ def read_text(
 class TextSource(LineBlocks, Source):
     """Text files cut into byte-range blocks of whole lines (see :func:`read_text`)."""
 
+    keeps_parsed = True
+
     def __init__(
         self,
         paths: PathLike,
@@ -115,15 +117,13 @@ class TextSource(LineBlocks, Source):
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)
 
-    keeps_parsed = True
-
     def _read_schema(self) -> pa.Schema:
         return pa.schema([(self.column, pa.string())])
 
     def parsed_bytes(self) -> int:
         """The lines as Python strings: their bytes, and 88 a line (a string object's header of
-        49-74 bytes, its list slot, the allocator's rounding). A compressed file's bytes are not
-        known before it is read: 256 a line there."""
+        49-74 bytes, its slot in the kept object array, the allocator's rounding). A compressed
+        file's bytes are not known before it is read: 256 a line there."""
         return sum(b.stop - b.start + 88 * b.rows if b.stop >= 0 else 256 * b.rows for b in self.blocks())
 
     def _cut_args(self, path: str) -> CutArgs:
