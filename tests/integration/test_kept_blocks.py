@@ -349,3 +349,37 @@ def test_a_pass_cut_short_parses_only_the_blocks_it_left(tmp_path: Path, monkeyp
     got += epochs(cut, 1, first=2)
     assert len(spy.blocks) == len(set(spy.blocks))  # epoch 2 parsed nothing
     assert_same(got, epochs(loader(0), 2, first=1))
+
+
+def test_every_way_of_gathering_gives_the_columns_values_dtypes_and_copies() -> None:
+    # One range, a few (joined slices), many (one index for all columns) and row picks, over
+    # columns of every kind a reader hands over.
+    from naiad.sources.base import Block
+
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(1, 9, size=60)
+    blocks = [Block("f", i, i + 1, int(n), 0) for i, n in enumerate(sizes)]
+    total = int(sizes.sum())
+    cols: dict[str, Any] = {"id": np.arange(total), "x": rng.standard_normal(total).astype(np.float32),
+                            "ok": rng.random(total) < 0.5, "u": np.arange(total, dtype=np.uint8),
+                            "s": [f"s{i}" for i in range(total)], "e": np.arange(2.0 * total).reshape(total, 2)}
+    kept = KeptBlocks(blocks, 1 << 20)
+    kept.put([(b, b.rows) for b in blocks], cols)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    reads = [
+        [(blocks[3], 0, blocks[3].rows, None)],  # one range
+        [(blocks[b], 0, blocks[b].rows, None) for b in (7, 2, 9)],  # a few
+        [(blocks[b], 0, blocks[b].rows, None) for b in rng.permutation(60)[:40].tolist()],  # many
+        [(blocks[5], 0, blocks[5].rows, np.array([0])), (blocks[1], 0, 1, None)],  # row picks
+    ]
+    for parts in reads:
+        want = np.concatenate([np.arange(starts[blocks.index(b)] + lo, starts[blocks.index(b)] + hi)
+                               if take is None else starts[blocks.index(b)] + lo + take for b, lo, hi, take in parts])
+        got = kept.gather(parts)
+        assert got is not None and list(got) == list(cols)
+        for name, col in cols.items():
+            expect = np.asarray(col, dtype=object if name == "s" else None)[want]
+            assert got[name].dtype == expect.dtype and np.array_equal(got[name], expect), name
+        got["id"][:] = -1  # a copy: the kept rows stay
+    again = kept.gather(reads[2])
+    assert again is not None and again["id"].min() >= 0
