@@ -6,10 +6,12 @@ import functools
 import json
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from naiad import sources
 from naiad.parallel import WorkerPool
@@ -124,3 +126,17 @@ def run_legs(src: sources.Source, pool: WorkerPool, epoch: int, shuffle: bool, s
         counts.append(per_rank)
         state = saved
     return delivered, counts
+
+
+class GroupSpy:
+    """The blocks each parse of a read group of ``cls`` covers (its ``_read_group``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, cls: type) -> None:
+        self.blocks: list[Any] = []
+        original = cls._read_group
+
+        def spied(source: Any, parts: Any, use_threads: bool) -> Any:
+            self.blocks += [block for block, _, _, _ in parts]
+            return original(source, parts, use_threads)
+
+        monkeypatch.setattr(cls, "_read_group", spied)

@@ -268,9 +268,9 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
     rank, world_size = options.topology()
     source.prepare()  # the row count and the schema, at once
     if not legs:
-        # A plan is a pure function of these: made once per source (a load_state_dict checks the
-        # saved one, the pass after it runs it, len() counts its batches).
-        # (The run of blocks, too: a function of the source, the buffer and the world size.)
+        # A plan is a pure function of these (its block runs too: of the source, the buffer and
+        # the world size): made once per source (a load_state_dict checks the saved one, the
+        # pass after it runs it, len() counts its batches).
         buffer = current_leg(options).buffer_rows
         key = ("plan", options.seed, epoch, options.shuffle, rank, world_size, options.batch_size,
                options.drop_last, buffer, len(source.blocks()))

@@ -18,6 +18,7 @@ import naiad
 import naiad.early as early_mod
 from naiad.early import EarlyReads
 from naiad.sources.base import Source
+from tests.conftest_stream import GroupSpy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -183,18 +184,11 @@ def test_the_next_epoch_parses_only_the_blocks_read_early(tmp_path: Path, monkey
     left = kept.missing(source.blocks())
     assert left
 
-    parsed: list[Any] = []
-    read_group = type(source)._read_group
-
-    def spied(self: Any, parts: Any, use_threads: bool) -> Any:
-        parsed.extend(block for block, _, _, _ in parts)
-        return read_group(self, parts, use_threads)
-
-    monkeypatch.setattr(type(source), "_read_group", spied)
+    spy = GroupSpy(monkeypatch, type(source))
     loader.set_epoch(1)
     again = ids(iter(loader), "id")
     assert sorted(np.concatenate(again).tolist()) == list(range(ROWS))
-    assert parsed and set(parsed) <= set(left) and len(parsed) == len(set(parsed))
+    assert spy.blocks and set(spy.blocks) <= set(left) and len(spy.blocks) == len(set(spy.blocks))
     assert kept.missing(source.blocks()) == []
 
 

@@ -19,6 +19,7 @@ from naiad.sources.decoded import KeptBlocks, default_keep_bytes, usable_memory
 from naiad.sources.jsonl import JsonlSource
 from naiad.sources.text import TextSource
 from naiad.stream import make_handler_factory
+from tests.conftest_stream import GroupSpy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -304,19 +305,6 @@ def test_budget_defaults_and_checks(tmp_path: Path) -> None:
     with pytest.raises(naiad.ConfigError, match="keep_parsed_bytes"):
         naiad.read_csv(write_csv(tmp_path / "d.csv"), keep_parsed_bytes=-1)
 
-
-class GroupSpy:
-    """The blocks each parse of a read group of ``cls`` covers (its ``_read_group``)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, cls: type) -> None:
-        self.blocks: list[Any] = []
-        original = cls._read_group
-
-        def spied(source: Any, parts: Any, use_threads: bool) -> Any:
-            self.blocks += [block for block, _, _, _ in parts]
-            return original(source, parts, use_threads)
-
-        monkeypatch.setattr(cls, "_read_group", spied)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from naiad.shuffle import as_array
+
 __all__ = ["KeptBlocks", "concat_ranges", "default_keep_bytes", "usable_memory"]
 
 _KEEP_CAP_BYTES = 1 << 30
@@ -162,8 +164,7 @@ class KeptBlocks:
             src += n
         for name, col in columns.items():
             dst = kept[name]
-            if not isinstance(col, np.ndarray):  # each value one object, whatever it holds
-                col = np.fromiter(col, object, count=len(col))
+            col = as_array(col)  # a list: each value one object, whatever it holds
             for at, frm, n in moves:
                 dst[at:at + n] = col[frm:frm + n]
         with self._lock:
