@@ -14,6 +14,7 @@ import pytest
 import naiad
 from naiad.parallel.context import WorkerContext
 from naiad.plan import ReadTask
+from naiad.shuffle import as_array
 from naiad.sources.csv import CsvSource
 from naiad.sources.decoded import KeptBlocks, default_keep_bytes, usable_memory
 from naiad.sources.jsonl import JsonlSource
@@ -350,7 +351,9 @@ def test_every_way_of_gathering_gives_the_columns_values_dtypes_and_copies() -> 
     total = int(sizes.sum())
     cols: dict[str, Any] = {"id": np.arange(total), "x": rng.standard_normal(total).astype(np.float32),
                             "ok": rng.random(total) < 0.5, "u": np.arange(total, dtype=np.uint8),
-                            "s": [f"s{i}" for i in range(total)], "e": np.arange(2.0 * total).reshape(total, 2)}
+                            "s": [f"s{i}" for i in range(total)], "e": np.arange(2.0 * total).reshape(total, 2),
+                            "y": -rng.standard_normal(total).astype(np.float32), "t": [(i,) for i in range(total)],
+                            "n": np.arange(total) * 7, "f": np.arange(4.0 * total).reshape(total, 2, 2)}
     kept = KeptBlocks(blocks, 1 << 20)
     kept.put([(b, b.rows) for b in blocks], cols)
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
@@ -366,8 +369,15 @@ def test_every_way_of_gathering_gives_the_columns_values_dtypes_and_copies() -> 
         got = kept.gather(parts)
         assert got is not None and list(got) == list(cols)
         for name, col in cols.items():
-            expect = np.asarray(col, dtype=object if name == "s" else None)[want]
+            expect = as_array(col)[want]
             assert got[name].dtype == expect.dtype and np.array_equal(got[name], expect), name
-        got["id"][:] = -1  # a copy: the kept rows stay
+            assert got[name].flags.c_contiguous and got[name].flags.writeable, name
+        # Columns of one dtype share a stack (NOTE [ Kept blocks ]), each its own rows: a write to
+        # one reaches neither its neighbours nor the kept rows.
+        got["id"][:] = -1
+        got["x"][:] = 0
+        got["s"][:] = None
+        assert got["n"].tolist() == (want * 7).tolist() and np.array_equal(got["y"], cols["y"][want])
+        assert got["t"].tolist() == [(i,) for i in want.tolist()]
     again = kept.gather(reads[2])
-    assert again is not None and again["id"].min() >= 0
+    assert again is not None and again["id"].min() >= 0 and again["x"].any() and None not in again["s"].tolist()

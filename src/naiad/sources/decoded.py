@@ -16,13 +16,15 @@ What is kept, and why it is safe:
   block seldom goes to the same worker twice.
 - Only whole blocks read without a skipped bad row: a block with one is parsed again at every
   read, so every epoch reports its skips in the ledger.
-- The rows are copied into one array per column, in file order (a block at its first row's
-  place; strings and other Python values in an object array, each row one object), and every
-  read from them is a copy: nothing outside holds a reference to the kept rows, so no in-place
-  change of a batch reaches them. A read of many small blocks (about 500 rows each for a 150 MB
-  CSV) joins one slice per block of each column's single array: it was a dict of slices per
-  block, whose Python overhead cost a quarter of a later epoch, and then a ``take`` through an
-  index, which reads an index entry per value (1.8x slower than slices).
+- The rows are copied in file order (a block at its first row's place; strings and other Python
+  values in an object array, each row one object) into one array per dtype and row shape, a
+  column per row of it, and every read from them is a copy: nothing outside holds a reference to
+  the kept rows, so no in-place change of a batch reaches them. A read group of small blocks
+  (about 60 ranges of 500 rows for 294 MB of JSON Lines in 64 KiB blocks) is then one slice per
+  range for all the columns of a dtype, joined into a new array whose rows are the columns, each
+  contiguous. A slice per range per column cost 2x as much (63 against 28 ms for an epoch's
+  gathers of ten columns; an index ``take`` 50 ms), and a dict of slices per block, before that,
+  a quarter of a later epoch.
 - Which rows a read returns, in which order, does not depend on whether they were kept: the plan
   is unchanged, and a kept block is the parse's own output.
 - A read group of which only some blocks are kept parses just the others, keeps them, and
@@ -91,11 +93,6 @@ def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-_SLICES_MAX = 16
-"""Up to this many ranges, a gather joins slices; past it, it takes through one index (for 73
-ranges of about 900 rows and ten columns, 8% faster)."""
-
-
 class KeptBlocks:
     """Parsed columns of whole blocks, kept in file order up to a byte budget (NOTE [ Kept
     blocks ]).
@@ -116,7 +113,10 @@ class KeptBlocks:
         self.total_rows = int(rows.sum())
         self._start: dict[Any, int] = dict(zip(blocks, starts.tolist()))
         self._kept: set[Any] = set()
-        self._columns: dict[str, np.ndarray] | None = None
+        # Columns of one dtype and row shape share one array, a column per row of it: a range of
+        # rows is then one slice for all of them (see gather).
+        self._stacks: list[np.ndarray] | None = None
+        self._where: dict[str, tuple[int, int]] = {}  # column -> (stack, row in it), in order
         self._full = False  # the columns would not fit the budget: keep nothing
         self._lock = threading.Lock()
 
@@ -126,35 +126,42 @@ class KeptBlocks:
 
     def _allocate(self, columns: Mapping[str, np.ndarray | list]) -> bool:
         with self._lock:
-            if self._columns is None and not self._full:
-                out: dict[str, np.ndarray] = {}
+            if self._stacks is None and not self._full:
+                groups: dict[tuple[Any, ...], list[str]] = {}
                 size = 0
                 for name, col in columns.items():
                     if isinstance(col, np.ndarray) and col.dtype != object:
+                        key: tuple[Any, ...] = (col.dtype, col.shape[1:])
                         size += self.total_rows * col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
-                        out[name] = np.empty((self.total_rows, *col.shape[1:]), col.dtype)  # touched as written
                     else:
                         # Strings and other Python values in an object array, not a list: a gather
                         # is then a C loop (3-4x faster than a list comprehension, and it holds
                         # the GIL for that much less beside the training loop).
+                        key = (np.dtype(object), ())
                         size += 64 * self.total_rows
-                        out[name] = np.empty(self.total_rows, object)
+                    groups.setdefault(key, []).append(name)
                 if size > self.budget_bytes:
                     self._full = True
                 else:
-                    self._columns, self.nbytes = out, size
-            return self._columns is not None
+                    stacks = []
+                    for (dtype, shape), names in groups.items():
+                        for i, name in enumerate(names):
+                            self._where[name] = (len(stacks), i)
+                        stacks.append(np.empty((len(names), self.total_rows, *shape), dtype))  # touched as written
+                    self._where = {name: self._where[name] for name in columns}
+                    self._stacks, self.nbytes = stacks, size
+            return self._stacks is not None
 
     def put(self, parts: Sequence[tuple[Any, int]], columns: Mapping[str, np.ndarray | list]) -> None:
         """Keep the columns of a read of whole blocks, one after another: ``parts`` is each
         block with its rows, in the order of the rows in ``columns``."""
         if self._full or not columns or not all(block in self._start for block, _ in parts):
             return
-        if self._columns is None and not self._allocate(columns):
+        if self._stacks is None and not self._allocate(columns):
             return
-        kept = self._columns
-        assert kept is not None
-        if set(kept) != set(columns):
+        stacks = self._stacks
+        assert stacks is not None
+        if set(self._where) != set(columns):
             return
         # One slice per block (as in gather): faster than a scatter through an index.
         moves = []
@@ -163,7 +170,8 @@ class KeptBlocks:
             moves.append((self._start[block], src, n))
             src += n
         for name, col in columns.items():
-            dst = kept[name]
+            stack, row = self._where[name]
+            dst = stacks[stack][row]
             col = as_array(col)  # a list: each value one object, whatever it holds
             for at, frm, n in moves:
                 dst[at:at + n] = col[frm:frm + n]
@@ -180,22 +188,21 @@ class KeptBlocks:
     def gather(self, parts: Sequence[tuple[Any, int, int, np.ndarray | None]]) -> dict[str, np.ndarray | list] | None:
         """The rows of reads ``(block, lo, hi, take)`` (``take``: only these offsets from ``lo``)
         one after another, as new arrays, when every block is kept; else None."""
-        kept = self._columns
-        if kept is None or not all(block in self._kept for block, _, _, _ in parts):
+        stacks = self._stacks
+        if stacks is None or not all(block in self._kept for block, _, _, _ in parts):
             return None
         if all(take is None for _, _, _, take in parts):
+            # A slice per range for all the columns of a stack: a read group of 64 KiB blocks of
+            # JSON Lines is about 60 ranges of 500 rows, and a slice per range per column (or a
+            # take through one index) cost twice as much (bench/RESULTS.md).
             spans = _joined([(self._start[b] + lo, self._start[b] + hi) for b, lo, hi, _ in parts])
-            if len(spans) <= _SLICES_MAX:
-                # Slices joined (a new array even for one): for a few ranges of a few hundred
-                # rows, 1.8x faster than a take through an index (which reads an entry per value).
-                return {name: np.concatenate([col[a:z] for a, z in spans]) for name, col in kept.items()}
-            # Many ranges: one index for all columns costs less than a slice per range per column.
-            index = concat_ranges(np.fromiter((a for a, _ in spans), np.int64, count=len(spans)),
-                            np.fromiter((z - a for a, z in spans), np.int64, count=len(spans)))
+            out = [np.concatenate([stack[:, a:z] for a, z in spans], axis=1) for stack in stacks]
         else:
             index = np.concatenate([
                 np.arange(self._start[b] + lo, self._start[b] + hi, dtype=np.int64) if take is None
                 else self._start[b] + lo + np.asarray(take, np.int64)
                 for b, lo, hi, take in parts
             ])
-        return {name: col.take(index, axis=0) for name, col in kept.items()}
+            out = [stack.take(index, axis=1) for stack in stacks]
+        # Each column a row of its stack's new array: contiguous, and a copy.
+        return {name: out[stack][row] for name, (stack, row) in self._where.items()}
