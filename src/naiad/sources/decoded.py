@@ -143,7 +143,7 @@ class KeptBlocks:
                 if size > self.budget_bytes:
                     self._full = True
                 else:
-                    stacks = []
+                    stacks: list[np.ndarray] = []
                     for (dtype, shape), names in groups.items():
                         for i, name in enumerate(names):
                             self._where[name] = (len(stacks), i)
