@@ -278,14 +278,22 @@ def test_gather_joins_ranges_picks_and_lists() -> None:
     nested.put([(blocks[0], 4)], {"v": [[1, 2], [3, 4], [5, 6], []]})
     got_nested = nested.gather([(blocks[0], 1, 4, None)])
     assert got_nested is not None and got_nested["v"].tolist() == [[3, 4], [5, 6], []]
+    # A block whose column comes in another dtype than the first one kept is not kept (its bytes
+    # would read as the other type).
+    mixed = KeptBlocks(blocks[:2], 1 << 20)
+    mixed.put([(blocks[0], 4)], {"a": np.arange(4)})
+    mixed.put([(blocks[1], 6)], {"a": np.arange(6) + 0.5})
+    assert len(mixed) == 1 and mixed.gather([(blocks[1], 0, 6, None)]) is None
+    first = mixed.gather([(blocks[0], 0, 4, None)])
+    assert first is not None and first["a"].dtype == np.int64 and first["a"].tolist() == [0, 1, 2, 3]
     # Columns over the budget: nothing is kept.
     small = KeptBlocks(blocks, 100)
     small.put([(blocks[0], 4)], {"a": np.arange(4.0)})
     assert len(small) == 0 and small.gather([(blocks[0], 0, 4, None)]) is None
 
 
-def test_gather_joins_the_blocks_of_a_run() -> None:
-    # NOTE [ Block runs ]: blocks that follow one another are one slice, however many they are.
+def test_gather_reads_a_run_of_blocks_in_order() -> None:
+    # NOTE [ Block runs ]: blocks that follow one another, read whole or in part, in order.
     from naiad.sources.base import Block
 
     blocks = [Block("f", i, i + 1, 3, 0) for i in range(40)]

@@ -16,15 +16,17 @@ What is kept, and why it is safe:
   block seldom goes to the same worker twice.
 - Only whole blocks read without a skipped bad row: a block with one is parsed again at every
   read, so every epoch reports its skips in the ledger.
-- The rows are copied in file order (a block at its first row's place; strings and other Python
-  values in an object array, each row one object) into one array per dtype and row shape, a
-  column per row of it, and every read from them is a copy: nothing outside holds a reference to
-  the kept rows, so no in-place change of a batch reaches them. A read group of small blocks
-  (about 60 ranges of 500 rows for 294 MB of JSON Lines in 64 KiB blocks) is then one slice per
-  range for all the columns of a dtype, joined into a new array whose rows are the columns, each
-  contiguous. A slice per range per column cost 2x as much (63 against 28 ms for an epoch's
-  gathers of ten columns; an index ``take`` 50 ms), and a dict of slices per block, before that,
-  a quarter of a later epoch.
+- The columns of one width and row shape (an int64 row id and float64 features alike; strings
+  and other Python values in an object array, each row one object) share one array, laid out
+  block after block in file order, each block its columns one after another. Every read from
+  them is a copy: nothing outside holds a reference to the kept rows, so no in-place change of a
+  batch reaches them. A read group of small blocks (about 60 ranges of 500 rows for 294 MB of
+  JSON Lines in 64 KiB blocks) is then one slice per range for all those columns, from one
+  stretch of memory, joined into a new array whose rows are the columns (each contiguous, in
+  its own dtype). An epoch's gathers of ten columns, alone: 20-28 ms, against 36-54 with a slice
+  per range from one array per dtype (the columns of a range far apart), 57-71 with one per
+  column or an index ``take``; 1 MiB blocks (four ranges a group) 14-17 ms. A dict of slices
+  per block, before all these, cost a quarter of a later epoch.
 - Which rows a read returns, in which order, does not depend on whether they were kept: the plan
   is unchanged, and a kept block is the parse's own output.
 - A read group of which only some blocks are kept parses just the others, keeps them, and
@@ -37,6 +39,7 @@ What is kept, and why it is safe:
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -81,16 +84,9 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
 
 
-def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``spans`` with each one that starts where the one before ends joined to it: the blocks
-    of a run follow one another (NOTE [ Block runs ] in plan.py)."""
-    out = spans[:1]
-    for a, z in spans[1:]:
-        if a == out[-1][1]:
-            out[-1] = (out[-1][0], z)
-        else:
-            out.append((a, z))
-    return out
+def _raw(itemsize: int) -> np.dtype:
+    """The dtype that holds any value ``itemsize`` bytes wide as its bytes."""
+    return np.dtype(f"u{itemsize}") if itemsize in (1, 2, 4, 8) else np.dtype((np.void, itemsize))
 
 
 class KeptBlocks:
@@ -113,10 +109,13 @@ class KeptBlocks:
         self.total_rows = int(rows.sum())
         self._start: dict[Any, int] = dict(zip(blocks, starts.tolist()))
         self._kept: set[Any] = set()
-        # Columns of one dtype and row shape share one array, a column per row of it: a range of
-        # rows is then one slice for all of them (see gather).
-        self._stacks: list[np.ndarray] | None = None
-        self._where: dict[str, tuple[int, int]] = {}  # column -> (stack, row in it), in order
+        # Columns of one dtype and row shape share one flat array, block after block, each block
+        # its columns one after another (a view of shape (columns, rows, ...)): a range of a
+        # block is one slice for all of them, from one stretch of memory (see gather).
+        self._stacks: list[tuple[np.ndarray, int, tuple[int, ...]]] | None = None  # flat, columns, row shape
+        self._where: dict[str, tuple[int, int]] = {}  # column -> (stack, column in it), in order
+        self._views: dict[Any, tuple[np.ndarray, ...]] = {}  # block -> its view of each stack
+        self._dtype: dict[str, np.dtype] = {}  # a column's own dtype (its stack holds raw bytes)
         self._full = False  # the columns would not fit the budget: keep nothing
         self._lock = threading.Lock()
 
@@ -130,8 +129,11 @@ class KeptBlocks:
                 groups: dict[tuple[Any, ...], list[str]] = {}
                 size = 0
                 for name, col in columns.items():
-                    if isinstance(col, np.ndarray) and col.dtype != object:
-                        key: tuple[Any, ...] = (col.dtype, col.shape[1:])
+                    if isinstance(col, np.ndarray) and not col.dtype.hasobject:
+                        # By width, not type: an int64 row id beside float64 features is one
+                        # stack, so one slice a range (the gather's cost is mostly per slice).
+                        self._dtype[name] = col.dtype
+                        key: tuple[Any, ...] = (_raw(col.itemsize), col.shape[1:])
                         size += self.total_rows * col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
                     else:
                         # Strings and other Python values in an object array, not a list: a gather
@@ -143,11 +145,12 @@ class KeptBlocks:
                 if size > self.budget_bytes:
                     self._full = True
                 else:
-                    stacks: list[np.ndarray] = []
+                    stacks: list[tuple[np.ndarray, int, tuple[int, ...]]] = []
                     for (dtype, shape), names in groups.items():
                         for i, name in enumerate(names):
                             self._where[name] = (len(stacks), i)
-                        stacks.append(np.empty((len(names), self.total_rows, *shape), dtype))  # touched as written
+                        count = len(names) * self.total_rows * int(np.prod(shape, dtype=np.int64))
+                        stacks.append((np.empty(count, dtype), len(names), shape))  # touched as written
                     self._where = {name: self._where[name] for name in columns}
                     self._stacks, self.nbytes = stacks, size
             return self._stacks is not None
@@ -163,18 +166,20 @@ class KeptBlocks:
         assert stacks is not None
         if set(self._where) != set(columns):
             return
-        # One slice per block (as in gather): faster than a scatter through an index.
-        moves = []
+        arrays = {name: as_array(col) for name, col in columns.items()}  # a list: each value one object
+        if any(arrays[name].dtype != dtype for name, dtype in self._dtype.items()):
+            return  # not the columns the stacks were laid out for
+        raw = {name: col.view(_raw(col.itemsize)) if name in self._dtype else col for name, col in arrays.items()}
         src = 0
         for block, n in parts:
-            moves.append((self._start[block], src, n))
+            at = self._start[block]
+            views = tuple(flat[k * at * math.prod(shape):k * (at + n) * math.prod(shape)].reshape(k, n, *shape)
+                          for flat, k, shape in stacks)
+            for name, col in raw.items():
+                stack, i = self._where[name]
+                views[stack][i] = col[src:src + n]
+            self._views[block] = views
             src += n
-        for name, col in columns.items():
-            stack, row = self._where[name]
-            dst = stacks[stack][row]
-            col = as_array(col)  # a list: each value one object, whatever it holds
-            for at, frm, n in moves:
-                dst[at:at + n] = col[frm:frm + n]
         with self._lock:
             self._kept.update(b for b, _ in parts)
 
@@ -191,18 +196,13 @@ class KeptBlocks:
         stacks = self._stacks
         if stacks is None or not all(block in self._kept for block, _, _, _ in parts):
             return None
-        if all(take is None for _, _, _, take in parts):
-            # A slice per range for all the columns of a stack: a read group of 64 KiB blocks of
-            # JSON Lines is about 60 ranges of 500 rows, and a slice per range per column (or a
-            # take through one index) cost twice as much (bench/RESULTS.md).
-            spans = _joined([(self._start[b] + lo, self._start[b] + hi) for b, lo, hi, _ in parts])
-            out = [np.concatenate([stack[:, a:z] for a, z in spans], axis=1) for stack in stacks]
-        else:
-            index = np.concatenate([
-                np.arange(self._start[b] + lo, self._start[b] + hi, dtype=np.int64) if take is None
-                else self._start[b] + lo + np.asarray(take, np.int64)
-                for b, lo, hi, take in parts
-            ])
-            out = [stack.take(index, axis=1) for stack in stacks]
-        # Each column a row of its stack's new array: contiguous, and a copy.
-        return {name: out[stack][row] for name, (stack, row) in self._where.items()}
+        views = self._views
+        out = [
+            np.concatenate([views[b][i][:, lo:hi] if take is None else views[b][i][:, lo + np.asarray(take, np.intp)]
+                            for b, lo, hi, take in parts], axis=1)
+            for i in range(len(stacks))
+        ]
+        # Each column a row of its stack's new array, in its own dtype: contiguous, and a copy.
+        dtypes = self._dtype
+        return {name: out[stack][row].view(dtypes[name]) if name in dtypes else out[stack][row]
+                for name, (stack, row) in self._where.items()}
