@@ -211,11 +211,12 @@ def block_runs(num_blocks: int, total_rows: int, buffer_rows: int, world_size: i
     So the blocks, cut small enough for any buffer, are permuted in runs of consecutive ones
     (each run in file order), and the kept rows of a run lie side by side in memory (NOTE
     [ Kept blocks ]), not scattered over the source: a 10 MB source's epochs ran 6-10% faster
-    in 1-4 MiB blocks, for the same order figures. The run follows the buffer and the world size, so a buffer given smaller than the
-    default gets the single blocks its order needs; it is part of the plan, a pure function of
-    the rows, the blocks and the epoch's first topology (an elastic resume keeps it). Only
-    sources under ``early.EARLY_MIN_BYTES`` get runs (see ``stream.plan_for``): a bigger one may
-    start reading before its rows are counted, in an order that must not depend on them.
+    in 1-4 MiB blocks, for the same order figures. The run follows the buffer and the world
+    size, so a buffer given smaller than the default gets the single blocks its order needs;
+    it is part of the plan, a pure function of the rows, the blocks and the epoch's first
+    topology (an elastic resume keeps it). Only sources under ``early.EARLY_MIN_BYTES`` get
+    runs (see ``stream.plan_for``): a bigger one may start reading before its rows are counted,
+    in an order that must not depend on them.
 
     Example:
         >>> block_runs(297, 135_135, 131_072), block_runs(2_288, 2_027_027, 131_072)

@@ -286,6 +286,9 @@ def test_gather_joins_ranges_picks_and_lists() -> None:
     assert len(mixed) == 1 and mixed.gather([(blocks[1], 0, 6, None)]) is None
     first = mixed.gather([(blocks[0], 0, 4, None)])
     assert first is not None and first["a"].dtype == np.int64 and first["a"].tolist() == [0, 1, 2, 3]
+    # Only whole blocks: a part of one is not kept (its place is laid out for all its rows).
+    mixed.put([(blocks[1], 5)], {"a": np.arange(5)})
+    assert len(mixed) == 1
     # Columns over the budget: nothing is kept.
     small = KeptBlocks(blocks, 100)
     small.put([(blocks[0], 4)], {"a": np.arange(4.0)})

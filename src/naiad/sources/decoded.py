@@ -109,7 +109,7 @@ class KeptBlocks:
         self.total_rows = int(rows.sum())
         self._start: dict[Any, int] = dict(zip(blocks, starts.tolist()))
         self._kept: set[Any] = set()
-        # Columns of one dtype and row shape share one flat array, block after block, each block
+        # Columns of one width and row shape share one flat array, block after block, each block
         # its columns one after another (a view of shape (columns, rows, ...)): a range of a
         # block is one slice for all of them, from one stretch of memory (see gather).
         self._stacks: list[tuple[np.ndarray, int, tuple[int, ...]]] | None = None  # flat, columns, row shape
@@ -158,8 +158,8 @@ class KeptBlocks:
     def put(self, parts: Sequence[tuple[Any, int]], columns: Mapping[str, np.ndarray | list]) -> None:
         """Keep the columns of a read of whole blocks, one after another: ``parts`` is each
         block with its rows, in the order of the rows in ``columns``."""
-        if self._full or not columns or not all(block in self._start for block, _ in parts):
-            return
+        if self._full or not columns or not all(block in self._start and n == block.rows for block, n in parts):
+            return  # a block's place is laid out for all its rows
         if self._stacks is None and not self._allocate(columns):
             return
         stacks = self._stacks
