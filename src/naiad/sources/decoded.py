@@ -49,7 +49,7 @@ import numpy as np
 
 from naiad.shuffle import as_array
 
-__all__ = ["KeptBlocks", "concat_ranges", "default_keep_bytes", "usable_memory"]
+__all__ = ["KeptBlocks", "default_keep_bytes", "usable_memory"]
 
 _KEEP_CAP_BYTES = 1 << 30
 
@@ -76,12 +76,6 @@ def default_keep_bytes() -> int:
     """The default budget for parsed blocks kept across epochs: 1/16 of :func:`usable_memory`,
     at most 1 GiB (a 150 MB CSV of ten float columns parses to about 160 MB)."""
     return min(_KEEP_CAP_BYTES, usable_memory() // 16)
-
-
-def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The concatenation of ``arange(s, s + n)`` for each start and length, without a loop."""
-    ends = np.cumsum(lengths)
-    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
 
 
 def _raw(itemsize: int) -> np.dtype:
@@ -127,14 +121,15 @@ class KeptBlocks:
         with self._lock:
             if self._stacks is None and not self._full:
                 groups: dict[tuple[Any, ...], list[str]] = {}
+                dtypes: dict[str, np.dtype] = {}
                 size = 0
                 for name, col in columns.items():
                     if isinstance(col, np.ndarray) and not col.dtype.hasobject:
                         # By width, not type: an int64 row id beside float64 features is one
                         # stack, so one slice a range (the gather's cost is mostly per slice).
-                        self._dtype[name] = col.dtype
+                        dtypes[name] = col.dtype
                         key: tuple[Any, ...] = (_raw(col.itemsize), col.shape[1:])
-                        size += self.total_rows * col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
+                        size += self.total_rows * col.itemsize * math.prod(col.shape[1:])
                     else:
                         # Strings and other Python values in an object array, not a list: a gather
                         # is then a C loop (3-4x faster than a list comprehension, and it holds
@@ -146,12 +141,13 @@ class KeptBlocks:
                     self._full = True
                 else:
                     stacks: list[tuple[np.ndarray, int, tuple[int, ...]]] = []
+                    where: dict[str, tuple[int, int]] = {}
                     for (dtype, shape), names in groups.items():
-                        for i, name in enumerate(names):
-                            self._where[name] = (len(stacks), i)
-                        count = len(names) * self.total_rows * int(np.prod(shape, dtype=np.int64))
+                        where.update((name, (len(stacks), i)) for i, name in enumerate(names))
+                        count = len(names) * self.total_rows * math.prod(shape)
                         stacks.append((np.empty(count, dtype), len(names), shape))  # touched as written
-                    self._where = {name: self._where[name] for name in columns}
+                    self._where = {name: where[name] for name in columns}
+                    self._dtype = dtypes
                     self._stacks, self.nbytes = stacks, size
             return self._stacks is not None
 
@@ -171,10 +167,10 @@ class KeptBlocks:
             return  # not the columns the stacks were laid out for
         raw = {name: col.view(_raw(col.itemsize)) if name in self._dtype else col for name, col in arrays.items()}
         src = 0
+        widths = [k * math.prod(shape) for _, k, shape in stacks]  # values a row takes in each stack
         for block, n in parts:
             at = self._start[block]
-            views = tuple(flat[k * at * math.prod(shape):k * (at + n) * math.prod(shape)].reshape(k, n, *shape)
-                          for flat, k, shape in stacks)
+            views = tuple(flat[w * at:w * (at + n)].reshape(k, n, *shape) for (flat, k, shape), w in zip(stacks, widths))
             for name, col in raw.items():
                 stack, i = self._where[name]
                 views[stack][i] = col[src:src + n]
