@@ -241,6 +241,8 @@ def main() -> None:
     p.add_argument("--settings", default="",
                    help="only the settings whose labels start with one of these (comma-separated; the defaults always run), "
                         "e.g. 'inline,1 read-ahead' for the in-process ones")
+    p.add_argument("--fresh-runs", type=int, default=5,
+                   help="CSV: new processes per way of starting (naiad's first epoch, PyArrow's read), alternating (median)")
     p.add_argument("--keep-parsed-bytes", type=int, default=None,
                    help="the CSV and JSONL readers' keep_parsed_bytes (0: parse every epoch, as a source over the budget does)")
     args = p.parse_args()
@@ -275,10 +277,10 @@ def run_all(args: argparse.Namespace) -> None:
                 if not folder.exists() or len(list(folder.iterdir())) < files:
                     table = table if table is not None else make_table(rows)
                 paths = write(table if table is not None else make_table(0), fmt, folder, files) if table is not None else sorted(str(x) for x in folder.iterdir())
-                report(fmt, size, files, rows, paths, args.repeats)
+                report(fmt, size, files, rows, paths, args.repeats, args.fresh_runs)
 
 
-def report(fmt: str, size: int, files: int, rows: int, paths: list[str], repeats: int) -> None:
+def report(fmt: str, size: int, files: int, rows: int, paths: list[str], repeats: int, fresh_runs: int = 5) -> None:
     mb = sum(os.path.getsize(x) for x in paths) / 1e6
     print(f"\n#### {fmt}, {size} MB as CSV ({rows:,} rows; {mb:.0f} MB as {fmt}), {files} file(s)\n")
     extra: list[str] = []
@@ -289,7 +291,7 @@ def report(fmt: str, size: int, files: int, rows: int, paths: list[str], repeats
                     pass
         # New processes, alternating: naiad's first epoch without the block index, PyArrow's read.
         firsts, arrows, counted_first = [], [], []
-        for _ in range(3):
+        for _ in range(fresh_runs):
             with tempfile.TemporaryDirectory() as idx:
                 firsts.append(fresh_first_batch(paths, idx))
                 again = fresh_first_batch(paths, idx)
@@ -301,7 +303,7 @@ def report(fmt: str, size: int, files: int, rows: int, paths: list[str], repeats
         ceiling = statistics.median(arrow_ceiling(paths) for _ in range(3))
         new_arrow = statistics.median(arrows)
         per_run = ", ".join(f"{a / f['epoch']:.2f}" for a, f in zip(arrows, firsts))
-        extra.append(f"- new process, no block index (medians of 3): first batch {fresh['first']:.3f} s, first epoch "
+        extra.append(f"- new process, no block index (medians of {fresh_runs}): first batch {fresh['first']:.3f} s, first epoch "
                      f"{rows / fresh['epoch'] / 1e6:.2f} M rows/s = **{new_arrow / fresh['epoch']:.2f}x** PyArrow's whole-file read "
                      f"in a new process ({rows / new_arrow / 1e6:.2f} M rows/s; per run "
                      f"{per_run}), "
