@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from naiad import testing  # check_resume: the conformance check for your own loaders
+from naiad.batching import pack_xy
 from naiad.device import DevicePrefetcher
 from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 from naiad.fetch import ArrayDataset
@@ -18,7 +19,6 @@ from naiad.sources import (
     read_parquet,
     read_text,
 )
-from naiad.stream import pack_xy
 from naiad.telemetry import LoaderStats, Telemetry
 from naiad.worker import WorkerLocal, columnar
 

@@ -48,7 +48,8 @@ from naiad.plan import GroupTask, Task
 from naiad.replay import BufferReplay
 from naiad.restore import window as restore_window
 from naiad.shuffle import ShuffleBuffer
-from naiad.sources.base import Block, BlockData, PathLike, Source
+from naiad.sources.base import Block, BlockData, Source
+from naiad.sources.paths import PathLike
 from naiad.stream import (
     BatchStream,
     StreamOptions,

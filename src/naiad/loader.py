@@ -33,7 +33,7 @@ from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
 from naiad.fetch import choose_fetch
 from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
-from naiad.parallel.autotune import ReadAheadTuner
+from naiad.parallel.read_ahead import ReadAheadTuner
 from naiad.parallel.threads import usable_cores
 from naiad.pipelines import (
     IterablePipeline,

@@ -44,7 +44,7 @@ from naiad.parallel.threads import start_beside
 from naiad.plan import GroupTask, RankPlan, ReadTask, RestoreTask, Task
 from naiad.replay import BufferReplay
 from naiad.shuffle import ShuffleBuffer
-from naiad.sources.base import concat_columns
+from naiad.sources.columns import concat_columns
 
 __all__ = ["FIRST_PIECES", "OWED_PIECES", "READ_COST_ROWS", "Restoring", "Window", "split_even", "window"]
 

@@ -26,7 +26,6 @@ import hashlib
 import os
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
@@ -34,6 +33,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 
+from naiad.batching import Batcher, to_torch
 from naiad.early import EarlyReads, big_enough
 from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
 from naiad.errors import ConfigError, StateError
@@ -55,19 +55,18 @@ from naiad.plan import (
 from naiad.replay import BufferReplay
 from naiad.restore import Restoring
 from naiad.shuffle import ShuffleBuffer, as_array
-from naiad.sources.base import Source, row_bytes
+from naiad.sources.base import Source
+from naiad.sources.columns import row_bytes
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER_ROWS",
     "default_buffer_rows",
     "BatchStream",
-    "PackXY",
     "StreamCounters",
     "StreamOptions",
     "iter_batches",
     "make_handler_factory",
     "num_batches",
-    "pack_xy",
 ]
 
 DEFAULT_SHUFFLE_BUFFER_ROWS = 1 << 17
@@ -531,7 +530,7 @@ class BatchStream(Iterator[Batch]):
             return
         start = int(sizes[: self.batches_yielded].sum()) if sizes is not None else 0
         buffer = ShuffleBuffer(o.buffer_rows, buffer_keys(o.seed, self.epoch, self.rank, len(self.legs))) if o.shuffle else None
-        batcher = _Batcher(sizes, self.batches_yielded, self.source.empty_columns(), o.batch_size)
+        batcher = Batcher(sizes, self.batches_yielded, self.source.empty_columns(), o.batch_size)
         if batcher.done:
             return
         tracker = None
@@ -586,7 +585,7 @@ class BatchStream(Iterator[Batch]):
             if close is not None:
                 close()
 
-    def _adopt_plan(self, early: EarlyReads, batcher: _Batcher) -> None:
+    def _adopt_plan(self, early: EarlyReads, batcher: Batcher) -> None:
         """The pass's plan, once early reads have it: this stream's, and its batch sizes."""
         if batcher.sizes is None:
             self._plan = early.resolve()
@@ -607,127 +606,3 @@ class BatchStream(Iterator[Batch]):
             self.counters.rows_yielded += n
             self.counters.batches += 1
             yield transform(batch) if transform is not None else batch
-
-
-def to_torch(arrays: Mapping[str, np.ndarray]) -> Batch:
-    """NumPy columns to tensors (zero-copy where the array is writable); object columns to lists."""
-    out: Batch = {}
-    for name, arr in arrays.items():
-        if arr.dtype == object:
-            out[name] = arr.tolist()
-        else:
-            if not arr.flags.writeable or not arr.flags.c_contiguous:
-                arr = np.array(arr)  # a view of a memory map or of Arrow memory
-            out[name] = torch.from_numpy(arr)
-    return out
-
-
-class _Batcher:
-    """Cuts a stream of row chunks into the planned batch sizes."""
-
-    def __init__(self, sizes: np.ndarray | None, first: int, empty: Mapping[str, Any], batch_size: int) -> None:
-        self.sizes = sizes  # None: not known yet, every batch until then is ``batch_size`` (one rank)
-        self.batch_size = batch_size
-        self.next = first
-        self.chunks: deque[dict[str, np.ndarray]] = deque()
-        self.rows = 0
-        self.empty = {name: as_array(col) for name, col in empty.items()}
-
-    @property
-    def done(self) -> bool:
-        return self.sizes is not None and self.next >= len(self.sizes)
-
-    def add(self, chunk: dict[str, np.ndarray]) -> None:
-        n = len(next(iter(chunk.values()))) if chunk else 0
-        if n:
-            self.chunks.append(chunk)
-            self.rows += n
-
-    def _size(self) -> int:
-        return self.batch_size if self.sizes is None else int(self.sizes[self.next])
-
-    def ready(self) -> Iterator[dict[str, np.ndarray]]:
-        while not self.done and self.rows >= self._size():
-            yield self._take(self._size())
-
-    def finish(self) -> Iterator[dict[str, np.ndarray]]:
-        # Rows were skipped as bad: the last batches are short (even empty) rather than
-        # missing, so every rank still yields the planned number of batches.
-        assert self.sizes is not None
-        while not self.done:
-            yield self._take(min(self.rows, self._size()))
-
-    def _take(self, k: int) -> dict[str, np.ndarray]:
-        self.next += 1
-        if k == 0:
-            return dict(self.empty)
-        pieces: list[dict[str, np.ndarray]] = []
-        need = k
-        while need:
-            head = self.chunks[0]
-            n = len(next(iter(head.values())))
-            if n <= need:
-                pieces.append(self.chunks.popleft())
-                need -= n
-            else:
-                pieces.append({name: col[:need] for name, col in head.items()})
-                self.chunks[0] = {name: col[need:] for name, col in head.items()}
-                need = 0
-        self.rows -= k
-        if len(pieces) == 1:
-            return pieces[0]
-        return {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
-
-
-def pack_xy(
-    label: str | None = None,
-    features: Sequence[str] | None = None,
-    *,
-    dtype: torch.dtype = torch.float32,
-    label_dtype: torch.dtype | None = None,
-) -> PackXY:
-    """A per-batch transform that packs feature columns into ``x`` and the label into ``y``.
-
-    Args:
-        label: the label column (None: the last column, as in ``x = cols[:-1]; y = cols[-1]``).
-        features: the feature columns in order (None: every column but the label).
-        dtype: the dtype of ``x``.
-        label_dtype: the dtype of ``y`` (None: keep the column's; use float32 for BCE losses).
-
-    Example:
-        >>> t = pack_xy(label="y")
-        >>> out = t({"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3, 4]), "y": torch.tensor([0, 1])})
-        >>> out["x"].tolist(), out["y"].tolist()
-        ([[1.0, 3.0], [2.0, 4.0]], [0, 1])
-    """
-    return PackXY(label, tuple(features) if features is not None else None, dtype, label_dtype)
-
-
-@dataclass(frozen=True)
-class PackXY:
-    """The transform made by :func:`pack_xy` (picklable; runs on whole batches)."""
-
-    label: str | None
-    features: tuple[str, ...] | None
-    dtype: torch.dtype
-    label_dtype: torch.dtype | None
-
-    def __call__(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        names = list(batch)
-        label = self.label if self.label is not None else names[-1]
-        if label not in batch:
-            raise ConfigError(f"pack_xy: `label` {label!r} is not a column; the columns are {names}.")
-        features = self.features if self.features is not None else [n for n in names if n != label]
-        missing = [f for f in features if f not in batch]
-        if missing:
-            raise ConfigError(f"pack_xy: feature column(s) {missing} not in the batch; the columns are {names}.")
-        cols = []
-        for f in features:
-            t = batch[f]
-            if not isinstance(t, torch.Tensor):
-                raise ConfigError(f"pack_xy: column {f!r} is not numeric; leave it out with `features=`.")
-            cols.append(t.reshape(len(t), -1).to(self.dtype))
-        y = batch[label]
-        if self.label_dtype is not None:
-            y = y.to(self.label_dtype)
-        return {"x": torch.cat(cols, dim=1), "y": y}

@@ -221,14 +221,14 @@ def test_cli_fails_a_plan_that_reads_a_block_twice(tmp_path, monkeypatch, capsys
 
 def test_cli_fails_when_the_real_stream_differs_from_the_plan(tmp_path, monkeypatch, capsys):
     write_numbered(str(tmp_path), "csv", SIZES)
-    import naiad.stream
+    from naiad.batching import Batcher
 
-    real = naiad.stream._Batcher._take
+    real = Batcher._take
 
     def reversed_take(self: Any, k: int) -> dict[str, np.ndarray]:
         return {name: col[::-1] for name, col in real(self, k).items()}
 
-    monkeypatch.setattr(naiad.stream._Batcher, "_take", reversed_take)
+    monkeypatch.setattr(Batcher, "_take", reversed_take)
     code = main(["check", str(tmp_path / "part-*.csv"), "--batch-size", "8"])
     err = capsys.readouterr().err
     assert code == 1

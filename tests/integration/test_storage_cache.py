@@ -18,7 +18,7 @@ pytest.importorskip("s3fs", reason="the object storage tests need s3fs (pip inst
 import naiad  # noqa: E402
 from naiad.errors import ConfigError  # noqa: E402
 from naiad.sources.cache import block_cache, cache_stats  # noqa: E402
-from naiad.sources.storage import RetryPolicy  # noqa: E402
+from naiad.sources.retries import RetryPolicy
 from tests.conftest_stream import FORMATS  # noqa: E402
 from tests.s3server import (  # noqa: E402
     BUCKET,

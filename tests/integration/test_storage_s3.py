@@ -16,7 +16,7 @@ pytest.importorskip("s3fs", reason="the object storage tests need s3fs (pip inst
 
 import naiad  # noqa: E402
 from naiad.errors import SourceError  # noqa: E402
-from naiad.sources.storage import RetryPolicy  # noqa: E402
+from naiad.sources.retries import RetryPolicy
 from naiad.testing import check_resume  # noqa: E402
 from tests.conftest_stream import FORMATS  # noqa: E402
 from tests.s3server import (  # noqa: E402

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from naiad import sources
+from naiad.batching import pack_xy
 from naiad.errors import SourceError, StateError
 from naiad.parallel import WorkerPool
 from naiad.stream import (
@@ -22,7 +23,6 @@ from naiad.stream import (
     iter_batches,
     make_handler_factory,
     num_batches,
-    pack_xy,
 )
 from tests.conftest_stream import FORMATS, ids_of, open_numbered, run_epoch, write_numbered
 

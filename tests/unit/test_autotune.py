@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner, TunerDecision
-from naiad.parallel.autotune import ReadAheadTuner
+from naiad.parallel.read_ahead import ReadAheadTuner
 
 Timing = Callable[[int, int], tuple[float, float]]
 

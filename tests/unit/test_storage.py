@@ -13,7 +13,8 @@ import pytest
 import naiad
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
-from naiad.sources.storage import RangeFile, RetryPolicy, Storage, is_transient
+from naiad.sources.retries import RetryPolicy, is_transient
+from naiad.sources.storage import RangeFile, Storage
 
 
 @pytest.fixture

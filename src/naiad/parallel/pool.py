@@ -58,13 +58,13 @@ from naiad.parallel.backend import (
     Exhausted,
     ProcessBackend,
     RemoteError,
-    ThreadBackend,
     add_note,
     worker_seed,
 )
 from naiad.parallel.context import WorkerContext, enter, get_worker_context, leave, worker_rng
 from naiad.parallel.restart import RestartBudget
 from naiad.parallel.results import DeferredResults, Failed, PoolResults
+from naiad.parallel.thread_backend import ThreadBackend
 from naiad.parallel.workers import Done, Pending, WorkerSet
 
 __all__ = [

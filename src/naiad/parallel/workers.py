@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from naiad.errors import WorkerError
-from naiad.parallel.backend import ProcessBackend, ThreadBackend, add_note
+from naiad.parallel.backend import ProcessBackend, add_note
 from naiad.parallel.restart import (
     DEATHS_PER_TASK,
     RestartBudget,
@@ -23,6 +23,7 @@ from naiad.parallel.restart import (
     doing_words,
     repeated_death_error,
 )
+from naiad.parallel.thread_backend import ThreadBackend
 
 __all__ = ["Done", "Pending", "WorkerSet"]
 

@@ -8,11 +8,12 @@ from typing import Any
 
 from naiad.errors import ConfigError
 from naiad.sources.arrow import read_arrow
-from naiad.sources.base import PathLike, Source, expand_paths
+from naiad.sources.base import Source
 from naiad.sources.csv import read_csv
 from naiad.sources.jsonl import read_jsonl
 from naiad.sources.npy import read_npy
 from naiad.sources.parquet import read_parquet
+from naiad.sources.paths import PathLike, expand_paths
 from naiad.sources.storage import Storage
 from naiad.sources.text import read_text
 

@@ -10,14 +10,12 @@ handler factory.
 
 from __future__ import annotations
 
-import glob
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ClassVar, Literal, NamedTuple, TypeAlias, Union
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -26,32 +24,33 @@ from naiad.errors import ConfigError, SourceError
 from naiad.ledger import check_max_bad_rows
 from naiad.parallel.threads import one_core_each, usable_cores
 from naiad.sources.cache import CacheDir
+from naiad.sources.columns import (
+    Columns,
+    cast_to_schema,
+    concat_columns,
+    null_rows,
+    numpy_dtype,
+    row_bytes,
+    table_to_columns,
+)
 from naiad.sources.decoded import KeptBlocks, default_keep_bytes
+from naiad.sources.paths import PathLike, expand_paths
 from naiad.sources.readahead import io_map
-from naiad.sources.storage import RetryPolicy, Storage, is_remote, local_path
+from naiad.sources.retries import RetryPolicy
+from naiad.sources.storage import Storage, is_remote
 
 __all__ = [
     "Block",
     "BlockData",
-    "Columns",
-    "bad_entry",
-    "DTypes",
     "GroupPart",
-    "PathLike",
+    "OnBadRows",
     "Source",
-    "expand_paths",
-    "row_bytes",
-    "table_to_columns",
+    "bad_entry",
+    "default_block_rows",
+    "join_data",
+    "take_positions",
 ]
 
-PathLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
-"""A path, a glob pattern, or a list of paths/patterns."""
-
-DTypes: TypeAlias = Union[Mapping[str, Any], str, np.dtype, pa.DataType, None]  # noqa: UP007
-"""Column types: a mapping column -> dtype, or one dtype for every numeric column."""
-
-Columns = dict[str, np.ndarray | list]
-"""One chunk of rows: column name -> NumPy array (numeric, bool) or list (strings, others)."""
 
 OnBadRows = Literal["raise", "skip"]
 
@@ -123,173 +122,7 @@ def bad_entry(at: int, path: str, reason: str, *, line: int | None = None, row: 
     return out
 
 
-def expand_paths(paths: PathLike, storage: Storage | None = None) -> list[str]:
-    """Turn a path, a glob or a list of them into a sorted-per-pattern list of existing files.
-
-    A local folder stands for its data files (:func:`folder_files`). URLs
-    (``s3://bucket/train-*.csv``) are listed through ``storage`` (its ``storage_options``);
-    ``file://`` URLs become local paths.
-
-    Raises:
-        SourceError: a named file or object does not exist, or a pattern matches nothing.
-        ConfigError: the URL's filesystem is not installed (naming the extra to install).
-    """
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    if not items:
-        raise ConfigError("`paths` must name at least one file, got an empty list.")
-    out: list[str] = []
-    for item in items:
-        text = os.fspath(item)
-        if is_remote(text):
-            out.extend((storage or Storage()).expand(text))
-            continue
-        text = local_path(text)
-        if glob.has_magic(text):
-            matches = sorted(p for p in glob.glob(text, recursive=True) if os.path.isfile(p))
-            if not matches:
-                raise SourceError("the pattern matches no file.", path=text)
-            out.extend(matches)
-        elif os.path.isdir(text):
-            out.extend(folder_files(text))
-        elif not os.path.isfile(text):
-            raise SourceError("file not found.", path=text)
-        else:
-            out.append(text)
-    return out
-
-
-def folder_files(folder: str) -> list[str]:
-    """The data files of a local folder, sorted: its files, not its subfolders, less the names
-    that are not data by convention (hidden ``.*``, ``_SUCCESS`` and other ``_*`` markers, and
-    the manifests ``naiad convert`` writes), as Spark, pandas and Hugging Face read a folder.
-
-    Raises:
-        SourceError: the folder holds no such file.
-    """
-    names = sorted(
-        n for n in os.listdir(folder)
-        if not n.startswith((".", "_")) and n != "manifest.json" and not n.endswith(".manifest.json")
-        and os.path.isfile(os.path.join(folder, n))
-    )
-    if not names:
-        raise SourceError("the folder holds no data file (hidden, _* and manifest files are skipped).", path=folder)
-    return [os.path.join(folder, n) for n in names]
-
-
-def resolve_dtypes(dtypes: DTypes, names: Sequence[str]) -> dict[str, pa.DataType] | pa.DataType | None:
-    """Turn the user's ``dtypes`` into PyArrow types (a per-column dict or one numeric type)."""
-    if dtypes is None:
-        return None
-    if isinstance(dtypes, Mapping):
-        unknown = [c for c in dtypes if c not in names]
-        if unknown:
-            raise ConfigError(
-                f"`dtypes` names unknown column(s) {unknown}; the columns are {list(names)}."
-            )
-        return {c: to_arrow_type(t) for c, t in dtypes.items()}
-    return to_arrow_type(dtypes)
-
-
-def to_arrow_type(dtype: Any) -> pa.DataType:
-    """A PyArrow type from a NumPy dtype, a name ("float32", "str") or a PyArrow type."""
-    if isinstance(dtype, pa.DataType):
-        return dtype
-    if dtype in ("str", "string", str):
-        return pa.string()
-    try:
-        return pa.from_numpy_dtype(np.dtype(dtype))
-    except (TypeError, pa.ArrowNotImplementedError) as exc:
-        raise ConfigError(f"`dtypes` has an unsupported type {dtype!r}: {exc}") from None
-
-
-def apply_dtypes(schema: pa.Schema, dtypes: dict[str, pa.DataType] | pa.DataType | None) -> pa.Schema:
-    """The schema after ``dtypes``: per-column types, or one type for every numeric column."""
-    if dtypes is None:
-        return schema
-    fields = []
-    for f in schema:
-        if isinstance(dtypes, dict):
-            t = dtypes.get(f.name, f.type)
-        elif pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type):
-            t = dtypes
-        else:
-            t = f.type
-        fields.append(pa.field(f.name, t))
-    return pa.schema(fields)
-
-
-def select_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str) -> pa.Schema:
-    """Keep ``columns`` (in the file's order) or all; a name not in the file is a SourceError."""
-    if columns is None:
-        return schema
-    names = schema.names
-    unknown = [c for c in columns if c not in names]
-    if unknown:
-        raise SourceError(
-            f"unknown column(s) {unknown} in `columns`; the file has {names}.", path=path,
-            column=unknown[0],
-        )
-    wanted = set(columns)
-    return pa.schema([f for f in schema if f.name in wanted])
-
-
-def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
-    """Columns as NumPy arrays (numeric, bool, fixed-size lists) or lists (everything else).
-
-    Nulls in float columns become NaN; integer and bool columns must have none (the caller
-    checks, because only it knows the file and line).
-    """
-    out: Columns = {}
-    for name, col in zip(table.column_names, table.columns):
-        t = col.type
-        if isinstance(col, pa.ChunkedArray):
-            col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-            out[name] = col.to_numpy(zero_copy_only=False)
-        elif pa.types.is_fixed_size_list(t) and (
-            pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
-        ):
-            # e.g. an embedding column: one (rows, width) array, not a list of lists.
-            flat = col.flatten().to_numpy(zero_copy_only=False)
-            out[name] = flat.reshape(len(col), t.list_size)
-        else:
-            out[name] = col.to_pylist()
-    return out
-
-
-def numpy_dtype(t: pa.DataType) -> np.dtype | None:
-    """The NumPy dtype a column of type ``t`` becomes, or None for a list column."""
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        return np.dtype(t.to_pandas_dtype())
-    if pa.types.is_fixed_size_list(t) and (
-        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
-    ):
-        return np.dtype(t.value_type.to_pandas_dtype())
-    return None
-
-
-def row_bytes(schema: pa.Schema) -> int:
-    """About how many bytes a row of ``schema`` takes as NumPy columns (32 for a string or other
-    Python value)."""
-    total = 0
-    for f in schema:
-        dt = numpy_dtype(f.type)
-        width = f.type.list_size if pa.types.is_fixed_size_list(f.type) else 1
-        total += dt.itemsize * width if dt is not None else 32
-    return total
-
-
 _KEEP_DECISION = threading.Lock()
-
-
-def null_rows(table: pa.Table) -> np.ndarray:
-    """Row indices with a null in an integer or bool column (NumPy has no integer NaN)."""
-    mask: np.ndarray | None = None
-    for col in table.columns:
-        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
-            m = col.is_null().to_numpy(zero_copy_only=False)
-            mask = m if mask is None else (mask | m)
-    return np.zeros(0, np.int64) if mask is None else np.flatnonzero(mask)
 
 
 class Source(ABC):
@@ -688,18 +521,6 @@ class Source(ABC):
         return state
 
 
-def concat_columns(pieces: Sequence[Mapping[str, np.ndarray | list]]) -> Columns:
-    """Chunks of the same columns, one after another."""
-    out: Columns = {}
-    for name in pieces[0]:
-        cols = [p[name] for p in pieces]
-        if isinstance(cols[0], np.ndarray):
-            out[name] = np.concatenate(cols)
-        else:
-            out[name] = [v for c in cols for v in c]
-    return out
-
-
 def join_data(datas: Sequence[BlockData], positions: Sequence[int]) -> BlockData:
     """Reads one after another as one: their columns joined, each skipped row's ``at`` counted
     from the start of the whole (``positions``: how many rows each read was asked for)."""
@@ -734,110 +555,3 @@ def _take(column: np.ndarray | list, rows: np.ndarray) -> np.ndarray | list:
     return [column[i] for i in rows.tolist()]
 
 
-def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRows) -> tuple[pa.Table, tuple[dict[str, Any], ...]]:
-    """Drop (or report) rows with a null in an integer/bool column; returns (table, their entries).
-
-    For columnar formats, where a row number is exact; text formats find such rows line by line.
-    """
-    bad = null_rows(table)
-    if bad.size == 0:
-        return table, ()
-    if on_bad_rows == "raise":
-        col = null_column(table)
-        raise SourceError(
-            f"missing value at row {block.first_line + lo + int(bad[0])} in an integer column "
-            f"(NumPy integers have no NaN); pass dtypes={{{col!r}: 'float32'}} to read it as "
-            "NaN, or on_bad_rows='skip'.",
-            path=block.path, column=col,
-        )
-    keep = np.ones(table.num_rows, bool)
-    keep[bad] = False
-    # Each skipped row's column: the first integer/bool column with a null there.
-    names = np.full(table.num_rows, "", object)
-    for name, col in zip(table.column_names, table.columns):
-        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
-            m = col.is_null().to_numpy(zero_copy_only=False) & (names == "")
-            names[m] = name
-    entries = tuple(
-        bad_entry(i, block.path, f"missing value in integer column {names[i]!r} (NumPy integers have no NaN)",
-                  row=block.first_line + lo + i, column=names[i])
-        for i in bad.tolist()
-    )
-    return table.filter(pa.array(keep)), entries
-
-
-def null_column(table: pa.Table) -> str:
-    """The first integer/bool column that has a null."""
-    for name, col in zip(table.column_names, table.columns):
-        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
-            return str(name)
-    return ""
-
-
-class ReaderCache:
-    """Open readers, per thread and least recently used first out.
-
-    A PyArrow file reader is not safe to share between threads (sharing one across thread
-    workers crashed), and opening one parses the file's footer or index, which is not free for
-    wide files; so each thread keeps its own few open readers.
-
-    Args:
-        opener: opens one file; raises ``OSError``/``pa.ArrowException`` on a bad file.
-        what: the format in words, for error messages ("Parquet file").
-        hint: what to suggest when a file cannot be opened.
-        max_open: readers kept open per thread.
-    """
-
-    def __init__(self, opener: Callable[[str], Any], what: str, hint: str, max_open: int = 16) -> None:
-        self._opener = opener
-        self._what = what
-        self._hint = hint
-        self._max_open = max_open
-        self._local = threading.local()
-
-    def get(self, path: str) -> Any:
-        """The open reader of ``path`` (opened now if needed), or a SourceError naming the file."""
-        cache: OrderedDict[str, Any] | None = getattr(self._local, "open", None)
-        if cache is None:
-            cache = self._local.open = OrderedDict()
-        reader = cache.get(path)
-        if reader is not None:
-            cache.move_to_end(path)
-            return reader
-        try:
-            reader = self._opener(path)
-        except FileNotFoundError:
-            raise SourceError("file not found.", path=path) from None
-        except (OSError, pa.ArrowException) as exc:
-            raise SourceError(f"not a readable {self._what} ({exc}); {self._hint}", path=path) from None
-        cache[path] = reader
-        if len(cache) > self._max_open:
-            cache.popitem(last=False)
-        return reader
-
-
-def indexed_blocks(path: str, row_counts: Sequence[int]) -> list[Block]:
-    """One block per non-empty part (row group, record batch) of a file, with its row counts."""
-    blocks, row = [], 0
-    for i, n in enumerate(row_counts):
-        if n:
-            blocks.append(Block(path, i, i + 1, n, row))
-        row += n
-    return blocks
-
-
-def check_columns_present(names: Sequence[str], present: Sequence[str], path: str, first_path: str) -> None:
-    """A SourceError when ``path`` lacks a column the source's schema (from ``first_path``) has."""
-    missing = [n for n in names if n not in present]
-    if missing:
-        raise SourceError(f"column(s) {missing} missing (present in {first_path}).", path=path, column=missing[0])
-
-
-def cast_to_schema(table: pa.Table, schema: pa.Schema, part: str, path: str) -> pa.Table:
-    """``table`` with ``schema``'s columns and types, or a SourceError naming the file and ``part``."""
-    if table.schema == schema:
-        return table
-    try:
-        return table.select(schema.names).cast(schema)
-    except (pa.ArrowException, ValueError) as exc:
-        raise SourceError(f"cannot convert {part} to {schema}: {exc}", path=path) from None

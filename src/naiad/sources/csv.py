@@ -13,23 +13,17 @@ import pyarrow.csv as pacsv
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
-from naiad.sources.base import (
-    Block,
-    BlockData,
+from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, Source, bad_entry
+from naiad.sources.cache import CacheDir
+from naiad.sources.columns import (
     DTypes,
-    GroupPart,
-    OnBadRows,
-    PathLike,
-    Source,
     apply_dtypes,
-    bad_entry,
     null_column,
     null_rows,
     resolve_dtypes,
     select_columns,
     table_to_columns,
 )
-from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
@@ -44,7 +38,8 @@ from naiad.sources.lines import (
     read_block_bytes,
     slice_rows,
 )
-from naiad.sources.storage import RetryPolicy
+from naiad.sources.paths import PathLike
+from naiad.sources.retries import RetryPolicy
 
 __all__ = ["CsvSource", "read_csv"]
 

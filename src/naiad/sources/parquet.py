@@ -11,26 +11,20 @@ import pyarrow.parquet as pq
 
 from naiad.errors import SourceError
 from naiad.sources import storage
-from naiad.sources.base import (
-    Block,
-    BlockData,
+from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, Source
+from naiad.sources.cache import CacheDir
+from naiad.sources.columnar import ReaderCache, check_no_nulls, indexed_blocks
+from naiad.sources.columns import (
     DTypes,
-    GroupPart,
-    OnBadRows,
-    PathLike,
-    ReaderCache,
-    Source,
     apply_dtypes,
     cast_to_schema,
     check_columns_present,
-    check_no_nulls,
-    indexed_blocks,
     resolve_dtypes,
     select_columns,
     table_to_columns,
 )
-from naiad.sources.cache import CacheDir
-from naiad.sources.storage import RetryPolicy
+from naiad.sources.paths import PathLike
+from naiad.sources.retries import RetryPolicy
 
 __all__ = ["ParquetSource", "read_parquet"]
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, PathLike, Source, bad_entry
+from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, Source, bad_entry
 from naiad.sources.cache import CacheDir
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
@@ -22,7 +22,8 @@ from naiad.sources.lines import (
     read_block_bytes,
     slice_rows,
 )
-from naiad.sources.storage import RetryPolicy
+from naiad.sources.paths import PathLike
+from naiad.sources.retries import RetryPolicy
 
 __all__ = ["TextSource", "read_text"]
 

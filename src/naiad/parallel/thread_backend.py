@@ -1,0 +1,162 @@
+"""Thread workers behind a WorkerPool: the same protocol as the process backend (NOTE [ Worker
+protocol ] in :mod:`naiad.parallel.pool`), in the training process, for sources whose reads
+release the GIL (PyArrow's parsers and decoders, NumPy's copies)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from naiad.parallel.backend import (
+    JOIN_TIMEOUT_S,
+    InitFn,
+    Message,
+    PrepareFn,
+    RemoteError,
+    run_task,
+    worker_seed,
+)
+from naiad.parallel.context import WorkerContext, enter
+
+__all__ = ["ThreadBackend"]
+
+
+class ThreadBackend:
+    """Worker threads sharing one result queue; workers start and stop by id."""
+
+    def __init__(
+        self,
+        factory: Callable[[WorkerContext], Callable[[Any], Any]],
+        base_seed: int,
+        rank: int,
+        worker_init_fn: InitFn,
+        prepare: PrepareFn = None,
+    ) -> None:
+        self._factory = factory
+        self._base_seed = base_seed
+        self._rank = rank
+        self._init = worker_init_fn
+        self._prepare = prepare
+        self.results: queue.Queue = queue.Queue()
+        self.task_queues: list[queue.Queue] = []
+        self.threads: list[threading.Thread] = []
+        self.dead: set[int] = set()
+        self.stopping: set[int] = set()
+        self._finalizer = weakref.finalize(self, _shutdown_threads, self.threads, self.task_queues)
+        _LIVE_THREAD_BACKENDS.add(self)
+
+    def start(self, w: int, num_workers: int) -> None:
+        """Start worker ``w`` (a stopped worker of that id finishes on its own queue)."""
+        tasks: queue.Queue = queue.Queue()
+        wctx = WorkerContext(
+            w, num_workers, worker_seed(self._base_seed, w), "thread", self._base_seed, self._rank
+        )
+        t = threading.Thread(target=self._main, args=(wctx, tasks), name=f"naiad-worker-{w}", daemon=True)
+        t.start()
+        if w < len(self.threads):
+            self.threads[w], self.task_queues[w] = t, tasks
+        else:
+            self.threads.append(t)
+            self.task_queues.append(tasks)
+        self.dead.discard(w)
+        self.stopping.discard(w)
+
+    def stop(self, w: int) -> None:
+        """Ask worker ``w`` to return once its queued tasks are done."""
+        self.stopping.add(w)
+        self.task_queues[w].put(None)
+
+    def _main(self, context: WorkerContext, tasks: queue.Queue) -> None:
+        w = context.worker_id
+        enter(context, None)
+        try:
+            if self._prepare is not None:
+                self._prepare(context)
+            if self._init is not None:
+                self._init(w)
+            handler = self._factory(context)
+        except BaseException as exc:  # noqa: BLE001
+            self.results.put((w, "error", -1, RemoteError(exc), {}))
+            return
+        self.results.put((w, "ready", -1, None, {}))
+        current: tuple[int, int] | None = None
+        while True:
+            item = tasks.get()
+            if item is None:
+                return
+            seq, payload, key = item
+            # Only worker_rng() follows the pass here: the global generators belong to every
+            # thread of the process, the training loop's included (NOTE [ Worker randomness ]).
+            entropy = key[2] if len(key) > 2 else None
+            enter(context, key[1], fresh=entropy is not None or key != current, entropy=entropy)
+            current = key
+            kind, seq, value, stages = run_task(handler, seq, payload)
+            self.results.put((w, kind, seq, value, stages))
+
+    def submit(self, worker_id: int, seq: int, payload: Any, key: tuple) -> None:
+        """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
+        self.task_queues[worker_id].put((seq, payload, key))
+
+    def poll(self, timeout_s: float) -> list[Message]:
+        try:
+            out = [self.results.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self.results.get_nowait())
+            except queue.Empty:
+                return out
+
+    def pid(self, worker_id: int) -> int | None:
+        return os.getpid()
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+_LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
+
+
+EXIT_JOIN_S = 10.0
+
+
+@atexit.register
+def _join_threads_at_exit() -> None:
+    """Let worker threads finish the task they are in before the interpreter goes. They are
+    daemons, so exit does not wait for them, and one still inside PyArrow when PyArrow's own
+    thread pools are torn down aborts the whole process ("terminate called without an active
+    exception"): drop their queued tasks, ask them to stop, wait a bounded time."""
+    deadline = time.monotonic() + EXIT_JOIN_S
+    threads: list[threading.Thread] = []
+    for backend in list(_LIVE_THREAD_BACKENDS):
+        for tq in backend.task_queues:
+            try:
+                while True:
+                    tq.get_nowait()
+            except queue.Empty:
+                pass
+            tq.put(None)
+        threads += [t for t in backend.threads if t.is_alive()]
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _shutdown_threads(threads: list[threading.Thread], task_queues: list[queue.Queue]) -> None:
+    for tq in task_queues:
+        tq.put(None)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    me = threading.current_thread()
+    for t in threads:
+        if t is me:
+            # The loader was collected in one of its own workers (the cyclic collector runs in
+            # whichever thread allocates): that thread leaves at its next task, the None above.
+            continue
+        # A thread stuck in user code cannot be killed; it is a daemon and dies with the process.
+        t.join(timeout=max(0.0, deadline - time.monotonic()))

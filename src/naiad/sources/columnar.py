@@ -1,0 +1,102 @@
+"""What the columnar formats (Parquet, Arrow IPC) share: one block per row group or record
+batch, open file readers per thread, and rows with a null where NumPy has none."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from naiad.errors import SourceError
+from naiad.sources.base import Block, OnBadRows, bad_entry
+from naiad.sources.columns import null_column, null_rows
+
+__all__ = ["ReaderCache", "check_no_nulls", "indexed_blocks"]
+
+
+def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRows) -> tuple[pa.Table, tuple[dict[str, Any], ...]]:
+    """Drop (or report) rows with a null in an integer/bool column; returns (table, their entries).
+
+    For columnar formats, where a row number is exact; text formats find such rows line by line.
+    """
+    bad = null_rows(table)
+    if bad.size == 0:
+        return table, ()
+    if on_bad_rows == "raise":
+        col = null_column(table)
+        raise SourceError(
+            f"missing value at row {block.first_line + lo + int(bad[0])} in an integer column "
+            f"(NumPy integers have no NaN); pass dtypes={{{col!r}: 'float32'}} to read it as "
+            "NaN, or on_bad_rows='skip'.",
+            path=block.path, column=col,
+        )
+    keep = np.ones(table.num_rows, bool)
+    keep[bad] = False
+    # Each skipped row's column: the first integer/bool column with a null there.
+    names = np.full(table.num_rows, "", object)
+    for name, col in zip(table.column_names, table.columns):
+        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+            m = col.is_null().to_numpy(zero_copy_only=False) & (names == "")
+            names[m] = name
+    entries = tuple(
+        bad_entry(i, block.path, f"missing value in integer column {names[i]!r} (NumPy integers have no NaN)",
+                  row=block.first_line + lo + i, column=names[i])
+        for i in bad.tolist()
+    )
+    return table.filter(pa.array(keep)), entries
+
+
+class ReaderCache:
+    """Open readers, per thread and least recently used first out.
+
+    A PyArrow file reader is not safe to share between threads (sharing one across thread
+    workers crashed), and opening one parses the file's footer or index, which is not free for
+    wide files; so each thread keeps its own few open readers.
+
+    Args:
+        opener: opens one file; raises ``OSError``/``pa.ArrowException`` on a bad file.
+        what: the format in words, for error messages ("Parquet file").
+        hint: what to suggest when a file cannot be opened.
+        max_open: readers kept open per thread.
+    """
+
+    def __init__(self, opener: Callable[[str], Any], what: str, hint: str, max_open: int = 16) -> None:
+        self._opener = opener
+        self._what = what
+        self._hint = hint
+        self._max_open = max_open
+        self._local = threading.local()
+
+    def get(self, path: str) -> Any:
+        """The open reader of ``path`` (opened now if needed), or a SourceError naming the file."""
+        cache: OrderedDict[str, Any] | None = getattr(self._local, "open", None)
+        if cache is None:
+            cache = self._local.open = OrderedDict()
+        reader = cache.get(path)
+        if reader is not None:
+            cache.move_to_end(path)
+            return reader
+        try:
+            reader = self._opener(path)
+        except FileNotFoundError:
+            raise SourceError("file not found.", path=path) from None
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceError(f"not a readable {self._what} ({exc}); {self._hint}", path=path) from None
+        cache[path] = reader
+        if len(cache) > self._max_open:
+            cache.popitem(last=False)
+        return reader
+
+
+def indexed_blocks(path: str, row_counts: Sequence[int]) -> list[Block]:
+    """One block per non-empty part (row group, record batch) of a file, with its row counts."""
+    blocks, row = [], 0
+    for i, n in enumerate(row_counts):
+        if n:
+            blocks.append(Block(path, i, i + 1, n, row))
+        row += n
+    return blocks

@@ -1,0 +1,187 @@
+"""A source's columns: the user's ``dtypes`` as PyArrow types, Arrow tables as NumPy columns,
+and the checks that a file's columns and values fit the source's schema."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias, Union
+
+import numpy as np
+import pyarrow as pa
+
+from naiad.errors import ConfigError, SourceError
+
+__all__ = [
+    "Columns",
+    "DTypes",
+    "apply_dtypes",
+    "cast_to_schema",
+    "check_columns_present",
+    "concat_columns",
+    "null_column",
+    "null_rows",
+    "numpy_dtype",
+    "resolve_dtypes",
+    "row_bytes",
+    "select_columns",
+    "table_to_columns",
+    "to_arrow_type",
+]
+
+
+DTypes: TypeAlias = Union[Mapping[str, Any], str, np.dtype, pa.DataType, None]  # noqa: UP007
+"""Column types: a mapping column -> dtype, or one dtype for every numeric column."""
+
+
+Columns = dict[str, np.ndarray | list]
+"""One chunk of rows: column name -> NumPy array (numeric, bool) or list (strings, others)."""
+
+
+def resolve_dtypes(dtypes: DTypes, names: Sequence[str]) -> dict[str, pa.DataType] | pa.DataType | None:
+    """Turn the user's ``dtypes`` into PyArrow types (a per-column dict or one numeric type)."""
+    if dtypes is None:
+        return None
+    if isinstance(dtypes, Mapping):
+        unknown = [c for c in dtypes if c not in names]
+        if unknown:
+            raise ConfigError(
+                f"`dtypes` names unknown column(s) {unknown}; the columns are {list(names)}."
+            )
+        return {c: to_arrow_type(t) for c, t in dtypes.items()}
+    return to_arrow_type(dtypes)
+
+
+def to_arrow_type(dtype: Any) -> pa.DataType:
+    """A PyArrow type from a NumPy dtype, a name ("float32", "str") or a PyArrow type."""
+    if isinstance(dtype, pa.DataType):
+        return dtype
+    if dtype in ("str", "string", str):
+        return pa.string()
+    try:
+        return pa.from_numpy_dtype(np.dtype(dtype))
+    except (TypeError, pa.ArrowNotImplementedError) as exc:
+        raise ConfigError(f"`dtypes` has an unsupported type {dtype!r}: {exc}") from None
+
+
+def apply_dtypes(schema: pa.Schema, dtypes: dict[str, pa.DataType] | pa.DataType | None) -> pa.Schema:
+    """The schema after ``dtypes``: per-column types, or one type for every numeric column."""
+    if dtypes is None:
+        return schema
+    fields = []
+    for f in schema:
+        if isinstance(dtypes, dict):
+            t = dtypes.get(f.name, f.type)
+        elif pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type):
+            t = dtypes
+        else:
+            t = f.type
+        fields.append(pa.field(f.name, t))
+    return pa.schema(fields)
+
+
+def select_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str) -> pa.Schema:
+    """Keep ``columns`` (in the file's order) or all; a name not in the file is a SourceError."""
+    if columns is None:
+        return schema
+    names = schema.names
+    unknown = [c for c in columns if c not in names]
+    if unknown:
+        raise SourceError(
+            f"unknown column(s) {unknown} in `columns`; the file has {names}.", path=path,
+            column=unknown[0],
+        )
+    wanted = set(columns)
+    return pa.schema([f for f in schema if f.name in wanted])
+
+
+def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
+    """Columns as NumPy arrays (numeric, bool, fixed-size lists) or lists (everything else).
+
+    Nulls in float columns become NaN; integer and bool columns must have none (the caller
+    checks, because only it knows the file and line).
+    """
+    out: Columns = {}
+    for name, col in zip(table.column_names, table.columns):
+        t = col.type
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            out[name] = col.to_numpy(zero_copy_only=False)
+        elif pa.types.is_fixed_size_list(t) and (
+            pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+        ):
+            # e.g. an embedding column: one (rows, width) array, not a list of lists.
+            flat = col.flatten().to_numpy(zero_copy_only=False)
+            out[name] = flat.reshape(len(col), t.list_size)
+        else:
+            out[name] = col.to_pylist()
+    return out
+
+
+def numpy_dtype(t: pa.DataType) -> np.dtype | None:
+    """The NumPy dtype a column of type ``t`` becomes, or None for a list column."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return np.dtype(t.to_pandas_dtype())
+    if pa.types.is_fixed_size_list(t) and (
+        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+    ):
+        return np.dtype(t.value_type.to_pandas_dtype())
+    return None
+
+
+def row_bytes(schema: pa.Schema) -> int:
+    """About how many bytes a row of ``schema`` takes as NumPy columns (32 for a string or other
+    Python value)."""
+    total = 0
+    for f in schema:
+        dt = numpy_dtype(f.type)
+        width = f.type.list_size if pa.types.is_fixed_size_list(f.type) else 1
+        total += dt.itemsize * width if dt is not None else 32
+    return total
+
+
+def null_rows(table: pa.Table) -> np.ndarray:
+    """Row indices with a null in an integer or bool column (NumPy has no integer NaN)."""
+    mask: np.ndarray | None = None
+    for col in table.columns:
+        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+            m = col.is_null().to_numpy(zero_copy_only=False)
+            mask = m if mask is None else (mask | m)
+    return np.zeros(0, np.int64) if mask is None else np.flatnonzero(mask)
+
+
+def concat_columns(pieces: Sequence[Mapping[str, np.ndarray | list]]) -> Columns:
+    """Chunks of the same columns, one after another."""
+    out: Columns = {}
+    for name in pieces[0]:
+        cols = [p[name] for p in pieces]
+        if isinstance(cols[0], np.ndarray):
+            out[name] = np.concatenate(cols)
+        else:
+            out[name] = [v for c in cols for v in c]
+    return out
+
+
+def null_column(table: pa.Table) -> str:
+    """The first integer/bool column that has a null."""
+    for name, col in zip(table.column_names, table.columns):
+        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+            return str(name)
+    return ""
+
+
+def check_columns_present(names: Sequence[str], present: Sequence[str], path: str, first_path: str) -> None:
+    """A SourceError when ``path`` lacks a column the source's schema (from ``first_path``) has."""
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise SourceError(f"column(s) {missing} missing (present in {first_path}).", path=path, column=missing[0])
+
+
+def cast_to_schema(table: pa.Table, schema: pa.Schema, part: str, path: str) -> pa.Table:
+    """``table`` with ``schema``'s columns and types, or a SourceError naming the file and ``part``."""
+    if table.schema == schema:
+        return table
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowException, ValueError) as exc:
+        raise SourceError(f"cannot convert {part} to {schema}: {exc}", path=path) from None
