@@ -21,12 +21,13 @@ def to_torch(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """NumPy columns to tensors (zero-copy where the array is writable); object columns to lists."""
     out: dict[str, Any] = {}
     for name, arr in arrays.items():
-        if arr.dtype == object:
+        if arr.dtype.kind == "O":
             out[name] = arr.tolist()
-        else:
-            if not arr.flags.writeable or not arr.flags.c_contiguous:
-                arr = np.array(arr)  # a view of a memory map or of Arrow memory
-            out[name] = torch.from_numpy(arr)
+            continue
+        flags = arr.flags
+        if not (flags.writeable and flags.c_contiguous):
+            arr = np.array(arr)  # a view of a memory map or of Arrow memory
+        out[name] = torch.from_numpy(arr)
     return out
 
 
@@ -38,6 +39,8 @@ class Batcher:
         self.batch_size = batch_size
         self.next = first
         self.chunks: deque[dict[str, np.ndarray]] = deque()
+        self._lengths: deque[int] = deque()  # each chunk's rows
+        self._at = 0  # rows of the first chunk already taken
         self.rows = 0
         self.empty = {name: as_array(col) for name, col in empty.items()}
 
@@ -49,6 +52,7 @@ class Batcher:
         n = len(next(iter(chunk.values()))) if chunk else 0
         if n:
             self.chunks.append(chunk)
+            self._lengths.append(n)
             self.rows += n
 
     def _size(self) -> int:
@@ -72,14 +76,19 @@ class Batcher:
         pieces: list[dict[str, np.ndarray]] = []
         need = k
         while need:
-            head = self.chunks[0]
-            n = len(next(iter(head.values())))
+            # The head chunk's rows before ``_at`` are taken: a batch is one slice a column, and
+            # the rest is not cut again for every batch.
+            head, at = self.chunks[0], self._at
+            n = self._lengths[0] - at
             if n <= need:
-                pieces.append(self.chunks.popleft())
+                self.chunks.popleft()
+                self._lengths.popleft()
+                self._at = 0
+                pieces.append(head if at == 0 else {name: col[at:] for name, col in head.items()})
                 need -= n
             else:
-                pieces.append({name: col[:need] for name, col in head.items()})
-                self.chunks[0] = {name: col[need:] for name, col in head.items()}
+                pieces.append({name: col[at:at + need] for name, col in head.items()})
+                self._at = at + need
                 need = 0
         self.rows -= k
         if len(pieces) == 1:

@@ -50,6 +50,11 @@ def count_rows(batch: Any) -> int | None:
     """Rows in a batch: the length of its first array leaf (a 0-d leaf counts as one row), or
     of its first list of strings (a text column: one string a row)."""
     kind = type(batch)
+    if kind is dict:  # naiad's own batches: a dict of tensors
+        for v in batch.values():
+            if type(v) is torch.Tensor:
+                return int(v.shape[0]) if v.ndim else 1
+            break
     if kind is list or kind is tuple:  # the common case first: a list of tensors
         first = batch[0] if batch else None
         if type(first) is torch.Tensor:
