@@ -58,7 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import environment  # noqa: E402
 
 import naiad  # noqa: E402
-from naiad.cli.tune_measure import shuffle_figures
+from naiad.cli.tune_measure import shuffle_figures  # noqa: E402
 from naiad.cli.tune_report import quality_bar  # noqa: E402
 
 BYTES_PER_ROW = 74

@@ -38,8 +38,7 @@ class Batcher:
         self.sizes = sizes  # None: not known yet, every batch until then is ``batch_size`` (one rank)
         self.batch_size = batch_size
         self.next = first
-        self.chunks: deque[dict[str, np.ndarray]] = deque()
-        self._lengths: deque[int] = deque()  # each chunk's rows
+        self.chunks: deque[tuple[dict[str, np.ndarray], int]] = deque()  # each chunk with its rows
         self._at = 0  # rows of the first chunk already taken
         self.rows = 0
         self.empty = {name: as_array(col) for name, col in empty.items()}
@@ -51,8 +50,7 @@ class Batcher:
     def add(self, chunk: dict[str, np.ndarray]) -> None:
         n = len(next(iter(chunk.values()))) if chunk else 0
         if n:
-            self.chunks.append(chunk)
-            self._lengths.append(n)
+            self.chunks.append((chunk, n))
             self.rows += n
 
     def _size(self) -> int:
@@ -78,11 +76,10 @@ class Batcher:
         while need:
             # The head chunk's rows before ``_at`` are taken: a batch is one slice a column, and
             # the rest is not cut again for every batch.
-            head, at = self.chunks[0], self._at
-            n = self._lengths[0] - at
+            (head, rows), at = self.chunks[0], self._at
+            n = rows - at
             if n <= need:
                 self.chunks.popleft()
-                self._lengths.popleft()
                 self._at = 0
                 pieces.append(head if at == 0 else {name: col[at:] for name, col in head.items()})
                 need -= n

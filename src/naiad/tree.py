@@ -50,16 +50,11 @@ def count_rows(batch: Any) -> int | None:
     """Rows in a batch: the length of its first array leaf (a 0-d leaf counts as one row), or
     of its first list of strings (a text column: one string a row)."""
     kind = type(batch)
-    if kind is dict:  # naiad's own batches: a dict of tensors
-        for v in batch.values():
-            if type(v) is torch.Tensor:
-                return int(v.shape[0]) if v.ndim else 1
-            break
-    if kind is list or kind is tuple:  # the common case first: a list of tensors
-        first = batch[0] if batch else None
+    if kind is dict or kind is list or kind is tuple:  # the common cases first: tensors in a dict or a list
+        first = (next(iter(batch.values())) if kind is dict else batch[0]) if batch else None
         if type(first) is torch.Tensor:
             return int(first.shape[0]) if first.ndim else 1
-        if isinstance(first, (str, bytes)) and isinstance(batch[-1], (str, bytes)):
+        if kind is not dict and isinstance(first, (str, bytes)) and isinstance(batch[-1], (str, bytes)):
             return len(batch)  # not a walk over every string
     if isinstance(batch, (torch.Tensor, np.ndarray)):
         return int(batch.shape[0]) if batch.ndim else 1

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from naiad.errors import ConfigError, SourceError
 
-__all__ = ["RetryPolicy", "describe_error", "is_transient", "remote_error", "retrying"]
+__all__ = ["RetryPolicy", "is_transient", "retrying"]
 
 T = TypeVar("T")
 
@@ -37,13 +37,13 @@ def retrying(policy: RetryPolicy, url: str, byte_range: tuple[int, int] | None, 
             return op()
         except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
             if not is_transient(exc):
-                raise remote_error(exc, url, byte_range) from exc
+                raise _remote_error(exc, url, byte_range) from exc
             wait = random.uniform(0, min(policy.max_wait_s, policy.base_s * 2 ** (attempt - 1)))
             if attempt >= policy.attempts or time.monotonic() - began + wait > policy.budget_s:
                 where = f" bytes {byte_range[0]}-{byte_range[1]}" if byte_range else ""
                 raise SourceError(
                     f"reading{where} failed after {attempt} attempt(s) in {time.monotonic() - began:.1f} s: "
-                    f"{describe_error(exc)}", path=url,
+                    f"{_describe(exc)}", path=url,
                 ) from exc
             time.sleep(wait)
 
@@ -77,14 +77,10 @@ _TRANSIENT_NAMES = {
     "ConnectTimeoutError", "IncompleteRead", "ResponseStreamingError", "ProtocolError",
     "ContentLengthError", "TransferEncodingError", "ClientResponseError",
 }
-
-
 _TRANSIENT_CODES = (
     "SlowDown", "Throttl", "RequestTimeout", "InternalError", "ServiceUnavailable", "TooManyRequests",
     "RequestLimitExceeded", "BandwidthLimitExceeded",
 )
-
-
 _TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.EPIPE, errno.ETIMEDOUT,
                      errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETRESET}
 
@@ -123,12 +119,12 @@ def _http_status(exc: BaseException) -> int | None:
     return status if isinstance(status, int) and 100 <= status < 600 else None
 
 
-def describe_error(exc: BaseException) -> str:
+def _describe(exc: BaseException) -> str:
     text = str(exc).strip() or "(no message)"
     return f"{type(exc).__name__}: {text[:300]}"
 
 
-def remote_error(exc: BaseException, url: str, byte_range: tuple[int, int] | None) -> BaseException:
+def _remote_error(exc: BaseException, url: str, byte_range: tuple[int, int] | None) -> BaseException:
     """A non-transient failure in words (or the error itself when it is already naiad's)."""
     if isinstance(exc, (SourceError, ConfigError)):
         return exc
@@ -137,7 +133,7 @@ def remote_error(exc: BaseException, url: str, byte_range: tuple[int, int] | Non
         return SourceError(f"object or bucket not found{where}.", path=url)
     if isinstance(exc, PermissionError) or _http_status(exc) in (401, 403):
         return SourceError(
-            f"access refused{where} ({describe_error(exc)}): check the credentials (storage_options= "
+            f"access refused{where} ({_describe(exc)}): check the credentials (storage_options= "
             "or the environment) and the permissions on the bucket.", path=url,
         )
-    return SourceError(f"cannot read{where}: {describe_error(exc)}", path=url)
+    return SourceError(f"cannot read{where}: {_describe(exc)}", path=url)
