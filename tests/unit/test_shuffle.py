@@ -137,8 +137,8 @@ def test_warming_the_slots_changes_no_value_and_no_order(monkeypatch, chunk):
     assert sorted(ids.tolist()) == list(range(40_000))
 
 
-def test_l2_cache_size_is_read_from_sysfs_or_defaulted(tmp_path):
-    from naiad.shuffle import _l2_cache_bytes
+def test_cache_sizes_are_read_from_sysfs_or_defaulted(tmp_path):
+    from naiad.shuffle import _cache_bytes, _l2_cache_bytes, warm_max_bytes
 
     for name, level, size in [("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "260M")]:
         (tmp_path / name).mkdir()
@@ -146,7 +146,12 @@ def test_l2_cache_size_is_read_from_sysfs_or_defaulted(tmp_path):
         (tmp_path / name / "size").write_text(size + "\n")
     (tmp_path / "uevent").write_text("")
     assert _l2_cache_bytes(str(tmp_path)) == 2 << 20
+    assert _cache_bytes(3, str(tmp_path)) == 260 << 20
+    assert warm_max_bytes(str(tmp_path)) == (260 << 20) // 8  # an eighth of the L3: more than half the L2
     assert _l2_cache_bytes(str(tmp_path / "missing"), default=12345) == 12345
+    assert warm_max_bytes(str(tmp_path / "missing")) == 512 << 10  # no L3 known: half the default L2
+    (tmp_path / "index3" / "size").write_text("2048K\n")
+    assert warm_max_bytes(str(tmp_path)) == 1 << 20  # a small L3: half the L2
     (tmp_path / "index2" / "size").write_text("lots\n")
     assert _l2_cache_bytes(str(tmp_path), default=7) == 7
 
