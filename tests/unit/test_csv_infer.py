@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from naiad import sources
+from naiad.errors import SourceError
 from naiad.sources.csv import _numeric_types, _skip_row
 
 VALUES = {
@@ -78,8 +79,9 @@ def test_a_few_bad_values_leave_a_column_numeric_and_are_reported_when_read(tmp_
     assert [str(t) for t in src.schema().types] == ["int64", "double", "int64"]
     cols = src.read_block(src.blocks()[0]).columns
     assert len(cols["a"]) == 49 and 7 not in cols["a"].tolist()
-    with pytest.raises(Exception, match=r"d\.csv.*line 9"):
-        sources.read_csv(str(path)).read_block(sources.read_csv(str(path)).blocks()[0])
+    strict = sources.read_csv(str(path))
+    with pytest.raises(SourceError, match=r"d\.csv.*line 9"):
+        strict.read_block(strict.blocks()[0])
 
 
 def test_numbers_pyarrow_reads_only_as_floats_are_floats_and_read_whole(tmp_path: Path) -> None:
@@ -94,7 +96,6 @@ def test_numbers_pyarrow_reads_only_as_floats_are_floats_and_read_whole(tmp_path
 def test_text_columns_stay_text_and_empty_ones_are_text(tmp_path: Path) -> None:
     path = tmp_path / "d.csv"
     path.write_text("a,b,c,d\n" + "".join(f"{i},x{i},,{i % 2 == 0}\n" for i in range(20)))
-    schema = sources.read_csv(str(path)).schema()
-    assert [str(t) for t in schema.types] == ["int64", "string", "string", "bool"]
-    assert np.array_equal(sources.read_csv(str(path)).read_block(sources.read_csv(str(path)).blocks()[0]).columns["a"],
-                          np.arange(20))
+    src = sources.read_csv(str(path))
+    assert [str(t) for t in src.schema().types] == ["int64", "string", "string", "bool"]
+    assert np.array_equal(src.read_block(src.blocks()[0]).columns["a"], np.arange(20))
