@@ -1,5 +1,5 @@
 """What handing out batches costs the training loop's thread: the stream's row chunks cut into
-batches (``naiad.batching.Batcher``), their columns made tensors (``to_torch``) and counted for
+batches (``naiad.stream.batching.Batcher``), their columns made tensors (``to_torch``) and counted for
 the telemetry (``naiad.tree.count_rows``), per batch, with nothing read or shuffled.
 
 The chunks are what a shuffle buffer emits for a 2M-row table of ten columns (an int64 id and
@@ -28,14 +28,22 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import environment  # noqa: E402
 
-from naiad import batching, tree  # noqa: E402
+from naiad import tree  # noqa: E402
+from naiad.stream import batching  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def module_at(rev: str, path: str, name: str, folder: str) -> ModuleType:
-    """The module at ``path`` as of git revision ``rev``, loaded under ``name``."""
-    text = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+def module_at(rev: str, paths: tuple[str, ...], name: str, folder: str) -> ModuleType:
+    """The module at the first of ``paths`` that git revision ``rev`` has, loaded under ``name``
+    (the package's layout changed: a module may live at another path in an older revision)."""
+    for path in paths:
+        shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        if shown.returncode == 0:
+            text = shown.stdout
+            break
+    else:
+        raise SystemExit(f"revision {rev} has none of {paths}")
     file = os.path.join(folder, f"{name}.py")
     with open(file, "w") as f:
         f.write(text)
@@ -74,8 +82,8 @@ def main() -> None:
     ways: dict[str, tuple[Any, Any]] = {"this tree": (batching, tree)}
     with tempfile.TemporaryDirectory() as folder:
         if args.against:
-            ways[args.against] = (module_at(args.against, "src/naiad/batching.py", "batching_then", folder),
-                                  module_at(args.against, "src/naiad/tree.py", "tree_then", folder))
+            ways[args.against] = (module_at(args.against, ("src/naiad/stream/batching.py", "src/naiad/batching.py"), "batching_then", folder),
+                                  module_at(args.against, ("src/naiad/tree.py",), "tree_then", folder))
         print("| batch | " + " | ".join(f"{w}: ms a 2M-row epoch (us a batch)" for w in ways)
               + (" | this tree / then |" if args.against else " |"))
         print("|---|" + "---|" * (len(ways) + (1 if args.against else 0)))

@@ -188,10 +188,10 @@ def quality(ids: list[np.ndarray], total: int) -> tuple[float, float]:
 
 def fresh_first_batch(paths: list[str], index_dir: str, early: bool = True) -> dict[str, float]:
     """A new process's first batch and first epoch; ``early=False``: its rows all counted before
-    the first read, as before early reads (NOTE [ Early reads ] in naiad/early.py)."""
+    the first read, as before early reads (NOTE [ Early reads ] in naiad/stream/early.py)."""
     code = (
-        "import time, json, sys, naiad, naiad.early\n"
-        + ("" if early else "naiad.early.EARLY_MIN_BYTES = 1 << 62\n")
+        "import time, json, sys, naiad, naiad.stream.early\n"
+        + ("" if early else "naiad.stream.early.EARLY_MIN_BYTES = 1 << 62\n")
         + "t = time.perf_counter()\n"
         f"src = naiad.read({paths!r}, index_dir={index_dir!r})\n"
         "loader = naiad.DataLoader(src, batch_size=1024, shuffle=True, seed=0)\n"

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from naiad.cli.steps import cuda_cycles_per_ms
-from naiad.device import DevicePrefetcher
+from naiad.device.prefetch import DevicePrefetcher
 
 
 def gbps(nbytes: int, seconds: float) -> float:

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import environment, markdown_table  # noqa: E402
 
 import naiad  # noqa: E402
-from naiad.datasets import make_diabetes_table  # noqa: E402
+from naiad.cli.demo_data import make_diabetes_table  # noqa: E402
 
 
 def make_dataset(rows: int) -> TensorDataset:

@@ -3,7 +3,7 @@
 The classic copy-on-read problem: a dataset that is a list of small tuples is a few Python
 objects per row. Forked workers share the parent's pages until they *write* to them, and reading
 a Python object writes its reference count, so every page a worker reads becomes its own copy.
-After an epoch each worker holds a copy of most of the list. ``naiad.worker.columnar`` lays the
+After an epoch each worker holds a copy of most of the list. ``naiad.dataset.worker.columnar`` lays the
 same samples out as a few NumPy arrays once, before the loader starts: reading those writes
 nothing, the pages stay shared, and batches are gathered a column at a time.
 
@@ -56,7 +56,7 @@ def child(loader_name: str, layout: str, rows: int) -> dict[str, Any]:
     from torch.utils.data import DataLoader as TorchDataLoader
 
     import naiad
-    from naiad.worker import columnar
+    from naiad.dataset.worker import columnar
 
     # Rows like a tabular sample: an id, two features and a label.
     samples = [(i, i * 0.5, float(i % 7), i % 2) for i in range(rows)]

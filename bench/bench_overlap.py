@@ -50,7 +50,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import naiad
-from naiad.device import DevicePrefetcher
+from naiad.device.prefetch import DevicePrefetcher
 from naiad.telemetry import Telemetry
 
 T_MS = 5.0  # both T1 (loading) and T2 (the step)

@@ -70,7 +70,7 @@ sys.path.insert(0, PEERS_DIR)
 from harness import environment, markdown_table  # noqa: E402
 from processes import run_child  # noqa: E402
 
-from naiad.stream import DEFAULT_SHUFFLE_BUFFER_ROWS  # noqa: E402
+from naiad.stream.batches import DEFAULT_SHUFFLE_BUFFER_ROWS  # noqa: E402
 
 ENV_REQUIREMENTS = {"peers": "requirements.txt", "mosaic": "requirements-mosaic.txt"}
 FEATURES = [f"f{i}" for i in range(9)]

@@ -24,7 +24,7 @@ Per (file, position) the table shows, as medians over ``--repeats`` rounds:
 * the size of ``json.dumps(loader.state_dict())``.
 
 A second table splits the resumed first batch: rows read and parsed (``Source.read_block``,
-timed), the shuffle buffer's replay over row positions (``naiad.replay.BufferReplay.replay``,
+timed), the shuffle buffer's replay over row positions (``naiad.stream.replay.BufferReplay.replay``,
 timed when that internal exists) and the rest (plan, putting rows back in the buffer,
 shuffling, batching).
 
@@ -185,13 +185,13 @@ def same_batch(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def hook_replay(timings: dict[str, float]) -> bool:
-    """Time ``naiad.replay.BufferReplay.replay`` (internal, in ``naiad.shuffle`` before; False
+    """Time ``naiad.stream.replay.BufferReplay.replay`` (internal, in ``naiad.stream.shuffle`` before; False
     when it is not there)."""
     try:
-        from naiad.replay import BufferReplay
+        from naiad.stream.replay import BufferReplay
     except ImportError:
         try:
-            from naiad.shuffle import BufferReplay  # type: ignore[attr-defined,no-redef]
+            from naiad.stream.shuffle import BufferReplay  # type: ignore[attr-defined,no-redef]
         except ImportError:
             return False
     original = BufferReplay.__dict__.get("replay")

@@ -44,8 +44,8 @@ from bench_stream_data import csv_to_parquet, write_diabetes_csv, write_wide  # 
 from harness import environment, markdown_table  # noqa: E402
 
 import naiad  # noqa: E402
-from naiad.shuffle import shuffle_quality  # noqa: E402
-from naiad.stream import DEFAULT_SHUFFLE_BUFFER_ROWS  # noqa: E402
+from naiad.stream.batches import DEFAULT_SHUFFLE_BUFFER_ROWS  # noqa: E402
+from naiad.stream.shuffle import shuffle_quality  # noqa: E402
 
 LABEL = "Outcome"
 

@@ -15,7 +15,8 @@ import pytest
 
 from naiad import sources
 from naiad.parallel import WorkerPool
-from naiad.stream import StreamOptions, iter_batches, make_handler_factory
+from naiad.stream.batches import StreamOptions, iter_batches
+from naiad.stream.reads import make_handler_factory
 
 FORMATS = ("csv", "jsonl", "text", "parquet", "arrow", "npy")
 

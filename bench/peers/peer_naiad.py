@@ -22,7 +22,7 @@ def versions() -> str:
 def convert(paths: dict[str, Any], opts: dict[str, Any]) -> None:
     """``naiad convert`` of the Parquet table into ``paths["out"]``, with its defaults (row groups
     of 1/4096 of the rows, plain float pages; no ``--shuffle``: rows stay in file order)."""
-    from naiad.convert import convert as naiad_convert
+    from naiad.tools.convert import convert as naiad_convert
 
     naiad_convert(paths["parquet"], paths["out"].rstrip("/") + "/")
 

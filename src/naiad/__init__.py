@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from naiad import testing  # check_resume: the conformance check for your own loaders
-from naiad.batching import pack_xy
-from naiad.device import DevicePrefetcher
+from naiad.dataset.fetch import ArrayDataset
+from naiad.dataset.worker import WorkerLocal, columnar
+from naiad.device.prefetch import DevicePrefetcher
 from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
-from naiad.fetch import ArrayDataset
 from naiad.loader import DataLoader
 from naiad.parallel import AutoTuner, worker_rng
 from naiad.sources import (
@@ -19,8 +19,8 @@ from naiad.sources import (
     read_parquet,
     read_text,
 )
+from naiad.stream.batching import pack_xy
 from naiad.telemetry import LoaderStats, Telemetry
-from naiad.worker import WorkerLocal, columnar
 
 __version__ = "0.1.0"
 

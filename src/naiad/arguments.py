@@ -2,8 +2,8 @@
 
 The loader hands torch's constructor what torch should store (its checks and attributes stay
 torch's own); this module decides what that is: a seeded shuffle becomes a
-:class:`~naiad.sampling.SeededRandomSampler`, ``rank``/``world_size`` a
-:class:`~naiad.sampling.ShardedBatchSampler`, a streaming source keeps torch's sampler
+:class:`~naiad.dataset.sampling.SeededRandomSampler`, ``rank``/``world_size`` a
+:class:`~naiad.dataset.sampling.ShardedBatchSampler`, a streaming source keeps torch's sampler
 sequential and unused, ``num_workers="auto"`` an :class:`~naiad.parallel.AutoTuner`.
 
 A ``torch.utils.data.DistributedSampler`` given to naiad (trainers inject one: Lightning's
@@ -24,11 +24,11 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from naiad.dataset.sampling import SeededRandomSampler, ShardedBatchSampler
 from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner
-from naiad.sampling import SeededRandomSampler, ShardedBatchSampler
 from naiad.sources.base import Source
-from naiad.stream import StreamOptions
+from naiad.stream.batches import StreamOptions
 
 __all__ = ["ResolvedArguments", "WorkerMode", "resolve_arguments"]
 

@@ -1,7 +1,7 @@
 """The loader's state: what ``state_dict()`` says and what ``load_state_dict()`` accepts.
 
 A state is ``{"version", "kind", "epoch", "batches_yielded", "base_seed", "pipeline": {...}}``
-(NOTE [ Pipeline seam ] in pipelines/base.py; docs/CHECKPOINTING.md shows one). It never
+(NOTE [ Pipeline seam ] in pipeline.py; docs/CHECKPOINTING.md shows one). It never
 raises to be taken: a loader whose order cannot be known (a custom sampler, a RandomSampler
 with replacement) says so in the state, ``"resumable": false`` with the reason, and loading
 such a state starts its epoch afresh with a warning, as a trainer that checkpoints every
@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from naiad.elastic import state_int
 from naiad.epoch import PassProgress
 from naiad.errors import StateError
-from naiad.pipelines import STATE_VERSION, Pipeline, PipelinePass
+from naiad.order.elastic import state_int
+from naiad.pipeline import STATE_VERSION, Pipeline, PipelinePass
 
 __all__ = ["PassRecord", "build_state", "pass_position", "read_state"]
 

@@ -2,7 +2,7 @@
 
 An :class:`EpochIterator` is what ``iter(naiad.DataLoader(...))`` returns (wrapped in a
 ``DevicePrefetcher`` when the loader has a ``device``). It holds the pass
-(:class:`~naiad.pipelines.PipelinePass`: the plan and how results become batches), the
+(:class:`~naiad.pipeline.PipelinePass`: the plan and how results become batches), the
 :class:`~naiad.parallel.WorkerPool`, the telemetry and the position; it applies the transform
 and pinning, counts what it delivered (for ``state_dict``), and records the training loop's
 waits. It knows nothing of the loader.
@@ -20,7 +20,7 @@ import torch
 
 from naiad.errors import WorkerError
 from naiad.parallel import AutoTuner, WorkerPool
-from naiad.pipelines import PipelinePass
+from naiad.pipeline import PipelinePass
 from naiad.telemetry import Telemetry
 from naiad.tree import count_rows, map_tensors
 

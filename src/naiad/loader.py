@@ -28,26 +28,22 @@ from torch.utils.data import IterableDataset, Sampler
 
 from naiad.arguments import WorkerMode, resolve_arguments
 from naiad.checkpoint import PassRecord, build_state, pass_position, read_state
-from naiad.device import DevicePrefetcher
+from naiad.dataset.fetch import choose_fetch
+from naiad.dataset.iterable import IterablePipeline
+from naiad.dataset.pipeline import MapPipeline
+from naiad.dataset.sampling import SeededRandomSampler
+from naiad.dataset.worker import prepare_worker
+from naiad.device.prefetch import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
-from naiad.fetch import choose_fetch
 from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
 from naiad.parallel.read_ahead import ReadAheadTuner
 from naiad.parallel.threads import usable_cores
-from naiad.pipelines import (
-    IterablePipeline,
-    LazyPass,
-    MapPipeline,
-    Pipeline,
-    PipelinePass,
-    StreamPipeline,
-)
-from naiad.sampling import SeededRandomSampler
+from naiad.pipeline import LazyPass, Pipeline, PipelinePass
 from naiad.sources.storage import is_remote
-from naiad.stream import StreamCounters
+from naiad.stream.batches import StreamCounters
+from naiad.stream.pipeline import StreamPipeline
 from naiad.telemetry import LoaderStats, Telemetry
-from naiad.worker import prepare_worker
 
 __all__ = ["DataLoader"]
 

@@ -1,6 +1,6 @@
 """Conformance checks to run on your own loaders: does a saved position resume exactly? Does a
 streaming configuration deliver every row exactly once (:func:`check_coverage`, from
-:mod:`naiad.coverage`; ``naiad check`` on the command line)?
+:mod:`naiad.tools.coverage`; ``naiad check`` on the command line)?
 
 :func:`check_resume` is the check naiad runs on every source and mode of its own (the project's
 ``tests/integration/test_resume_conformance.py``); run it on your dataset and configuration,
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from naiad.batch_compare import first_difference, snapshot
-from naiad.coverage import CoverageReport, EpochCoverage, ShuffleQuality, check_coverage
 from naiad.errors import ConfigError
+from naiad.tools.coverage import CoverageReport, EpochCoverage, ShuffleQuality, check_coverage
 
 __all__ = [
     "CoverageReport", "EpochCoverage", "ResumeReport", "SavePoint", "ShuffleQuality", "check_coverage", "check_resume",

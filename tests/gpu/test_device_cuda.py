@@ -1,6 +1,6 @@
 """DevicePrefetcher on CUDA: the stream protocol keeps every batch's values intact.
 
-See NOTE [ Stream synchronization of prefetched batches ] in naiad/device.py. The tests make
+See NOTE [ Stream synchronization of prefetched batches ] in naiad/device/prefetch.py. The tests make
 the races the protocol prevents likely: large copies (so a consumer that did not wait would read
 a half-written batch) and a busy training stream (so a block freed without ``record_stream``
 would be overwritten by the next copy while a queued kernel still has to read it).
@@ -16,7 +16,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from naiad.device import DevicePrefetcher
+from naiad.device.prefetch import DevicePrefetcher
 from naiad.telemetry import Telemetry
 
 Pair = namedtuple("Pair", ["x", "y"])

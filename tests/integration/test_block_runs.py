@@ -1,4 +1,4 @@
-"""Block runs (NOTE [ Block runs ] in naiad/plan.py): where the shuffle buffer holds most of the
+"""Block runs (NOTE [ Block runs ] in naiad/stream/plan.py): where the shuffle buffer holds most of the
 rows, the epoch permutes runs of consecutive blocks. Every row is still delivered once, the
 order still mixes, and a resume, an elastic resume and the coverage check's dry run follow it."""
 
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 import naiad
-from naiad.coverage import Topology, planned_batches
 from naiad.parallel import WorkerPool
-from naiad.plan import GroupTask
-from naiad.stream import StreamOptions, make_handler_factory, plan_for
+from naiad.stream.batches import StreamOptions, plan_for
+from naiad.stream.plan import GroupTask
+from naiad.stream.reads import make_handler_factory
+from naiad.tools.coverage import Topology, planned_batches
 from tests.conftest_stream import ids_of, open_numbered, run_epoch, run_legs, write_numbered
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,8 +15,8 @@ import pytest
 
 import naiad
 from naiad.cli import main
-from naiad.coverage import Topology, planned_batches
 from naiad.testing import check_coverage
+from naiad.tools.coverage import Topology, planned_batches
 from tests.conftest_stream import ids_of, open_numbered, write_numbered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,16 +201,16 @@ def test_cli_fails_an_impossible_configuration_with_the_reason(tmp_path, args, r
 
 def test_cli_fails_a_plan_that_reads_a_block_twice(tmp_path, monkeypatch, capsys):
     write_numbered(str(tmp_path), "parquet", SIZES, chunk_rows=7)
-    import naiad.plan
+    import naiad.stream.plan
 
-    real = naiad.plan.block_permutation
+    real = naiad.stream.plan.block_permutation
 
     def broken(num_blocks: int, **kw: Any) -> np.ndarray:
         order = real(num_blocks, **kw)
         order[order == num_blocks - 1] = order[0] if order[0] != num_blocks - 1 else order[1]
         return order  # the file's last block never, another one twice
 
-    monkeypatch.setattr(naiad.plan, "block_permutation", broken)
+    monkeypatch.setattr(naiad.stream.plan, "block_permutation", broken)
     code = main(["check", str(tmp_path / "part-*.parquet"), "--world-size", "3", "--batch-size", "4"])
     err = capsys.readouterr().err
     assert code == 1
@@ -221,7 +221,7 @@ def test_cli_fails_a_plan_that_reads_a_block_twice(tmp_path, monkeypatch, capsys
 
 def test_cli_fails_when_the_real_stream_differs_from_the_plan(tmp_path, monkeypatch, capsys):
     write_numbered(str(tmp_path), "csv", SIZES)
-    from naiad.batching import Batcher
+    from naiad.stream.batching import Batcher
 
     real = Batcher._take
 

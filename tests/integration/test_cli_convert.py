@@ -16,9 +16,9 @@ import pytest
 
 import naiad
 from naiad.cli import main
-from naiad.cli.progress import Progress
-from naiad.convert import default_row_group_rows
-from naiad.convert_shuffle import row_keys, seed_state
+from naiad.tools.convert import default_row_group_rows
+from naiad.tools.convert_shuffle import row_keys, seed_state
+from naiad.tools.progress import Progress
 from tests.conftest_stream import FORMATS, write_numbered
 
 N = 20_000

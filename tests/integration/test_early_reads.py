@@ -1,5 +1,5 @@
 """Reads that start while a fresh line-based source is still being counted (NOTE [ Early reads ]
-in naiad/early.py): the same batches as a counted source gives, errors that name the right
+in naiad/stream/early.py): the same batches as a counted source gives, errors that name the right
 line, and a state, a len() and a resume in the middle of it."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import naiad
-import naiad.early as early_mod
-from naiad.early import EarlyReads
+import naiad.stream.early as early_mod
 from naiad.sources.base import Source
+from naiad.stream.early import EarlyReads
 from tests.conftest_stream import GroupSpy
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,13 +13,13 @@ import pytest
 
 import naiad
 from naiad.parallel.context import WorkerContext
-from naiad.plan import ReadTask
-from naiad.shuffle import as_array
 from naiad.sources.csv import CsvSource
 from naiad.sources.decoded import KeptBlocks, default_keep_bytes, usable_memory
 from naiad.sources.jsonl import JsonlSource
 from naiad.sources.text import TextSource
-from naiad.stream import make_handler_factory
+from naiad.stream.plan import ReadTask
+from naiad.stream.reads import make_handler_factory
+from naiad.stream.shuffle import as_array
 from tests.conftest_stream import GroupSpy
 
 pytestmark = pytest.mark.timeout(120)

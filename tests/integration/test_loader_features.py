@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import naiad
-from naiad.datasets import diabetes_csv
+from naiad.cli.demo_data import diabetes_csv
 from naiad.sources import read_csv, read_parquet
 from tests.helpers import assert_same_batches
 

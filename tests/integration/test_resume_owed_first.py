@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from naiad.parallel import WorkerPool
-from naiad.plan import RestoreTask
-from naiad.replay import BufferReplay
-from naiad.restore import Restoring, split_even
-from naiad.shuffle import ShuffleBuffer
-from naiad.stream import StreamOptions, buffer_keys, iter_batches, make_handler_factory, plan_for
+from naiad.stream.batches import StreamOptions, buffer_keys, iter_batches, plan_for
+from naiad.stream.plan import RestoreTask
+from naiad.stream.reads import make_handler_factory
+from naiad.stream.replay import BufferReplay
+from naiad.stream.restore import Restoring, split_even
+from naiad.stream.shuffle import ShuffleBuffer
 from tests.conftest_stream import ids_of, open_numbered, write_numbered
 
 
@@ -175,7 +176,7 @@ def test_a_buffer_big_enough_for_the_keyed_permutation_resumes_exactly(tmp_path,
     # 65,536 slots and more draw from the keyed permutation and are replayed slot by slot
     # (NOTE [ Keyed permutation ]); row groups decoded whole are read first where the first
     # batch's rows are (NOTE [ Owed rows first ]), and the held rows go back through the view.
-    from naiad.shuffle import PERMUTATION_MIN_SLOTS
+    from naiad.stream.shuffle import PERMUTATION_MIN_SLOTS
 
     kw = {"chunk_rows": chunk_rows} if chunk_rows else {}
     src = open_numbered(write_numbered(str(tmp_path), fmt, [260_000, 140_001], **kw), fmt, small_blocks=False)

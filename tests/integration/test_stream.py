@@ -14,16 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from naiad import sources
-from naiad.batching import pack_xy
 from naiad.errors import SourceError, StateError
 from naiad.parallel import WorkerPool
-from naiad.stream import (
-    StreamCounters,
-    StreamOptions,
-    iter_batches,
-    make_handler_factory,
-    num_batches,
-)
+from naiad.stream.batches import StreamCounters, StreamOptions, iter_batches, num_batches
+from naiad.stream.batching import pack_xy
+from naiad.stream.reads import make_handler_factory
 from tests.conftest_stream import FORMATS, ids_of, open_numbered, run_epoch, write_numbered
 
 
@@ -183,7 +178,7 @@ def test_resume_mid_epoch_gives_the_same_remaining_batches(tmp_path, fmt, shuffl
 def test_resume_through_threaded_and_drawn_ahead_exchanges(tmp_path, monkeypatch, fmt):
     # Every exchange split across two threads, the next whole-buffer one drawn while the helper
     # works: resuming must still continue exactly.
-    import naiad.shuffle as shuffle_module
+    import naiad.stream.shuffle as shuffle_module
 
     monkeypatch.setattr(shuffle_module, "_SPLIT_MIN_VALUES", 1)
     src = open_numbered(write_numbered(str(tmp_path), fmt, [61, 40], chunk_rows=20), fmt)

@@ -16,7 +16,8 @@ def _rank_main(rank: int, world_size: int, init_file: str, paths: list[str], out
     import torch.distributed as dist
 
     from naiad.parallel import WorkerPool
-    from naiad.stream import StreamOptions, iter_batches, make_handler_factory
+    from naiad.stream.batches import StreamOptions, iter_batches
+    from naiad.stream.reads import make_handler_factory
     from tests.conftest_stream import ids_of, open_numbered
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from naiad.parallel import WorkerPool
-from naiad.stream import StreamOptions, iter_batches, make_handler_factory
+from naiad.stream.batches import StreamOptions, iter_batches
+from naiad.stream.reads import make_handler_factory
 from tests.conftest_stream import FORMATS, ids_of, open_numbered, run_legs, write_numbered
 
 

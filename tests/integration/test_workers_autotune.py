@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
+from naiad.dataset.sampling import plan_batches
+from naiad.dataset.worker import map_handler_factory
 from naiad.parallel import AutoTuner, WorkerPool
-from naiad.sampling import plan_batches
-from naiad.worker import map_handler_factory
 from tests.helpers import child_pids
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, TensorDataset
 
 import naiad
-from naiad.worker import WorkerLocal
+from naiad.dataset.worker import WorkerLocal
 from tests.helpers import assert_same_batches
 
 pytestmark = pytest.mark.timeout(60)

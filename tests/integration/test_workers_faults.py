@@ -161,7 +161,7 @@ def test_worker_local_factory_error_is_a_start_up_error() -> None:
     def broken() -> Any:
         raise OSError("cannot open /data/shard-7")
 
-    ds = naiad.worker.WorkerLocal(broken, length=10)
+    ds = naiad.dataset.worker.WorkerLocal(broken, length=10)
     with pytest.raises(OSError, match="shard-7") as info:
         list(naiad.DataLoader(ds, batch_size=2, num_workers=2))
     assert "while starting" in "\n".join(info.value.__notes__)

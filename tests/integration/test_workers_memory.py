@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 
 import naiad
-from naiad.worker import columnar
+from naiad.dataset.worker import columnar
 from tests.helpers import assert_same_batches
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,9 +14,9 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 import naiad
+from naiad.dataset.worker import map_handler_factory
 from naiad.parallel import WorkerPool, worker_rng
 from naiad.parallel.context import epoch_seed_sequence
-from naiad.worker import map_handler_factory
 from tests.helpers import assert_same_batches
 
 pytestmark = pytest.mark.timeout(60)

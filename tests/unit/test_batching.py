@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from naiad.batching import Batcher, to_torch
+from naiad.stream.batching import Batcher, to_torch
 from naiad.tree import count_rows
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from naiad.datasets import cache_dir as user_cache
 from naiad.errors import ConfigError
 from naiad.sources import cache as cache_mod
 from naiad.sources.cache import BlockCache, cache_key, resolve_cache_dir
+from naiad.sources.cache import user_cache_dir as user_cache
 
 
 def put(cache: BlockCache, key: str, data: bytes) -> bytes:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from naiad.coverage import Topology
-from naiad.coverage_report import job_order, shuffle_quality_of
 from naiad.errors import ConfigError
+from naiad.tools.coverage import Topology
+from naiad.tools.coverage_report import job_order, shuffle_quality_of
 
 
 def test_job_order_is_step_major_then_rank():

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import naiad
-from naiad import stream
-from naiad.shuffle import shuffle_quality
-from naiad.stream import DEFAULT_SHUFFLE_BUFFER_ROWS, FEW_BLOCKS, default_buffer_rows
+from naiad.stream.batches import DEFAULT_SHUFFLE_BUFFER_ROWS, FEW_BLOCKS, default_buffer_rows
+from naiad.stream import batches as stream
+from naiad.stream.shuffle import shuffle_quality
 
 
 def parquet(path: Path, rows: int, group: int) -> str:

@@ -15,10 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from naiad.device import DevicePrefetcher
+from naiad.device.prefetch import DevicePrefetcher
+from naiad.device.transfer import Mover, move_to_device
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
-from naiad.transfer import Mover, move_to_device
 from naiad.tree import count_rows as _count_rows
 
 Pair = namedtuple("Pair", ["x", "y"])

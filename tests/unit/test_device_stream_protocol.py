@@ -1,6 +1,6 @@
 """The CUDA stream protocol, checked on the CPU with stand-ins for torch.cuda's streams and events.
 
-NOTE [ Stream synchronization of prefetched batches ] in naiad/device.py: the copy is issued on a
+NOTE [ Stream synchronization of prefetched batches ] in naiad/device/prefetch.py: the copy is issued on a
 side stream and followed by an event; before ``next()`` returns, the consumer's current stream
 waits on that event and every copied tensor is marked for use on it (``record_stream``). The
 real thing runs in tests/gpu; this test runs everywhere and pins down the order of the calls.
@@ -15,9 +15,9 @@ import threading
 import pytest
 import torch
 
-import naiad.device as device_mod
-from naiad.device import PrefetchIterator
-from naiad.transfer import CudaMover
+import naiad.device.prefetch as device_mod
+from naiad.device.prefetch import PrefetchIterator
+from naiad.device.transfer import CudaMover
 from naiad.tree import count_rows as _count_rows
 
 

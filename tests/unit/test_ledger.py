@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from naiad.errors import SourceError, StateError
-from naiad.ledger import BAD_ID, BadRowLedger, BadRowTracker
+from naiad.stream.ledger import BAD_ID, BadRowLedger, BadRowTracker
 
 
 def _entries(n: int, start: int = 0, reason: str = "bad") -> list[dict]:

@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-import naiad.shuffle as shuffle_module
+import naiad.stream.shuffle as shuffle_module
 from naiad.parallel.threads import run_beside
-from naiad.shuffle import ShuffleBuffer
+from naiad.stream.shuffle import ShuffleBuffer
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: both steps run in this thread")

@@ -8,16 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from naiad.errors import ConfigError
-from naiad.plan import (
+from naiad.order.ranks import batch_sizes, rank_bounds
+from naiad.sources import Block
+from naiad.stream.plan import (
     RUNS_MIN,
-    batch_sizes,
     block_order,
     block_permutation,
     block_runs,
     make_plan,
-    rank_bounds,
 )
-from naiad.sources import Block
 
 
 def _blocks(rows: list[int]) -> list[Block]:

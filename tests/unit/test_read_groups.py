@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import naiad
-from naiad.plan import GroupTask, ReadTask, group_tasks
 from naiad.sources import Block
+from naiad.stream.plan import GroupTask, ReadTask, group_tasks
 from naiad.testing import check_resume
 
 

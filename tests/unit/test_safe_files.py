@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import naiad
-from naiad.datasets import diabetes_csv
+from naiad.cli.demo_data import diabetes_csv
 from naiad.errors import SourceError
 from naiad.telemetry import Telemetry
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from naiad.errors import ConfigError, StateError
-from naiad.shuffle import (
+from naiad.stream.shuffle import (
     PERMUTATION_MIN_SLOTS,
     ShuffleBuffer,
     draw_order,
@@ -115,7 +115,7 @@ def _mixed_columns(ids: np.ndarray) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("chunk", [4096, 500])  # exchanges that warm the slots, and that do not
 def test_warming_the_slots_changes_no_value_and_no_order(monkeypatch, chunk):
-    import naiad.shuffle as shuffle
+    import naiad.stream.shuffle as shuffle
 
     def run() -> list[dict[str, np.ndarray]]:
         buf = ShuffleBuffer(8192, np.random.default_rng(11))
@@ -138,7 +138,7 @@ def test_warming_the_slots_changes_no_value_and_no_order(monkeypatch, chunk):
 
 
 def test_cache_sizes_are_read_from_sysfs_or_defaulted(tmp_path):
-    from naiad.shuffle import _cache_bytes, _l2_cache_bytes, warm_max_bytes
+    from naiad.stream.shuffle import _cache_bytes, _l2_cache_bytes, warm_max_bytes
 
     for name, level, size in [("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "260M")]:
         (tmp_path / name).mkdir()
@@ -250,7 +250,7 @@ def _forward_replay(capacity: int, keys: tuple[int, ...], sizes: list[int], star
 @given(capacity=st.integers(1, 30), sizes=st.lists(st.integers(1, 70), min_size=1, max_size=12),
        seed=st.integers(0, 50), data=st.data())
 def test_backward_replay_of_the_draws_matches_pushing_every_chunk(capacity, sizes, seed, data):
-    from naiad.replay import _replay_draws
+    from naiad.stream.replay import _replay_draws
 
     start = data.draw(st.integers(1, sum(sizes)))
     keys = (seed, 1, 0, 1, 0)
@@ -264,7 +264,7 @@ def test_backward_replay_of_the_draws_matches_pushing_every_chunk(capacity, size
 def test_backward_replay_cost_does_not_grow_with_the_position(monkeypatch):
     # A million-row epoch in 1,000-row chunks through a 5,000-row buffer: the draws made again
     # to resume near its end are those of about capacity * ln(capacity) rows, not the epoch's.
-    import naiad.replay as replay_module
+    import naiad.stream.replay as replay_module
 
     calls = []
     real = replay_module.draw_key
@@ -282,10 +282,10 @@ def test_backward_replay_cost_does_not_grow_with_the_position(monkeypatch):
 def test_backward_replay_through_the_keyed_permutation_matches_pushing_every_chunk(monkeypatch, start):
     # A buffer big enough to draw from the keyed permutation: the walk asks it about the slots
     # left once they are fewer than an exchange draws (chunks smaller and bigger than the buffer).
-    import naiad.replay as replay_module
+    import naiad.stream.replay as replay_module
 
     asked = []
-    from naiad.permutation import Permutation
+    from naiad.stream.permutation import Permutation
 
     real = Permutation.inverse
 

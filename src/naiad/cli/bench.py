@@ -35,8 +35,8 @@ from torch.utils.data import Dataset, TensorDataset
 import naiad
 from naiad.cli.bench_report import RunResult, format_table, load_pyplot, plot_waits
 from naiad.cli.steps import Step, synthetic_step, training_step
+from naiad.device.transfer import move_to_device
 from naiad.errors import ConfigError
-from naiad.transfer import move_to_device
 
 NAME = "bench"
 HELP = "Measure the time a training loop waits for data, serial against naiad."
@@ -134,7 +134,7 @@ def resolve_source(spec: str, *, rows: int = 100_000, load_ms: float = 0.0) -> t
     """The dataset ``naiad bench`` measures, and a few words describing it.
 
     ``"demo"`` is naiad's built-in diabetes-shaped table (8 float features and a 0/1 label, see
-    :mod:`naiad.datasets`), in memory. A path or glob becomes a streaming source, from naiad's
+    :mod:`naiad.cli.demo_data`), in memory. A path or glob becomes a streaming source, from naiad's
     reader for its suffix (``naiad.read_csv``, ``read_parquet``, ``read_arrow``,
     ``read_jsonl``, ``read_npy``).
 
@@ -149,7 +149,7 @@ def resolve_source(spec: str, *, rows: int = 100_000, load_ms: float = 0.0) -> t
         (1000, 'demo (1,000 rows: 8 float features, 1 label)')
     """
     if spec == "demo":
-        from naiad.datasets import DIABETES_COLUMNS, make_diabetes_table
+        from naiad.cli.demo_data import DIABETES_COLUMNS, make_diabetes_table
 
         table = make_diabetes_table(rows)
         features = np.column_stack([table.column(c).to_numpy() for c in DIABETES_COLUMNS[:-1]])

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``naiad check``; 0 when every check passed, 1 with the reasons when one failed."""
-    from naiad.coverage import DEFAULT_STREAM_ROWS, check_coverage
+    from naiad.tools.coverage import DEFAULT_STREAM_ROWS, check_coverage
 
     new = (args.new_world_size, args.new_num_workers, args.new_batch_size, args.new_shuffle_buffer)
     if args.resume_at is None and any(v is not None for v in new):

@@ -91,8 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``naiad convert``; prints one summary line."""
-    from naiad.cli.progress import Progress, human_bytes
-    from naiad.convert import ConvertOptions, convert
+    from naiad.tools.convert import ConvertOptions, convert
+    from naiad.tools.progress import Progress, human_bytes
 
     options = ConvertOptions(
         format=args.format, rows_per_shard=args.rows_per_shard, row_group_rows=args.row_group_rows,

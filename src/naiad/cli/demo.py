@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     import torch.utils.data as tud
 
     import naiad
-    from naiad.datasets import diabetes_csv
+    from naiad.cli.demo_data import diabetes_csv
 
     if args.csv:
         path = args.csv

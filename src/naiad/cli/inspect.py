@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``naiad inspect``."""
-    from naiad.inspection import inspect_source
+    from naiad.tools.inspection import inspect_source
 
     report = inspect_source(args.source, storage_options=args.storage_options, head_rows=args.rows,
                             time_budget_s=args.time_budget, max_blocks=max(1, args.max_blocks))

@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _default_buffer() -> int | None:
     # The loader's default shuffle buffer, for the words only (None where naiad names none).
-    from naiad import stream
+    from naiad.stream import batches as stream
 
     value = getattr(stream, "DEFAULT_SHUFFLE_BUFFER_ROWS", None)
     return value if isinstance(value, int) else None

@@ -56,7 +56,7 @@ def load_source(spec: str, *, rows: int, load: str) -> Target:
     from naiad.errors import ConfigError
 
     if spec == "demo":
-        from naiad.datasets import diabetes_csv
+        from naiad.cli.demo_data import diabetes_csv
 
         paths = [str(diabetes_csv(rows=rows))]
         words = f"demo (diabetes-shaped CSV, {rows:,} rows)"
@@ -109,8 +109,8 @@ def shuffle_figures(source: Any, shuffle_buffer: int | None, batch_size: int, ep
     """
     import numpy as np
 
-    from naiad.coverage import PositionSource, Topology, planned_batches
-    from naiad.coverage_report import shuffle_quality_of
+    from naiad.tools.coverage import PositionSource, Topology, planned_batches
+    from naiad.tools.coverage_report import shuffle_quality_of
 
     pos = PositionSource(source)
     topology = Topology(1, batch_size=batch_size, shuffle_buffer=shuffle_buffer)

@@ -35,7 +35,7 @@ class ReadAheadTuner(AutoTuner):
 
     After the first ``delay_s`` seconds of steps (start-up, the first reads) from when
     ``settled()`` holds (a fresh source's rows counted beside the reads, NOTE [ Early reads ] in
-    naiad/early.py: that count's CPU time is neither the reads' nor the step's), one window of at
+    naiad/stream/early.py: that count's CPU time is neither the reads' nor the step's), one window of at
     least ``window_s`` seconds and two reads runs with ``threads`` threads. If the rest of the
     process (the training step's threads and the loop: its CPU time less the read-ahead
     threads') kept nearly every core busy, the threads only compete with the step: read inline

@@ -3,7 +3,7 @@
 A source is a lazy description of some files: constructing one reads at most metadata (a CSV
 header, a Parquet footer). At first iteration it is cut into *blocks* (byte ranges of a text
 file, row groups, record batches, row ranges), each with an exact row count, so the epoch plan
-(:mod:`naiad.plan`) is a pure function of the row counts. Workers only ever call
+(:mod:`naiad.stream.plan`) is a pure function of the row counts. Workers only ever call
 :meth:`Source.read_block`; the source object crosses the process boundary once, inside the
 handler factory.
 """
@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
-from naiad.ledger import check_max_bad_rows
 from naiad.parallel.threads import one_core_each, usable_cores
 from naiad.sources.cache import CacheDir
 from naiad.sources.columns import (
@@ -38,6 +37,7 @@ from naiad.sources.paths import PathLike, expand_paths
 from naiad.sources.readahead import io_map
 from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage, is_remote
+from naiad.stream.ledger import check_max_bad_rows
 
 __all__ = [
     "Block",
@@ -75,7 +75,7 @@ class Block(NamedTuple):
 
 
 GroupPart = tuple[Block, int, int, "np.ndarray | None"]
-"""One read of a group: (block, lo, hi, take) as in :class:`~naiad.plan.ReadTask`."""
+"""One read of a group: (block, lo, hi, take) as in :class:`~naiad.stream.plan.ReadTask`."""
 
 
 class BlockData(NamedTuple):
@@ -87,7 +87,7 @@ class BlockData(NamedTuple):
             among the rows asked for, "file": path, "line": 1-based line (text formats) or
             "row": 0-based row (columnar formats), "column": name (when known), "reason": str}``.
             A skipped row keeps its position, so a resume can place every row (NOTE [ Bad rows
-            keep their positions ] in naiad/ledger.py).
+            keep their positions ] in naiad/stream/ledger.py).
     """
 
     columns: Columns
@@ -226,7 +226,7 @@ class Source(ABC):
 
     def count_beside(self) -> None:
         """Start cutting and counting the files on a thread of their own, while this one goes on
-        (NOTE [ Early reads ] in naiad/early.py); :meth:`blocks` waits for it."""
+        (NOTE [ Early reads ] in naiad/stream/early.py); :meth:`blocks` waits for it."""
         if self._blocks is not None or self._counting is not None:
             return
         counting: Future[list[Block]] = Future()
@@ -247,7 +247,7 @@ class Source(ABC):
 
     def early_blocks(self) -> list[Block] | None:
         """Every block's byte range before the rows are counted (rows -1, first line 0), for the
-        reads that start beside the count (NOTE [ Early reads ] in naiad/early.py); None when
+        reads that start beside the count (NOTE [ Early reads ] in naiad/stream/early.py); None when
         the format or a file does not cut that way, or the blocks are known or being counted."""
         if self._blocks is not None or self._counting is not None:
             return None

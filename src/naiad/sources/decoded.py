@@ -32,7 +32,7 @@ What is kept, and why it is safe:
 - A read group of which only some blocks are kept parses just the others, keeps them, and
   gathers the whole group (``Source.read_group``). A first pass leaves blocks unkept when it is
   cut short (a ``break``, a resume) or read some before the rows were counted (NOTE [ Early
-  reads ] in naiad/early.py: the store's size needs the count); those few, scattered over the
+  reads ] in naiad/stream/early.py: the store's size needs the count); those few, scattered over the
   next epoch's groups, made it parse nearly every group again (3.0 s against 0.55 s for 294 MB
   of JSON Lines whose first 7% of blocks were early reads).
 """
@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from naiad.shuffle import as_array
+from naiad.stream.shuffle import as_array
 
 __all__ = ["KeptBlocks", "default_keep_bytes", "usable_memory"]
 

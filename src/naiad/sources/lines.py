@@ -70,7 +70,7 @@ class CutArgs(TypedDict):
 class LineBlocks:
     """The blocks of a line-based source (CSV, JSON Lines, text), which says how it cuts a file
     (``_cut_args``): by the newline scan, or before the rows are counted for the reads that
-    start beside it (NOTE [ Early reads ] in naiad/early.py)."""
+    start beside it (NOTE [ Early reads ] in naiad/stream/early.py)."""
 
     def _cut_args(self, path: str) -> CutArgs:
         raise NotImplementedError
@@ -205,7 +205,7 @@ def early_file_cut(
 ) -> list[Block] | None:
     """The blocks :func:`scan_file` would cut ``path`` into, before their rows are counted (rows
     -1, first line 0), for the reads that start beside the scan (NOTE [ Early reads ] in
-    naiad/early.py); None where that does not pay: a compressed or remote file, one block per
+    naiad/stream/early.py); None where that does not pay: a compressed or remote file, one block per
     file, or a cut the block index already holds (read in a moment)."""
     if whole or storage.is_remote(path) or detect_compression(path, compression) is not None:
         return None

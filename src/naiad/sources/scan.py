@@ -85,7 +85,7 @@ def scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool)
 
 def early_cut(path: str, block_bytes: int, header_lines: int) -> list[tuple[int, int]]:
     """The byte ranges of :func:`scan_plain`'s cut of a local plain file, without its counts,
-    from the bytes near the steps' ends only (NOTE [ Early reads ] in naiad/early.py).
+    from the bytes near the steps' ends only (NOTE [ Early reads ] in naiad/stream/early.py).
 
     A block ends after the last newline before a grid point unless that newline ended the
     previous block (NOTE [ Newline scan ]), so each end is found by searching back from its

@@ -23,14 +23,14 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from naiad.convert_shuffle import BucketSpill, bucket_count
-from naiad.convert_write import Destination, ShardInfo, ShardSet, format_of
 from naiad.errors import ConfigError, NaiadError, SourceError
 from naiad.sources.auto import READERS, _suffix
 from naiad.sources.base import Source
 from naiad.sources.columns import Columns
 from naiad.sources.paths import expand_paths
 from naiad.sources.storage import Storage, is_remote
+from naiad.tools.convert_shuffle import BucketSpill, bucket_count
+from naiad.tools.convert_write import Destination, ShardInfo, ShardSet, format_of
 
 __all__ = ["ConvertOptions", "ConvertResult", "ProgressFn", "convert", "default_row_group_rows", "to_batch"]
 

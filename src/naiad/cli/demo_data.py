@@ -15,7 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-__all__ = ["DIABETES_COLUMNS", "cache_dir", "diabetes_csv", "make_diabetes_table"]
+from naiad.sources.cache import user_cache_dir
+
+__all__ = ["DIABETES_COLUMNS", "diabetes_csv", "make_diabetes_table"]
 
 DIABETES_COLUMNS = (
     "Pregnancies",
@@ -28,15 +30,6 @@ DIABETES_COLUMNS = (
     "Age",
     "Outcome",
 )
-
-
-def cache_dir() -> Path:
-    """naiad's cache folder: ``$NAIAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/naiad``, else ``~/.cache/naiad``."""
-    env = os.environ.get("NAIAD_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "naiad"
 
 
 def make_diabetes_table(rows: int, seed: int = 0) -> pa.Table:
@@ -70,7 +63,7 @@ def diabetes_csv(rows: int = 1_000_000, path: str | os.PathLike[str] | None = No
 
     Args:
         rows: number of data rows (a header line comes first).
-        path: where to write it; by default ``cache_dir()/diabetes-{rows}-{seed}.csv``.
+        path: where to write it; by default ``user_cache_dir()/diabetes-{rows}-{seed}.csv``.
         seed: the data's random seed.
 
     Example:
@@ -78,7 +71,7 @@ def diabetes_csv(rows: int = 1_000_000, path: str | os.PathLike[str] | None = No
         >>> p.read_text().splitlines()[0]  # doctest: +SKIP
         'Pregnancies,Glucose,BloodPressure,SkinThickness,Insulin,BMI,DiabetesPedigreeFunction,Age,Outcome'
     """
-    target = Path(path) if path is not None else cache_dir() / f"diabetes-{rows}-{seed}.csv"
+    target = Path(path) if path is not None else user_cache_dir() / f"diabetes-{rows}-{seed}.csv"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

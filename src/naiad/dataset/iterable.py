@@ -12,10 +12,10 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from naiad.dataset.worker import describe_iterable_task, iterable_handler_factory
 from naiad.errors import StateError
 from naiad.parallel import HandlerFactory, WorkerPool
-from naiad.pipelines.base import check_fields
-from naiad.worker import describe_iterable_task, iterable_handler_factory
+from naiad.pipeline import check_fields
 
 __all__ = ["IterablePipeline"]
 

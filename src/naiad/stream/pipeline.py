@@ -9,23 +9,23 @@ from typing import Any
 
 from naiad.errors import StateError
 from naiad.parallel import HandlerFactory, WorkerPool
-from naiad.plan import GroupTask, RestoreTask, group_rows
 from naiad.sources.base import Source
-from naiad.stream import (
+from naiad.stream.batches import (
     STREAM_STATE_VERSION,
     BatchStream,
     StreamCounters,
     StreamOptions,
     default_buffer_rows,
-    make_handler_factory,
     num_batches,
 )
+from naiad.stream.plan import GroupTask, RestoreTask, group_rows
+from naiad.stream.reads import make_handler_factory
 
 __all__ = ["StreamPipeline"]
 
 
 class StreamPipeline:
-    """A :class:`~naiad.Source` streamed in batches (see :mod:`naiad.stream`)."""
+    """A :class:`~naiad.Source` streamed in batches (see :mod:`naiad.stream.batches`)."""
 
     kind = "stream"
     stage = "read"
@@ -98,7 +98,7 @@ def _unset(tasks: Any) -> Iterator[Any]:
 
 
 class StreamPass:
-    """One pass of a stream: its :class:`~naiad.stream.BatchStream` run through the pool."""
+    """One pass of a stream: its :class:`~naiad.stream.batches.BatchStream` run through the pool."""
 
     def __init__(self, stream: BatchStream) -> None:
         self.stream = stream

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from naiad.errors import ConfigError
-from naiad.plan import RankPlan, Task
-from naiad.shuffle import (
+from naiad.stream.plan import RankPlan, Task
+from naiad.stream.shuffle import (
     PERMUTATION_MIN_SLOTS,
     ShuffleBuffer,
     draw_key,

@@ -27,11 +27,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from naiad.errors import ConfigError
+from naiad.order.elastic import Leg, Segments, rank_share
 from naiad.sources.base import Block
 
 __all__ = [
-    "GroupTask", "RankPlan", "ReadTask", "RestoreTask", "Task", "batch_sizes", "block_permutation", "block_runs", "group_rows",
-    "group_tasks", "make_plan", "ordered_blocks", "rank_bounds", "rng_for", "tasks_for",
+    "GroupTask", "RankPlan", "ReadTask", "RestoreTask", "Task", "block_permutation", "block_runs", "group_rows",
+    "group_tasks", "make_plan", "ordered_blocks", "rng_for", "tasks_for",
 ]
 
 # Stream tags, so the block permutation and the shuffle buffer draw independent numbers.
@@ -265,39 +266,6 @@ def ordered_blocks(blocks: Sequence[Block], *, seed: int, epoch: int, shuffle: b
     return [blocks[i] for i in block_order(len(blocks), seed=seed, epoch=epoch, shuffle=shuffle, run=run).tolist()]
 
 
-def rank_bounds(total_rows: int, world_size: int) -> np.ndarray:
-    """Row boundaries of the ranks' contiguous ranges: sizes differ by at most one."""
-    return (np.arange(world_size + 1, dtype=np.int64) * total_rows) // world_size
-
-
-def batch_sizes(rows: int, num_batches: int, batch_size: int) -> np.ndarray:
-    """Split ``rows`` into exactly ``num_batches`` batches of at most ``batch_size``.
-
-    Full batches come first; the last few share what is left as evenly as possible, so no
-    batch is empty unless ``rows < num_batches`` (a rank with almost no rows).
-
-    Example:
-        >>> batch_sizes(8, 3, 4).tolist()
-        [4, 2, 2]
-    """
-    if rows > num_batches * batch_size:
-        raise ConfigError(f"{rows} rows do not fit in {num_batches} batches of {batch_size}.")
-    if num_batches == 0:
-        return np.zeros(0, np.int64)
-    if rows < num_batches:
-        return (np.arange(num_batches) < rows).astype(np.int64)
-    # The most full batches such that each remaining batch still gets at least one row.
-    full = num_batches if batch_size == 1 else min(num_batches, (rows - num_batches) // (batch_size - 1))
-    rest_batches = num_batches - full
-    sizes = np.full(num_batches, batch_size, np.int64)
-    if rest_batches:
-        rest = rows - full * batch_size
-        base, extra = divmod(rest, rest_batches)
-        sizes[full:] = base
-        sizes[full : full + extra] += 1
-    return sizes
-
-
 def make_plan(
     blocks: Sequence[Block],
     *,
@@ -327,8 +295,6 @@ def make_plan(
         raise ConfigError(f"`rank` must be in [0, world_size), got rank={rank}, world_size={world_size}.")
     if batch_size < 1:
         raise ConfigError(f"`batch_size` must be >= 1, got {batch_size}.")
-    from naiad.elastic import Leg, Segments, rank_share
-
     ordered = ordered_blocks(blocks, seed=seed, epoch=epoch, shuffle=shuffle, run=run)
     total = int(_field(ordered, "rows").sum())
     share, sizes = rank_share(Segments([(0, total)]), Leg(world_size, batch_size, drop_last, 0), rank)
@@ -336,7 +302,7 @@ def make_plan(
 
 
 def tasks_for(ordered: Sequence[Block], share: Any) -> list[ReadTask]:
-    """The reads that yield the positions of ``share`` (a :class:`~naiad.elastic.Segments` over
+    """The reads that yield the positions of ``share`` (a :class:`~naiad.order.elastic.Segments` over
     the blocks laid end to end in ``ordered``), in order: ranges cut at block boundaries, and
     scattered positions grouped by block."""
     rows = _field(ordered, "rows")

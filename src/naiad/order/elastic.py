@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from naiad.errors import StateError
+from naiad.order.ranks import batch_sizes, rank_bounds
 
 __all__ = ["MAX_LEGS", "MAX_WORLD_SIZE", "Leg", "Segments", "leg_remaining", "rank_share", "state_int"]
 
@@ -181,8 +182,6 @@ def rank_share(sequence: Segments, leg: Leg, rank: int) -> tuple[Segments, np.nd
     sizes differ by at most one, ``ceil(max_rows / batch_size)`` batches on every rank (or
     ``min_rows // batch_size`` full ones with ``drop_last``).
     """
-    from naiad.plan import batch_sizes, rank_bounds
-
     bounds = rank_bounds(len(sequence), leg.world_size)
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     sizes_all = np.diff(bounds)

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from naiad.errors import SourceError
-from naiad.plan import (
+from naiad.sources.base import Block, Source
+from naiad.stream.plan import (
     GROUP_MAX_BYTES,
     GroupTask,
     RankPlan,
@@ -45,7 +46,7 @@ from naiad.plan import (
     block_permutation,
     group_tasks,
 )
-from naiad.sources.base import Block, Source
+from naiad.stream.reads import read_task  # the read a worker makes
 
 __all__ = ["EARLY_MIN_BYTES", "EarlyReads", "big_enough"]
 
@@ -159,7 +160,6 @@ class EarlyReads:
             yield result
 
     def _read_again(self, i: int) -> None:
-        from naiad.stream import read_task  # the read a worker makes
 
         try:
             read_task(self.source, False, self.planned(i))

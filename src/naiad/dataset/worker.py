@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from naiad.dataset.fetch import ArrayDataset, FetchStrategy, describe_indices, make_fetch
 from naiad.errors import ConfigError
-from naiad.fetch import ArrayDataset, FetchStrategy, describe_indices, make_fetch
 from naiad.parallel import Exhausted, WorkerContext
 from naiad.parallel.context import epoch_seed_sequence
 

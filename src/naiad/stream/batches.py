@@ -1,8 +1,8 @@
 """Streaming a :class:`~naiad.sources.Source` as batches: plan -> workers read -> shuffle -> batch.
 
-The calling process computes the plan (:mod:`naiad.plan`), hands the read tasks to ``imap``
+The calling process computes the plan (:mod:`naiad.stream.plan`), hands the read tasks to ``imap``
 (a :class:`~naiad.parallel.WorkerPool`'s ordered ``imap``, or inline), passes the blocks that
-come back, in plan order, through the shuffle buffer (:mod:`naiad.shuffle`) and cuts the rows
+come back, in plan order, through the shuffle buffer (:mod:`naiad.stream.shuffle`) and cuts the rows
 into the planned batches. Because the plan, the order of the results and the buffer's draws do
 not depend on the workers, the batches are the same whatever ``num_workers`` is.
 
@@ -21,10 +21,8 @@ their positions ] in ledger.py).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,13 +31,22 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 
-from naiad.batching import Batcher, to_torch
-from naiad.early import EarlyReads, big_enough
-from naiad.elastic import Leftovers, Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
 from naiad.errors import ConfigError, StateError
-from naiad.ledger import BadRowLedger, BadRowTracker
-from naiad.parallel import HandlerFactory, WorkerContext
-from naiad.plan import (
+from naiad.order.elastic import (
+    Leftovers,
+    Leg,
+    Segments,
+    epoch_sequence,
+    iter_legs,
+    no_buffer,
+    rank_share,
+)
+from naiad.sources.base import Source
+from naiad.sources.columns import row_bytes
+from naiad.stream.batching import Batcher, to_torch
+from naiad.stream.early import EarlyReads, big_enough
+from naiad.stream.ledger import BadRowLedger, BadRowTracker
+from naiad.stream.plan import (
     TAG_BUFFER,
     GroupTask,
     RankPlan,
@@ -52,11 +59,9 @@ from naiad.plan import (
     ordered_blocks,
     tasks_for,
 )
-from naiad.replay import BufferReplay
-from naiad.restore import Restoring
-from naiad.shuffle import ShuffleBuffer, as_array
-from naiad.sources.base import Source
-from naiad.sources.columns import row_bytes
+from naiad.stream.replay import BufferReplay
+from naiad.stream.restore import Restoring
+from naiad.stream.shuffle import ShuffleBuffer, as_array
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER_ROWS",
@@ -65,7 +70,6 @@ __all__ = [
     "StreamCounters",
     "StreamOptions",
     "iter_batches",
-    "make_handler_factory",
     "num_batches",
 ]
 
@@ -207,42 +211,6 @@ class StreamCounters:
         }
 
 
-# -- the worker side -------------------------------------------------------------------------
-
-
-def make_handler_factory(source: Source) -> HandlerFactory:
-    """A picklable factory that builds, in each worker, ``handler(ReadTask) -> (columns, bad)``
-    (``bad``: the skipped rows, as in :attr:`BlockData.bad`).
-
-    ``columns`` is a plain dict of NumPy arrays (numeric; they cross processes through shared
-    memory) and lists (strings and other values).
-    """
-    return functools.partial(_build_handler, source)
-
-
-def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tuple[dict[str, Any], list[dict[str, Any]]]]:
-    if context.mode == "process":
-        # Arrow hands out read-only NumPy views; the pool copies them into shared memory, so
-        # torch's warning about non-writable arrays is noise there.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        source.keep_nothing()  # this worker's own copy (NOTE [ Kept blocks ])
-    # Inline there is no other worker, so PyArrow may use its own threads on a block.
-    return functools.partial(read_task, source, context.num_workers == 0)
-
-
-def read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """What a worker does with one task of a plan: its rows as columns, and the rows it skipped."""
-    if isinstance(task, RestoreTask):  # a resume's window: only the rows it restores
-        data = source.read_rows_many([(t.block, t.row_numbers()) for t in task.reads], use_threads=use_threads)
-    elif isinstance(task, GroupTask):  # consecutive small reads, in one go (NOTE [ Read groups ])
-        data = source.read_group([(t.block, t.lo, t.hi, t.take) for t in task.reads], use_threads=use_threads)
-    elif task.take is None:
-        data = source.read_block(task.block, task.lo, task.hi, use_threads=use_threads)
-    else:  # the scattered rows an elastic leg owes
-        data = source.read_rows(task.block, task.row_numbers(), use_threads=use_threads)
-    return dict(data.columns), list(data.bad)  # plain dict, list and tuple: WorkerPool looks inside
-
-
 # -- the calling side ------------------------------------------------------------------------
 
 
@@ -363,13 +331,13 @@ def iter_batches(
         source: what to read.
         options: batch size, shuffling, topology, transform.
         epoch: the epoch number (a new epoch is a new order).
-        imap: runs ``make_handler_factory(source)``'s handler over tasks, results in order.
+        imap: runs ``stream.reads.make_handler_factory(source)``'s handler over tasks, results in order.
         counters: updated as blocks arrive and batches leave.
         state: a :meth:`BatchStream.get_state` to resume from, mid-epoch.
 
     Example:
         >>> from naiad.parallel import WorkerPool  # doctest: +SKIP
-        >>> pool = WorkerPool(make_handler_factory(src), num_workers=2)  # doctest: +SKIP
+        >>> pool = WorkerPool(reads.make_handler_factory(src), num_workers=2)  # doctest: +SKIP
         >>> for batch in iter_batches(src, StreamOptions(batch_size=256, shuffle=True),
         ...                           epoch=0, imap=pool.imap): ...  # doctest: +SKIP
     """

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from naiad.plan import GroupTask, ReadTask, group_rows, group_tasks
 from naiad.sources import storage
 from naiad.sources.auto import _suffix, read
 from naiad.sources.base import Block, Source
-from naiad.stream import default_buffer_rows
+from naiad.stream.batches import default_buffer_rows
+from naiad.stream.plan import GroupTask, ReadTask, group_rows, group_tasks
 
 __all__ = ["InspectReport", "inspect_source"]
 
@@ -72,7 +72,7 @@ class InspectReport:
 
     def summary(self, max_files: int = 10) -> str:
         """The report in words, for a terminal."""
-        from naiad.cli.progress import human_bytes
+        from naiad.tools.progress import human_bytes
 
         lines = [f"{self.source}: {len(self.files)} file(s), {human_bytes(self.total_bytes)}, {self.format} "
                  f"(naiad.{self.reader})"]

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
 from naiad.errors import ConfigError, StateError
+from naiad.order.ranks import batch_sizes, rank_bounds
 
 __all__ = [
     "IndexPlan",
@@ -127,8 +128,6 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.world_size = world_size
 
     def _sizes(self, n: int) -> tuple[int, int, np.ndarray]:
-        from naiad.plan import batch_sizes, rank_bounds
-
         bounds = rank_bounds(n, self.world_size)
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         sizes_all = np.diff(bounds)

@@ -41,10 +41,10 @@ import numpy as np
 
 from naiad.errors import StateError
 from naiad.parallel.threads import start_beside
-from naiad.plan import GroupTask, RankPlan, ReadTask, RestoreTask, Task
-from naiad.replay import BufferReplay
-from naiad.shuffle import ShuffleBuffer
 from naiad.sources.columns import concat_columns
+from naiad.stream.plan import GroupTask, RankPlan, ReadTask, RestoreTask, Task
+from naiad.stream.replay import BufferReplay
+from naiad.stream.shuffle import ShuffleBuffer
 
 __all__ = ["FIRST_PIECES", "OWED_PIECES", "READ_COST_ROWS", "Restoring", "Window", "split_even", "window"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from naiad.errors import ConfigError
-from naiad.shuffle import as_array
+from naiad.stream.shuffle import as_array
 
 __all__ = ["Batcher", "PackXY", "pack_xy", "to_torch"]
 

@@ -1,7 +1,7 @@
 """The map-style pipeline: index batches from the sampler, fetched a batch at a time in workers.
 
 The order of an epoch is known for torch's ``SequentialSampler`` and naiad's seeded shuffle
-(``seed=``), alone or sharded by rank (:class:`~naiad.sampling.ShardedBatchSampler`): then a
+(``seed=``), alone or sharded by rank (:class:`~naiad.dataset.sampling.ShardedBatchSampler`): then a
 position is a handful of integers, a resume skips the delivered batches without fetching them,
 and a state saved on another world size or batch size resumes elastically
 (NOTE [ Elastic resume ] in elastic.py). Other samplers are iterated as torch iterates them.
@@ -18,19 +18,19 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler
 
-from naiad.elastic import Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
-from naiad.errors import StateError
-from naiad.fetch import FetchStrategy
-from naiad.parallel import HandlerFactory, WorkerPool
-from naiad.pipelines.base import check_fields
-from naiad.sampling import (
+from naiad.dataset.fetch import FetchStrategy
+from naiad.dataset.sampling import (
     SeededRandomSampler,
     ShardedBatchSampler,
     epoch_order,
     known_order,
     plan_batches,
 )
-from naiad.worker import describe_map_task, map_handler_factory
+from naiad.dataset.worker import describe_map_task, map_handler_factory
+from naiad.errors import StateError
+from naiad.order.elastic import Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
+from naiad.parallel import HandlerFactory, WorkerPool
+from naiad.pipeline import check_fields
 
 __all__ = ["MapPipeline"]
 

@@ -12,7 +12,7 @@ NOTE [ Stream synchronization of prefetched batches ]
 A copy issued on a side stream runs concurrently with the training stream; nothing orders the
 two unless we say so. The protocol, per batch:
 
-1. Producer thread (:class:`naiad.transfer.CudaMover`), with the copy stream current: pin
+1. Producer thread (:class:`naiad.device.transfer.CudaMover`), with the copy stream current: pin
    each CPU tensor (``pin_memory()``; a ``non_blocking`` copy from pageable memory would be
    synchronous), then
    ``tensor.to(device, non_blocking=True)``. The device memory is allocated by the caching
@@ -61,9 +61,9 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from naiad.device.transfer import CudaMover, GenericMover, Mover
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
-from naiad.transfer import CudaMover, GenericMover, Mover
 from naiad.tree import count_rows, map_tensors
 
 __all__ = ["DevicePrefetcher", "PrefetchIterator"]

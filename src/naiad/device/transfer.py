@@ -1,10 +1,10 @@
-"""Moving one batch to a device: the per-batch half of :mod:`naiad.device`.
+"""Moving one batch to a device: the per-batch half of :mod:`naiad.device.prefetch`.
 
 A mover runs in the prefetcher's background thread and returns ``(moved batch, event or None,
 copied tensors, foreign)``: the batch with its CPU tensors on their way to the device, the CUDA
 event recorded after the copies, the device tensors the consumer must ``record_stream``, and
 whether some leaf lives on a third device (the consumer moves those on its own stream). The
-protocol is NOTE [ Stream synchronization of prefetched batches ] in :mod:`naiad.device`.
+protocol is NOTE [ Stream synchronization of prefetched batches ] in :mod:`naiad.device.prefetch`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ T = TypeVar("T")
 def move_to_device(batch: T, device: str | torch.device, *, non_blocking: bool = False) -> T:
     """``batch`` with every tensor moved to ``device``; containers walked as the prefetcher does.
 
-    The synchronous counterpart of :class:`~naiad.device.DevicePrefetcher`, for a plain training loop.
+    The synchronous counterpart of :class:`~naiad.device.prefetch.DevicePrefetcher`, for a plain training loop.
 
     Example:
         >>> move_to_device({"x": torch.ones(2), "name": "a"}, "cpu")

@@ -9,7 +9,7 @@ A :class:`PositionSource` stands in for the source: the same files, blocks and r
 column ``row`` holding each row's number in file order (0 .. N-1), made with ``numpy.arange``
 instead of read. Per rank and epoch the dry run is what ``BatchStream._generate`` does, over that
 column: the plan's reads in order (``plan_for``, which for a resumed epoch replays the old leg
-over positions, NOTE [ Elastic resume ]), through the real :class:`~naiad.shuffle.ShuffleBuffer`
+over positions, NOTE [ Elastic resume ]), through the real :class:`~naiad.stream.shuffle.ShuffleBuffer`
 with the rank's seed keys (its draws depend only on chunk sizes, never on the data), cut at the
 planned batch sizes; a resume on the same topology goes through ``BufferReplay`` as the loader's
 does (NOTE [ Mid-epoch resume ]). So each batch's row numbers are known, vectorized per read,
@@ -24,7 +24,7 @@ and the checks are set operations over N integers:
 
 ``num_workers`` does not enter the plan (workers run reads; the pool yields results in plan
 order), so it cannot change the order. That is also checked by running the real
-:class:`~naiad.stream.BatchStream` over the position column through a
+:class:`~naiad.stream.batches.BatchStream` over the position column through a
 :class:`~naiad.parallel.WorkerPool` of that many thread workers, for the first and last rank
 (and after the resume with the new worker count), and comparing its batches with the dry run's.
 """
@@ -41,22 +41,27 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from naiad.coverage_report import CoverageReport, EpochCoverage, ShuffleQuality, shuffle_quality_of
 from naiad.errors import ConfigError
 from naiad.parallel import WorkerPool
-from naiad.plan import GroupTask, Task
-from naiad.replay import BufferReplay
-from naiad.restore import window as restore_window
-from naiad.shuffle import ShuffleBuffer
 from naiad.sources.base import Block, BlockData, Source
 from naiad.sources.paths import PathLike
-from naiad.stream import (
+from naiad.stream.batches import (
     BatchStream,
     StreamOptions,
     buffer_keys,
     current_leg,
     default_buffer_rows,
-    make_handler_factory,
+)
+from naiad.stream.plan import GroupTask, Task
+from naiad.stream.reads import make_handler_factory
+from naiad.stream.replay import BufferReplay
+from naiad.stream.restore import window as restore_window
+from naiad.stream.shuffle import ShuffleBuffer
+from naiad.tools.coverage_report import (
+    CoverageReport,
+    EpochCoverage,
+    ShuffleQuality,
+    shuffle_quality_of,
 )
 
 __all__ = [
@@ -79,7 +84,7 @@ class PositionSource(Source):
 
     Attributes:
         loader_buffer_rows: the shuffle buffer a loader of the source takes by default
-            (:func:`~naiad.stream.default_buffer_rows` of the source, not of its row numbers: one
+            (:func:`~naiad.stream.batches.default_buffer_rows` of the source, not of its row numbers: one
             int64 column, whose blocks are not metadata's, would get another).
     """
 

@@ -1,4 +1,4 @@
-"""What a coverage check reports (:mod:`naiad.coverage`): per epoch what was delivered, and how well
+"""What a coverage check reports (:mod:`naiad.tools.coverage`): per epoch what was delivered, and how well
 an epoch's delivery order is shuffled, from row numbers alone (vectorized over N rows)."""
 
 from __future__ import annotations

@@ -42,11 +42,11 @@ buffers of 64 Ki slots or more; a table drawn by ``Generator.choice`` for smalle
 rows the buffer holds at any point follows from positions alone, and can be found *backwards*:
 from the exchange in progress, each earlier exchange's draw names the slots it wrote; a slot's
 content is its last writer's row, and once every slot is accounted for (about
-``capacity * ln(capacity)`` rows back, whatever the position) the walk stops (``naiad.replay``). Once fewer slots
+``capacity * ln(capacity)`` rows back, whatever the position) the walk stops (``naiad.stream.replay``). Once fewer slots
 are left than an exchange drew, the permutation is asked, slot by slot, whether and where that
 exchange drew each of them, instead of drawing it whole: a 2 Mi-row buffer of 1 Mi-row chunks
 walks about 21 exchanges back, and its replay went from 40 M random draws (1.0 s) to about 4 M
-permutation steps. That is how a stream resumes mid-epoch (see ``naiad.stream``) without saving
+permutation steps. That is how a stream resumes mid-epoch (see ``naiad.stream.batches``) without saving
 the buffer's contents, in a time that does not grow with the position.
 """
 
@@ -61,7 +61,7 @@ import numpy as np
 
 from naiad.errors import ConfigError, StateError
 from naiad.parallel.threads import run_beside
-from naiad.permutation import Permutation
+from naiad.stream.permutation import Permutation
 
 __all__ = ["ShuffleBuffer", "as_array", "draw_key", "draw_order", "draw_slots", "order_pieces", "permutation_of", "shuffle_quality"]
 
