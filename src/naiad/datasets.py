@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from naiad.sources.cache import user_cache_dir as cache_dir
+
 __all__ = ["DIABETES_COLUMNS", "cache_dir", "diabetes_csv", "make_diabetes_table"]
 
 DIABETES_COLUMNS = (
@@ -28,15 +30,6 @@ DIABETES_COLUMNS = (
     "Age",
     "Outcome",
 )
-
-
-def cache_dir() -> Path:
-    """naiad's cache folder: ``$NAIAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/naiad``, else ``~/.cache/naiad``."""
-    env = os.environ.get("NAIAD_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "naiad"
 
 
 def make_diabetes_table(rows: int, seed: int = 0) -> pa.Table:

@@ -62,7 +62,7 @@ from typing import Literal, Union
 
 from naiad.errors import ConfigError
 
-__all__ = ["CHUNK_BYTES", "BlockCache", "CacheDir", "CacheStats", "block_cache", "cache_key", "cache_stats", "resolve_cache_dir"]
+__all__ = ["CHUNK_BYTES", "BlockCache", "CacheDir", "CacheStats", "block_cache", "cache_key", "cache_stats", "resolve_cache_dir", "user_cache_dir"]
 
 CacheDir = Union[str, "os.PathLike[str]", Literal["auto"], None]
 """Where remote byte ranges are cached: a folder, "auto" (naiad's user cache folder), or None
@@ -78,6 +78,15 @@ _LOW_WATER = 0.9  # eviction goes down to this share of cache_bytes, so it is no
 _TEMP_STALE_S = 3600.0  # a temporary file this old is a killed writer's
 
 
+def user_cache_dir() -> Path:
+    """naiad's cache folder: ``$NAIAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/naiad``, else ``~/.cache/naiad``."""
+    env = os.environ.get("NAIAD_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "naiad"
+
+
 def resolve_cache_dir(cache_dir: CacheDir, cache_bytes: int | None) -> str | None:
     """The cache folder as an absolute path (None: no cache), checking both arguments."""
     if cache_bytes is not None and (isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 1):
@@ -87,9 +96,7 @@ def resolve_cache_dir(cache_dir: CacheDir, cache_bytes: int | None) -> str | Non
             raise ConfigError("`cache_bytes` bounds the cache in `cache_dir`; pass cache_dir= too (a folder or 'auto').")
         return None
     if cache_dir == "auto":
-        from naiad.datasets import cache_dir as user_cache
-
-        return str((user_cache() / "remote").absolute())
+        return str((user_cache_dir() / "remote").absolute())
     if not isinstance(cache_dir, (str, os.PathLike)):
         raise ConfigError(f"`cache_dir` must be a folder, 'auto' or None, got {cache_dir!r}.")
     return os.path.abspath(os.fspath(cache_dir))
