@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import naiad
-from naiad.stream.batches import DEFAULT_SHUFFLE_BUFFER_ROWS, FEW_BLOCKS, default_buffer_rows
 from naiad.stream import batches as stream
+from naiad.stream.batches import DEFAULT_SHUFFLE_BUFFER_ROWS, FEW_BLOCKS, default_buffer_rows
 from naiad.stream.shuffle import shuffle_quality
 
 

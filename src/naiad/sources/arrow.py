@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
-from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, Source, default_block_rows
+from naiad.sources.base import Source
 from naiad.sources.cache import CacheDir
 from naiad.sources.columnar import ReaderCache, check_no_nulls, indexed_blocks
 from naiad.sources.columns import (
@@ -23,6 +23,7 @@ from naiad.sources.columns import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows, default_block_rows
 from naiad.sources.ipc_footer import ipc_batch_rows
 from naiad.sources.paths import PathLike
 from naiad.sources.retries import RetryPolicy

@@ -87,7 +87,6 @@ def user_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "naiad"
 
 
-
 def resolve_cache_dir(cache_dir: CacheDir, cache_bytes: int | None) -> str | None:
     """The cache folder as an absolute path (None: no cache), checking both arguments."""
     if cache_bytes is not None and (isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 1):

@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import SourceError
-from naiad.sources.base import Block, OnBadRows, bad_entry
 from naiad.sources.columns import null_column, null_rows
+from naiad.sources.contract import Block, OnBadRows, bad_entry
 
 __all__ = ["ReaderCache", "check_no_nulls", "indexed_blocks"]
 

@@ -15,6 +15,7 @@ __all__ = [
     "Columns",
     "DTypes",
     "apply_dtypes",
+    "as_array",
     "cast_to_schema",
     "check_columns_present",
     "concat_columns",
@@ -148,6 +149,13 @@ def null_rows(table: pa.Table) -> np.ndarray:
             m = col.is_null().to_numpy(zero_copy_only=False)
             mask = m if mask is None else (mask | m)
     return np.zeros(0, np.int64) if mask is None else np.flatnonzero(mask)
+
+
+def as_array(values: Any) -> np.ndarray:
+    """A column as a NumPy array: lists (strings, nested values) become 1-D object arrays."""
+    if isinstance(values, np.ndarray):
+        return values
+    return np.fromiter(values, dtype=object, count=len(values))
 
 
 def concat_columns(pieces: Sequence[Mapping[str, np.ndarray | list]]) -> Columns:

@@ -13,7 +13,7 @@ import pyarrow.csv as pacsv
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
-from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, Source, bad_entry
+from naiad.sources.base import Source
 from naiad.sources.cache import CacheDir
 from naiad.sources.columns import (
     DTypes,
@@ -24,6 +24,7 @@ from naiad.sources.columns import (
     select_columns,
     table_to_columns,
 )
+from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from naiad.stream.shuffle import as_array
+from naiad.sources.columns import as_array
 
 __all__ = ["KeptBlocks", "default_keep_bytes", "usable_memory"]
 

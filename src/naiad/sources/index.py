@@ -5,7 +5,7 @@ Exactly-once across ranks needs every block's exact row count before the plan is
 CSV, JSONL and text the only way to know it is to scan the file for newlines (about 0.1 s per
 100 MB from the page cache, much longer from a cold disk or a network mount). The scan's result
 is small (per block: its byte offset, its rows and its first line), so it is written as JSON to
-the user's cache folder (``naiad.sources.cache.user_cache_dir()/index``, or beside the data when asked),
+the user's cache folder (``cache.user_cache_dir()/index``, or beside the data when asked),
 and a new process, every rank of a job and a resume load it instead of scanning again.
 
 An entry is keyed by the file's real path and everything that shapes the cut (block size,
@@ -46,6 +46,7 @@ from typing import Any, Literal, Union
 
 from naiad.errors import ConfigError, NaiadError
 from naiad.sources import storage
+from naiad.sources.cache import user_cache_dir
 
 __all__ = ["INDEX_VERSION", "IndexDir", "index_folder", "load_index", "save_index"]
 
@@ -78,8 +79,6 @@ def index_folder(index_dir: IndexDir, path: str) -> Path | None:
             return Path(cache) / "index"
         index_dir = None
     if index_dir is None or index_dir is True:
-        from naiad.sources.cache import user_cache_dir
-
         return user_cache_dir() / "index"
     if index_dir == "beside":
         return Path(os.path.dirname(os.path.abspath(path))) / ".naiad-index"

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from naiad.errors import SourceError
 from naiad.sources import storage
-from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows
+from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows
 from naiad.sources.index import IndexDir, load_index, save_index
 from naiad.sources.readahead import io_map
 from naiad.sources.scan import early_cut, header_end, scan_plain, span_rows

@@ -12,10 +12,11 @@ import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
-from naiad.sources.base import Block, BlockData, OnBadRows, Source, default_block_rows
+from naiad.sources.base import Source
 from naiad.sources.cache import CacheDir
 from naiad.sources.columnar import ReaderCache
 from naiad.sources.columns import Columns, DTypes, to_arrow_type
+from naiad.sources.contract import Block, BlockData, OnBadRows, default_block_rows
 from naiad.sources.paths import PathLike, expand_paths
 from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage

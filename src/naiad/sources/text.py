@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.base import Block, BlockData, GroupPart, OnBadRows, Source, bad_entry
+from naiad.sources.base import Source
 from naiad.sources.cache import CacheDir
+from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     CutArgs,

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from naiad.errors import ConfigError, SourceError, StateError
+from naiad.errors import SourceError, StateError
+from naiad.sources.base import MaxBadRows, check_max_bad_rows
 
 __all__ = ["BAD_ID", "KEEP_ENTRIES", "BadRowLedger", "BadRowTracker", "check_max_bad_rows"]
 
@@ -47,24 +48,6 @@ BAD_ID = "__naiad_bad_row__"
 _MAX_KEYS = 1000  # distinct (file, reason) counts
 _OTHER = "(other reasons)"
 _LOOKBEHIND = 4096  # batches a state may be taken behind the stream (a prefetcher's read-ahead)
-
-MaxBadRows = int | float | None
-
-
-def check_max_bad_rows(value: Any) -> MaxBadRows:
-    """``max_bad_rows`` checked: None, a count (int >= 0), or a fraction (0 < float < 1)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"`max_bad_rows` must be an int count or a float fraction, got {value!r}.")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"`max_bad_rows` must be >= 0, got {value}.")
-        return value
-    if not 0.0 < value < 1.0:
-        raise ConfigError(f"`max_bad_rows` as a fraction must be between 0 and 1, got {value}; a count is an int.")
-    return float(value)
-
 
 class BadRowLedger:
     """The rows a loader skipped: the first :data:`KEEP_ENTRIES` in full, counts for all.

@@ -61,19 +61,13 @@ import numpy as np
 
 from naiad.errors import ConfigError, StateError
 from naiad.parallel.threads import run_beside
+from naiad.sources.columns import as_array
 from naiad.stream.permutation import Permutation
 
 __all__ = ["ShuffleBuffer", "as_array", "draw_key", "draw_order", "draw_slots", "order_pieces", "permutation_of", "shuffle_quality"]
 
 ArrayColumns = dict[str, np.ndarray]
 Draw = tuple[np.ndarray, np.ndarray]  # an exchange's slots: as drawn, and as physical rows
-
-
-def as_array(values: Any) -> np.ndarray:
-    """A column as a NumPy array: lists (strings, nested values) become 1-D object arrays."""
-    if isinstance(values, np.ndarray):
-        return values
-    return np.fromiter(values, dtype=object, count=len(values))
 
 
 # Below this many values per exchange the helper thread's hand-off costs more than it saves.

@@ -1,0 +1,181 @@
+"""What a file format supplies: the small contract a reader implements, and the plain data it reads.
+
+NOTE [ Format contract ]
+A source is a format (this module's :class:`SourceFormat`) joined to the block-reading engine
+(:class:`~naiad.sources.engine.BlockEngine`) by :class:`~naiad.sources.base.Source`. A new kind
+of source subclasses ``Source`` and writes three methods:
+
+- ``_read_schema()``: the output schema (after column selection and dtypes), from metadata or a
+  sample;
+- ``_file_blocks(path)``: one file cut into :class:`Block` s with exact row counts;
+- ``_read(block, lo, hi, use_threads)``: rows ``lo:hi`` of a block as columns, a
+  :class:`BlockData`, skipping or raising on bad rows as ``on_bad_rows`` says.
+
+Everything else is the engine's: the cached schema and block list (files cut side by side on
+threads, or counted beside the first reads), parsed blocks kept across epochs, read groups,
+scattered rows for a resume, the row counts the plan needs. A format may do more where it can
+do it cheaper, each optional and each with a default that is always right:
+
+- ``_early_cut(path)`` and ``early_rows(block)``: the blocks before their rows are counted, so
+  reads start beside the count (NOTE [ Early reads ] in naiad/stream/early.py); default: no early cut.
+- ``_group_table(parts, use_threads)``: several whole reads of local files as one Arrow table
+  (one decode call); default None, read one by one.
+- ``_read_group(parts, use_threads)`` and ``_read_rows_many(parts, use_threads)``: a read group,
+  or a resume's scattered rows, in one parse (the line formats); the engine's defaults read part
+  by part.
+- ``keeps_parsed`` (kept blocks on by default) and ``parsed_bytes()`` (their size), and
+  ``blocks_from_metadata`` (blocks are the file's own parts: a footer gives the row count).
+
+A format may use from the engine ``schema()``, ``blocks()`` and ``local_bytes()``, and the
+options set by ``Source.__init__``: ``paths``, ``storage``, ``on_bad_rows``. Nothing here is
+called per row: a read is a block or a range of one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from naiad.sources.columns import Columns
+
+if TYPE_CHECKING:
+    from naiad.sources.storage import Storage
+
+__all__ = [
+    "Block",
+    "BlockData",
+    "GroupPart",
+    "OnBadRows",
+    "SourceFormat",
+    "bad_entry",
+    "default_block_rows",
+]
+
+
+OnBadRows = Literal["raise", "skip"]
+
+
+class Block(NamedTuple):
+    """One unit of reading: plain data, so it pickles cheaply and prints clearly in errors.
+
+    Attributes:
+        path: the file.
+        start: first byte (text formats), row group / record batch index, or first row (npy).
+        stop: end of the byte range, index + 1, or end row (npy); -1 means the whole file.
+        rows: number of rows (samples) in the block.
+        first_line: 1-based line of the block's first line (text formats) or 0-based row of its
+            first row in the file (columnar formats); used in error messages.
+    """
+
+    path: str
+    start: int
+    stop: int
+    rows: int
+    first_line: int
+
+
+GroupPart = tuple[Block, int, int, "np.ndarray | None"]
+"""One read of a group: (block, lo, hi, take) as in :class:`~naiad.stream.plan.ReadTask`."""
+
+
+class BlockData(NamedTuple):
+    """What a worker returns for one task: the columns, and the rows it skipped as bad.
+
+    Attributes:
+        columns: the rows read, less the skipped ones.
+        bad: one entry per skipped row (``on_bad_rows="skip"``), in order: ``{"at": its position
+            among the rows asked for, "file": path, "line": 1-based line (text formats) or
+            "row": 0-based row (columnar formats), "column": name (when known), "reason": str}``.
+            A skipped row keeps its position, so a resume can place every row (NOTE [ Bad rows
+            keep their positions ] in naiad/stream/ledger.py).
+    """
+
+    columns: Columns
+    bad: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def bad_rows(self) -> int:
+        """How many rows were skipped."""
+        return len(self.bad)
+
+
+def default_block_rows(file_rows: int, file_bytes: int, source_bytes: int | None) -> int:
+    """Rows per block of a file of ``file_rows`` rows in ``file_bytes`` bytes, for a source of
+    ``source_bytes`` (None: the file alone): about 1/4096 of the source's rows, estimated from
+    its bytes at this file's bytes per row, between 1,024 and 65,536 (as
+    ``lines.default_block_bytes`` for text)."""
+    rows = file_rows
+    if source_bytes and file_bytes > 0:
+        rows = file_rows * source_bytes // file_bytes
+    return int(min(1 << 16, max(1 << 10, rows // 4096)))
+
+
+def bad_entry(at: int, path: str, reason: str, *, line: int | None = None, row: int | None = None,
+              column: str | None = None) -> dict[str, Any]:
+    """One skipped row for :attr:`BlockData.bad` (``line`` for text formats, ``row`` for others;
+    each only when known)."""
+    out: dict[str, Any] = {"at": at, "file": path}
+    for key, value in (("line", line), ("row", row), ("column", column)):
+        if value is not None:
+            out[key] = value
+    out["reason"] = reason
+    return out
+
+
+class SourceFormat(ABC):
+    """The contract a file format implements (NOTE [ Format contract ]): its schema, its blocks,
+    and a read of a block's rows. The optional hooks here default to "cannot"; the engine
+    (:class:`~naiad.sources.engine.BlockEngine`) does the rest.
+
+    Attributes:
+        paths: the files (local paths or URLs), in the order they are planned.
+        storage: how remote files are reached (docs/STORAGE.md).
+        on_bad_rows: "raise" (a :class:`~naiad.SourceError`) or "skip" (each skipped row a
+            :func:`bad_entry` in :attr:`BlockData.bad`).
+    """
+
+    paths: list[str]
+    storage: Storage
+    on_bad_rows: OnBadRows
+
+    blocks_from_metadata: ClassVar[bool] = False
+    """Whether the blocks are the file's own parts, read from its metadata (row groups, record
+    batches) rather than cut to a size: they may be large (see ``stream.default_buffer_rows``)."""
+
+    keeps_parsed: ClassVar[bool] = False
+    """Whether this format keeps its parsed blocks across epochs by default, when they fit the
+    budget: parsing costs far more than reading (NOTE [ Kept blocks ] in sources/decoded.py)."""
+
+    # -- what every format provides ----------------------------------------------------------
+
+    @abstractmethod
+    def _read_schema(self) -> pa.Schema:
+        """The output schema (after column selection and dtypes), from metadata or a sample."""
+
+    @abstractmethod
+    def _file_blocks(self, path: str) -> list[Block]:
+        """Cut one file into blocks with exact row counts."""
+
+    @abstractmethod
+    def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
+        """Rows ``lo:hi`` of ``block`` (row positions counted before any bad row is skipped)."""
+
+    # -- what a format may provide where it can do it cheaper --------------------------------
+
+    def _early_cut(self, path: str) -> list[Block] | None:
+        """``path``'s blocks before their rows are counted, where the format can cut it so."""
+        return None
+
+    def early_rows(self, block: Block) -> int:
+        """The rows of a block of ``early_blocks()``, counted alone as ``blocks()`` would."""
+        raise NotImplementedError(f"{type(self).__name__} has no early blocks")
+
+    def _group_table(self, parts: list[GroupPart], use_threads: bool) -> pa.Table | None:
+        """The rows of several whole-range reads of local files, in order, as one Arrow table in
+        the file's types, when this reader can read them together cheaper than one by one (one
+        decode call, zero-copy slices); None to read them one by one (also when one of them
+        fails: that path names the block)."""
+        return None
