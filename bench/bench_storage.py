@@ -73,7 +73,7 @@ def main() -> None:
                                region="us-east-1")
         results = {
             "local file (memory map)": median_time(lambda: epoch(pq.ParquetFile(local, memory_map=True)), args.repeats),
-            "naiad: fsspec range reads": median_time(lambda: epoch(open_parquet(src.paths[0])), args.repeats),
+            "naiad: fsspec range reads": median_time(lambda: epoch(open_parquet(src.paths[0], src.storage)), args.repeats),
             "PyArrow S3FileSystem": median_time(
                 lambda: epoch(pq.ParquetFile(f"{BUCKET}/data.parquet", filesystem=s3, pre_buffer=True)), args.repeats),
         }

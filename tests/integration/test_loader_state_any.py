@@ -57,6 +57,23 @@ def test_a_given_generator_resumes_exactly_and_is_left_alone() -> None:
     assert not torch.equal(other.get_state(), before)  # torch's base seed came from it, as in torch
 
 
+def test_a_state_is_under_4_kb_and_a_given_generator_adds_its_state_in_base64() -> None:
+    # docs/CHECKPOINTING.md: under 4 KB; torch's shuffle from a given generator adds its state.
+    ds = TensorDataset(torch.arange(10_000))
+    sizes = {}
+    for name, kw in (("seed", {"seed": 3}), ("drawn", {}), ("generator", {"generator": torch.Generator().manual_seed(1)})):
+        loader = naiad.DataLoader(ds, batch_size=4, shuffle=True, **kw)
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        sizes[name] = len(json.dumps(state))
+        del it
+    generator_chars = 4 * -(-torch.Generator().get_state().numel() // 3)  # base64 of its bytes
+    assert len(state["pipeline"]["order"]["generator_state"]) == generator_chars == 6744  # torch 2.x: 5,056 bytes
+    assert sizes["seed"] < 4096 and sizes["drawn"] < 4096
+    assert sizes["generator"] - generator_chars < 4096 and 6 << 10 < sizes["generator"] < 8 << 10  # "about 7 KB"
+
+
 class EveryOther(Sampler[int]):
     def __init__(self, n: int) -> None:
         self.n = n

@@ -1,10 +1,13 @@
 """Hostile loader states: any JSON value a checkpoint file can hold, put anywhere in a real state,
 is either a state that resumes or a StateError, quickly (never another exception, a hang, a huge
-allocation, or code run). The states are real: a map-style loader over tensors, a CSV stream, and
-a stream and a map-style loader after an elastic resume (their states carry legs)."""
+allocation, or code run). The states are real: a map-style loader over tensors (seeded, and
+torch's own shuffle without `seed=`, with and without `generator=`: their states carry the
+recorded draw, `order`), a CSV stream, and a stream and a map-style loader after an elastic
+resume (their states carry legs)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from collections.abc import Callable
@@ -28,6 +31,17 @@ def _map_loader(world_size: int = 1) -> naiad.DataLoader:
     return naiad.DataLoader(ds, batch_size=7, shuffle=True, seed=3, rank=0, world_size=world_size)
 
 
+def _drawn_loader() -> naiad.DataLoader:
+    """torch's own shuffle, no `seed=`: the state records the seed torch drew for the epoch."""
+    return naiad.DataLoader(TensorDataset(torch.arange(100)), batch_size=7, shuffle=True)
+
+
+def _generator_loader() -> naiad.DataLoader:
+    """torch's shuffle from a given generator: the state records that generator's state."""
+    return naiad.DataLoader(TensorDataset(torch.arange(100)), batch_size=7, shuffle=True,
+                            generator=torch.Generator().manual_seed(11))
+
+
 def _stream_loader(path: Path, world_size: int = 1) -> naiad.DataLoader:
     return naiad.DataLoader(naiad.read_csv(str(path)), batch_size=8, shuffle=True, seed=5, shuffle_buffer=20,
                             rank=0, world_size=world_size)
@@ -49,7 +63,11 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[LoaderFac
     out: dict[str, tuple[LoaderFactory, dict[str, Any]]] = {
         "map": (_map_loader, _state_after(_map_loader(), 4)),
         "csv": (lambda: _stream_loader(path), _state_after(_stream_loader(path), 3)),
+        "map-drawn": (_drawn_loader, _state_after(_drawn_loader(), 4)),
+        "map-generator": (_generator_loader, _state_after(_generator_loader(), 4)),
     }
+    assert set(out["map-drawn"][1]["pipeline"]["order"]) == {"seed"}
+    assert set(out["map-generator"][1]["pipeline"]["order"]) == {"generator_state"}
     # After an elastic resume (2 ranks -> 1), the state holds the finished leg.
     for name, make in (("map-elastic", _map_loader), ("csv-elastic", lambda world_size=1: _stream_loader(path, world_size))):
         resumed = make()
@@ -136,7 +154,7 @@ def _check(make: LoaderFactory, state: Any) -> None:
     del it
 
 
-CASES = ["map", "csv", "map-elastic", "csv-elastic"]
+CASES = ["map", "csv", "map-elastic", "csv-elastic", "map-drawn", "map-generator"]
 
 
 @pytest.mark.timeout(600)
@@ -194,6 +212,8 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
         must_fail.append(_mutate(state, ("pipeline", "batches_yielded"), "set", 10**18))
     if "buffer_rows" in part:
         must_fail.append(_mutate(state, ("pipeline", "buffer_rows"), "set", -1))
+    if "order" in part:
+        must_fail += [_mutate(state, ("pipeline", "order"), "set", order) for order in hostile_orders(part["order"])]
     may_pass = [
         _mutate(state, ("epoch",), "set", 10**18),
         _mutate(state, ("batches_yielded",), "set", 10**18),
@@ -209,3 +229,43 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
             _mutate(state, ("pipeline", "bad_row_ledger", "entries"), "set", [{"file": "f.csv", "line": 1}] * 1_000_000),
         ]
     return must_fail, may_pass
+
+
+def hostile_orders(order: dict[str, Any]) -> list[Any]:
+    """Recorded draws (`order`) that must be refused at load, each of which, unchecked, failed
+    at the first batch (ValueError, binascii.Error, RuntimeError, KeyError) or drew another order."""
+    state = torch.Generator().get_state().numpy().tobytes()  # a real one, to cut and pad
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode("ascii")
+
+    return [
+        {}, [], "x", 5, [order],
+        {"seed": "x"}, {"seed": 10**30}, {"seed": -1}, {"seed": 2**64}, {"seed": True}, {"seed": 1.5},
+        {"seed": None}, {"seed": math.nan}, {"seed": [1]},
+        {"generator_state": "not base64!"}, {"generator_state": "QUJD="}, {"generator_state": 5},
+        {"generator_state": b64(state[:100])},  # short
+        {"generator_state": b64(state + b"\0")},  # long
+        {"generator_state": b64(bytes(len(state)))},  # the right size, not a generator's state
+        {"generator_state": "A" * 10_000_000},
+        {"seed": 1, "generator_state": b64(state)},  # both
+        {**order, "extra": 1},
+        {"Seed": 1},
+    ]
+
+
+@pytest.mark.parametrize("case", ["map-drawn", "map-generator"])
+def test_a_recorded_draw_is_checked_at_load_naming_the_field(cases: dict[str, tuple[LoaderFactory, dict[str, Any]]],
+                                                             case: str) -> None:
+    make, state = cases[case]
+    for order in hostile_orders(state["pipeline"]["order"]):
+        with pytest.raises(StateError, match="loader state order"):
+            make().load_state_dict(_mutate(state, ("pipeline", "order"), "set", order))
+
+
+def test_a_recorded_draw_is_refused_by_a_loader_whose_order_is_not_drawn(
+        cases: dict[str, tuple[LoaderFactory, dict[str, Any]]]) -> None:
+    _, state = cases["map-drawn"]
+    unshuffled = naiad.DataLoader(TensorDataset(torch.arange(100)), batch_size=7)
+    with pytest.raises(StateError, match="loader state order: stored a recorded shuffle"):
+        unshuffled.load_state_dict(state)

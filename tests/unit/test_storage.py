@@ -64,11 +64,56 @@ def test_range_reads_and_range_file(mem):
     with mem.open("/naiad-unit/r.bin", "wb") as f:
         f.write(bytes(range(100)))
     url = "memory://naiad-unit/r.bin"
-    assert storage.read_range(url, 10, 13) == bytes([10, 11, 12])
-    assert storage.read_range(url, 98, -1) == bytes([98, 99])
-    rf = RangeFile(url)
+    store = Storage()
+    assert storage.read_range(url, 10, 13, store=store) == bytes([10, 11, 12])
+    assert storage.read_range(url, 98, -1, store=store) == bytes([98, 99])
+    rf = RangeFile(url, store)
     rf.seek(-4, 2)
     assert rf.read() == bytes([96, 97, 98, 99]) and rf.tell() == 100
+
+
+def test_an_object_is_read_only_through_a_storage_named_for_it(mem):
+    with mem.open("/naiad-unit/n.bin", "wb") as f:
+        f.write(b"0123456789")
+    url = "memory://naiad-unit/n.bin"
+    naiad.read_text(url)  # a source of the URL leaves nothing behind that reads it for others
+    with pytest.raises(TypeError, match=r"needs the Storage of its source \(store=\)"):
+        storage.read_range(url, 0, 4)
+    with pytest.raises(TypeError, match="store="):
+        storage.size(url)
+
+
+def test_filesystems_are_shared_by_storages_of_equal_options_only(mem):
+    url = "memory://naiad-unit/x"
+    a, b = Storage({"tag": "one"}), Storage({"tag": "one"}, RetryPolicy(attempts=1))
+    assert a.filesystem(url) is b.filesystem(url)
+    assert pickle.loads(pickle.dumps(a)).filesystem(url) is a.filesystem(url)
+    assert Storage({"tag": "two"}).filesystem(url) is not a.filesystem(url)
+
+
+def test_two_sources_of_one_url_keep_their_own_cache(mem, tmp_path):
+    from naiad.sources.cache import cache_stats
+
+    with mem.open("/naiad-unit/c.csv", "wb") as f:
+        f.write(("id\n" + "".join(f"{i}\n" for i in range(40))).encode())
+    url = "memory://naiad-unit/c.csv"
+    cache = tmp_path / "cache"
+    # Parsed blocks not kept across epochs: every epoch reads its bytes.
+    cached = naiad.read_csv(url, cache_dir=cache, block_bytes=16, index_dir=False, keep_parsed_bytes=0)
+    plain = naiad.read_csv(url, block_bytes=16, index_dir=False, keep_parsed_bytes=0)  # made after, no cache
+    pickle.loads(pickle.dumps(plain))  # a worker's copy of it
+    ids = [int(i) for b in naiad.DataLoader(plain, batch_size=8) for i in b["id"]]
+    assert ids == list(range(40))
+    before = cache_stats(cache)
+    ids = [int(i) for b in naiad.DataLoader(pickle.loads(pickle.dumps(cached)), batch_size=8) for i in b["id"]]
+    assert ids == list(range(40))
+    after = cache_stats(cache)
+    assert after.hits + after.misses > before.hits + before.misses  # its reads asked its cache
+    mem.rm("/naiad-unit/c.csv")  # the cache holds every byte the cached source reads
+    again = [int(i) for b in naiad.DataLoader(cached, batch_size=8) for i in b["id"]]
+    assert again == list(range(40))
+    with pytest.raises(SourceError):
+        list(naiad.DataLoader(plain, batch_size=8))
 
 
 def test_npy_over_a_url_is_read_by_row_ranges(mem):

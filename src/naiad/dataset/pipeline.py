@@ -22,6 +22,7 @@ from naiad.dataset.fetch import FetchStrategy
 from naiad.dataset.sampling import (
     SeededRandomSampler,
     ShardedBatchSampler,
+    check_recipe,
     epoch_order,
     known_order,
     plan_batches,
@@ -131,7 +132,13 @@ class MapPipeline:
         if saved.batches > len(sizes):
             raise StateError(f"loader state batches_yielded: stored {saved.batches}, its plan has {len(sizes)}.")
         drawn = type(self._order_sampler()) is torch.utils.data.RandomSampler
-        if drawn and (saved.batches or legs) and not isinstance(part.get("order"), Mapping):
+        order = part.get("order")
+        if order is not None:
+            if not drawn:
+                raise StateError("loader state order: stored a recorded shuffle (torch's shuffle without `seed=`), "
+                                 "current none (no shuffle); make the loader with shuffle=True and no `seed=`, as it was.")
+            check_recipe(order)  # the resume draws from it: refused here, not at the first batch
+        elif drawn and (saved.batches or legs):
             raise StateError("loader state order: stored none, but a shuffle without `seed=` needs the recorded draw.")
 
     def open_pass(self, epoch: int, base_seed: int, resume: Mapping[str, Any] | None) -> MapPass:

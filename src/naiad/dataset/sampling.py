@@ -11,8 +11,9 @@ iterated as torch iterates it.
 from __future__ import annotations
 
 import base64
+import binascii
 import weakref
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any
 
 import numpy as np
@@ -20,12 +21,14 @@ import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
 from naiad.errors import ConfigError, StateError
+from naiad.order.elastic import state_int
 from naiad.order.ranks import batch_sizes, rank_bounds
 
 __all__ = [
     "IndexPlan",
     "SeededRandomSampler",
     "ShardedBatchSampler",
+    "check_recipe",
     "epoch_permutation",
     "plan_batches",
 ]
@@ -184,6 +187,47 @@ def _random_sampler_indices(sampler: RandomSampler, recipe: dict[str, Any] | Non
     if num_samples % n or not own_generator:
         parts.append(torch.randperm(n, generator=generator)[: num_samples % n])
     return (torch.cat(parts).numpy() if len(parts) > 1 else parts[0].numpy()), recipe
+
+
+# A CPU generator's state is 5,056 bytes (6,744 characters of base64) in torch 2.x: a bound well
+# past it, so a hostile state's long string is refused before it is decoded.
+_MAX_GENERATOR_STATE_CHARS = 1 << 16
+_RECIPE_FORMS = '{"seed": an int in [0, 2**64 - 1]} or {"generator_state": a torch CPU generator\'s state in base64}'
+
+
+def check_recipe(recipe: Any, what: str = "loader state order") -> None:
+    """Raise a StateError unless ``recipe`` is a draw :func:`_random_sampler_indices` can make
+    again: ``{"seed": int}`` (torch's own generator) or ``{"generator_state": base64}`` (a given
+    generator's state, which torch itself must accept). Checked when a state is loaded, so a
+    damaged or hostile one fails there, naming the field, not at the first batch.
+
+    Example:
+        >>> check_recipe({"seed": 7})
+        >>> check_recipe({"seed": "7"})
+        Traceback (most recent call last):
+        ...
+        naiad.errors.StateError: loader state order seed: stored '7', expected an int in [0, 18446744073709551615].
+    """
+    fix = "the state was damaged or edited: resume from another checkpoint, or start the epoch afresh."
+    if not isinstance(recipe, Mapping) or len(recipe) != 1 or not ({"seed", "generator_state"} & set(recipe)):
+        shown = f"a dict with the keys {sorted(map(str, recipe))[:4]!r:.120}" if isinstance(recipe, Mapping) else type(recipe).__name__
+        raise StateError(f"{what}: stored {shown}, expected {_RECIPE_FORMS}; {fix}")
+    if "seed" in recipe:
+        state_int(recipe["seed"], f"{what} seed", 0, 2**64 - 1)  # what Generator.manual_seed takes, once each
+        return
+    encoded = recipe["generator_state"]
+    if not isinstance(encoded, str) or len(encoded) > _MAX_GENERATOR_STATE_CHARS:
+        shown = f"a string of {len(encoded):,} characters" if isinstance(encoded, str) else type(encoded).__name__
+        raise StateError(f"{what} generator_state: stored {shown}, expected a torch CPU generator's state in base64; {fix}")
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise StateError(f"{what} generator_state: stored {encoded!r:.60}, which is not base64; {fix}") from None
+    try:
+        torch.Generator().set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8))
+    except RuntimeError as exc:
+        raise StateError(f"{what} generator_state: stored {len(raw)} bytes that torch refuses as a CPU generator's "
+                         f"state ({str(exc).splitlines()[0]:.160}); {fix}") from None
 
 
 class IndexPlan:

@@ -27,6 +27,7 @@ from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows, defau
 from naiad.sources.ipc_footer import ipc_batch_rows
 from naiad.sources.paths import PathLike
 from naiad.sources.retries import RetryPolicy
+from naiad.sources.storage import Storage
 
 __all__ = ["ArrowSource", "read_arrow"]
 
@@ -77,10 +78,10 @@ def read_arrow(
                        cache_bytes=cache_bytes)
 
 
-def _open(path: str) -> pa.ipc.RecordBatchFileReader:
+def _open(path: str, store: Storage | None) -> pa.ipc.RecordBatchFileReader:
     if storage.is_remote(path):
         # The footer now; each record batch later with range reads of that batch alone.
-        return pa.ipc.open_file(storage.RangeFile(path))
+        return pa.ipc.open_file(storage.RangeFile(path, storage.needs_store(path, store)))
     return pa.ipc.open_file(pa.memory_map(path, "r"))
 
 
@@ -91,9 +92,10 @@ _READERS = ReaderCache(
 )
 
 
-def open_ipc(path: str) -> pa.ipc.RecordBatchFileReader:
-    """A cached, memory-mapped IPC file reader (per thread), or a SourceError."""
-    return _READERS.get(path)
+def open_ipc(path: str, store: Storage | None = None) -> pa.ipc.RecordBatchFileReader:
+    """A cached, memory-mapped IPC file reader (per thread; an object's read through ``store``,
+    its source's Storage), or a SourceError."""
+    return _READERS.get(path, store)
 
 
 class ArrowSource(Source):
@@ -129,16 +131,16 @@ class ArrowSource(Source):
         self.schema()  # the schema is metadata: check columns and dtypes now
 
     def _read_schema(self) -> pa.Schema:
-        schema = select_columns(open_ipc(self.paths[0]).schema, self._selected, self.paths[0])
+        schema = select_columns(open_ipc(self.paths[0], self.storage).schema, self._selected, self.paths[0])
         return apply_dtypes(schema, resolve_dtypes(self._dtypes_arg, schema.names))
 
     def _file_blocks(self, path: str) -> list[Block]:
-        reader = open_ipc(path)
+        reader = open_ipc(path, self.storage)
         check_columns_present(self.schema().names, reader.schema.names, path, self.paths[0])
         if storage.is_remote(path):
             # Fetching each batch to count its rows would download the file: read the counts
             # from the footer and each batch's metadata instead.
-            counts = ipc_batch_rows(path)
+            counts = ipc_batch_rows(path, self.storage)
             step = self.block_rows
         else:
             # Memory-mapped: reading a batch's header touches no column data.
@@ -159,7 +161,7 @@ class ArrowSource(Source):
         batch = self._batches.get(key)
         if batch is None:
             try:
-                batch = open_ipc(block.path).get_batch(block.start)
+                batch = open_ipc(block.path, self.storage).get_batch(block.start)
                 # A damaged file can hold offsets that point outside the memory map: reading
                 # them would crash the process (SIGBUS, SIGSEGV), so every batch is checked first.
                 batch.validate(full=True)

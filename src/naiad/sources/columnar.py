@@ -14,6 +14,7 @@ import pyarrow as pa
 from naiad.errors import SourceError
 from naiad.sources.columns import null_column, null_rows
 from naiad.sources.contract import Block, OnBadRows, bad_entry
+from naiad.sources.storage import Storage, is_remote
 
 __all__ = ["ReaderCache", "check_no_nulls", "indexed_blocks"]
 
@@ -55,38 +56,44 @@ class ReaderCache:
 
     A PyArrow file reader is not safe to share between threads (sharing one across thread
     workers crashed), and opening one parses the file's footer or index, which is not free for
-    wide files; so each thread keeps its own few open readers.
+    wide files; so each thread keeps its own few open readers. An object's reader reads through
+    the Storage it was opened with, so it is kept per (URL, Storage): two sources of one URL
+    never share one (NOTE [ Remote files in workers ] in storage.py).
 
     Args:
-        opener: opens one file; raises ``OSError``/``pa.ArrowException`` on a bad file.
+        opener: opens one file, an object through the Storage given; raises
+            ``OSError``/``pa.ArrowException`` on a bad file.
         what: the format in words, for error messages ("Parquet file").
         hint: what to suggest when a file cannot be opened.
         max_open: readers kept open per thread.
     """
 
-    def __init__(self, opener: Callable[[str], Any], what: str, hint: str, max_open: int = 16) -> None:
+    def __init__(self, opener: Callable[[str, Storage | None], Any], what: str, hint: str, max_open: int = 16) -> None:
         self._opener = opener
         self._what = what
         self._hint = hint
         self._max_open = max_open
         self._local = threading.local()
 
-    def get(self, path: str) -> Any:
-        """The open reader of ``path`` (opened now if needed), or a SourceError naming the file."""
-        cache: OrderedDict[str, Any] | None = getattr(self._local, "open", None)
+    def get(self, path: str, store: Storage | None = None) -> Any:
+        """The open reader of ``path`` (opened now if needed; an object through ``store``, its
+        source's Storage), or a SourceError naming the file."""
+        cache: OrderedDict[tuple[str, Storage | None], Any] | None = getattr(self._local, "open", None)
         if cache is None:
             cache = self._local.open = OrderedDict()
-        reader = cache.get(path)
+        # A Storage is keyed by identity: the reader holds it, so it outlives no entry.
+        key = (path, store if is_remote(path) else None)
+        reader = cache.get(key)
         if reader is not None:
-            cache.move_to_end(path)
+            cache.move_to_end(key)
             return reader
         try:
-            reader = self._opener(path)
+            reader = self._opener(path, store)
         except FileNotFoundError:
             raise SourceError("file not found.", path=path) from None
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"not a readable {self._what} ({exc}); {self._hint}", path=path) from None
-        cache[path] = reader
+        cache[key] = reader
         if len(cache) > self._max_open:
             cache.popitem(last=False)
         return reader

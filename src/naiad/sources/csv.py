@@ -215,7 +215,7 @@ class CsvSource(LineBlocks, Source):
     def _head(self, path: str, nbytes: int) -> bytes:
         codec = detect_compression(path, self.compression)
         try:
-            with storage.input_stream(path, compression=codec) as stream:
+            with storage.input_stream(path, compression=codec, store=self.storage) as stream:
                 return bytes(stream.read(nbytes))
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"cannot read: {exc}", path=path) from None
@@ -316,7 +316,7 @@ class CsvSource(LineBlocks, Source):
     # -- blocks ----------------------------------------------------------------------------
 
     def _cut_args(self, path: str) -> CutArgs:
-        return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), header_lines=1 if self.header else 0,
+        return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes(), self.storage), header_lines=1 if self.header else 0,
                        compression=self.compression, keep_blank=False, whole=self.newlines_in_values, index_dir=self.index_dir)
 
     def _check_header(self, path: str) -> None:
@@ -339,7 +339,7 @@ class CsvSource(LineBlocks, Source):
             # Lines are not records here: count the records by parsing (as text, so a bad
             # value does not stop the count; rows with a wrong field count are counted too).
             b = blocks[0]
-            table, bad = self._parse_records(read_block_bytes(b, self.compression), b, as_text=True)
+            table, bad = self._parse_records(read_block_bytes(b, self.compression, self.storage), b, as_text=True)
             blocks = [b._replace(rows=table.num_rows + len(bad))]
         return blocks
 
@@ -373,22 +373,22 @@ class CsvSource(LineBlocks, Source):
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         if self.newlines_in_values:
-            whole, bad = self._parse_records(read_block_bytes(block, self.compression), block, as_text=False, use_threads=use_threads)
+            whole, bad = self._parse_records(read_block_bytes(block, self.compression, self.storage), block, as_text=False, use_threads=use_threads)
             # PyArrow names no line or record of a bad row here, so the good records take the
             # block's first positions and the bad ones the last: the same at every read.
             good = whole.num_rows
             entries = tuple(bad_entry(p - lo, block.path, bad[p - good]) for p in range(max(lo, good), hi))
             return BlockData(table_to_columns(whole.slice(lo, max(0, min(hi, good) - lo))), entries)
-        buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
+        buf, line0 = slice_rows(read_block_bytes(block, self.compression, self.storage), lo, hi, block.rows, keep_blank=False)
         return self._parse_lines(buf, line0, block, hi - lo, use_threads)
 
     def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
-        data = None if self.newlines_in_values else parse_group_lines(parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads))
+        data = None if self.newlines_in_values else parse_group_lines(parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads), self.storage)
         return data if data is not None else super()._read_group(parts, use_threads)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
         data = None if self.newlines_in_values else parse_selected_lines(
-            parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads),
+            parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads), self.storage,
         )
         return data if data is not None else super()._read_rows_many(parts, use_threads)
 

@@ -69,12 +69,13 @@ def check_index_dir(index_dir: IndexDir) -> IndexDir:
     )
 
 
-def index_folder(index_dir: IndexDir, path: str) -> Path | None:
-    """The folder that holds ``path``'s index under ``index_dir`` (None: not persisted)."""
+def index_folder(index_dir: IndexDir, path: str, store: storage.Storage | None = None) -> Path | None:
+    """The folder that holds ``path``'s index under ``index_dir`` (None: not persisted); an
+    object's is in the block cache of ``store``, its source's Storage, when it has one."""
     if index_dir is False:
         return None
     if storage.is_remote(path) and (index_dir is None or index_dir is True or index_dir == "beside"):
-        cache = storage.storage_for(path).cache_dir
+        cache = storage.needs_store(path, store).cache_dir
         if cache is not None:
             return Path(cache) / "index"
         index_dir = None
@@ -91,11 +92,11 @@ def _entry_name(real: str, params: Mapping[str, Any], where: str = "") -> str:
     return f"{stem}.{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
 
 
-def _identity(path: str) -> tuple[str, int, dict[str, Any]] | None:
+def _identity(path: str, store: storage.Storage | None) -> tuple[str, int, dict[str, Any]] | None:
     """(the real path or URL, the size, what tells this version of it: the modification time of
-    a file; the endpoint and ETag, else modification time, of an object), or None."""
+    a file; the endpoint and ETag, else modification time, of an object, through ``store``), or None."""
     if storage.is_remote(path):
-        store = storage.storage_for(path)
+        store = storage.needs_store(path, store)
         try:
             size, version = store.stat(path).size, store.version(path)
         except (OSError, NaiadError):
@@ -108,11 +109,13 @@ def _identity(path: str) -> tuple[str, int, dict[str, Any]] | None:
     return os.path.realpath(path), st.st_size, {"mtime_ns": st.st_mtime_ns}
 
 
-def load_index(index_dir: IndexDir, path: str, params: Mapping[str, Any]) -> list[Entry] | None:
+def load_index(index_dir: IndexDir, path: str, params: Mapping[str, Any],
+               store: storage.Storage | None = None) -> list[Entry] | None:
     """The stored blocks of ``path`` cut with ``params``, or None when there is no valid entry
-    (none yet, another cut, or the file changed since: size or modification time differ)."""
-    folder = index_folder(index_dir, path)
-    ident = _identity(path)
+    (none yet, another cut, or the file changed since: size or modification time differ); an
+    object is identified through ``store``, its source's Storage."""
+    folder = index_folder(index_dir, path, store)
+    ident = _identity(path, store)
     if folder is None or ident is None:
         return None
     real, size, stamp = ident
@@ -158,10 +161,12 @@ def _writable_folder(index_dir: IndexDir, folder: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
-def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entries: Sequence[Entry]) -> None:
-    """Store the blocks of ``path`` (contiguous byte ranges) for the next process; best effort."""
-    folder = index_folder(index_dir, path)
-    ident = _identity(path)
+def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entries: Sequence[Entry],
+               store: storage.Storage | None = None) -> None:
+    """Store the blocks of ``path`` (contiguous byte ranges) for the next process; best effort
+    (an object's identity through ``store``, its source's Storage)."""
+    folder = index_folder(index_dir, path, store)
+    ident = _identity(path, store)
     if folder is None or ident is None or not entries:
         return
     if any(entries[i][1] != entries[i + 1][0] for i in range(len(entries) - 1)):

@@ -63,24 +63,25 @@ def message_rows(meta: bytes) -> int:
     return 0 if length is None else int(struct.unpack_from("<q", fb, length)[0])
 
 
-def ipc_batch_rows(path: str) -> list[int]:
-    """Rows of each record batch of an Arrow IPC file (local or remote): footer and metadata only.
+def ipc_batch_rows(path: str, store: storage.Storage | None = None) -> list[int]:
+    """Rows of each record batch of an Arrow IPC file (local, or remote through ``store``, its
+    source's Storage): footer and metadata only.
 
     Raises:
         SourceError: not an IPC file (the stream format has no footer), or a damaged one.
     """
-    size = storage.size(path)
-    tail = storage.read_range(path, max(0, size - 10), size)
+    size = storage.size(path, store=store)
+    tail = storage.read_range(path, max(0, size - 10), size, store=store)
     if size < 18 or tail[-6:] != _MAGIC:
         raise SourceError("not an Arrow IPC file (no ARROW1 footer): is it in the stream format?", path=path)
     footer_len = struct.unpack_from("<i", tail, 0)[0]
     if not 0 < footer_len <= size - 18:
         raise SourceError(f"damaged Arrow IPC footer (length {footer_len}).", path=path)
     try:
-        blocks = footer_blocks(storage.read_range(path, size - 10 - footer_len, size - 10))
+        blocks = footer_blocks(storage.read_range(path, size - 10 - footer_len, size - 10, store=store))
         # One small request per batch, several at once: latency, not bandwidth, is their cost.
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(blocks)))) as pool:
-            metas = list(pool.map(lambda b: storage.read_range(path, b[0], b[0] + b[1]), blocks))
+            metas = list(pool.map(lambda b: storage.read_range(path, b[0], b[0] + b[1], store=store), blocks))
         return [message_rows(m) for m in metas]
     except (struct.error, ValueError, IndexError) as exc:
         raise SourceError(f"damaged Arrow IPC metadata ({exc}).", path=path) from None

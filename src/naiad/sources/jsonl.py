@@ -159,7 +159,7 @@ class JsonlSource(LineBlocks, Source):
         for path in self.paths:
             codec = detect_compression(path, self.compression)
             try:
-                with storage.input_stream(path, compression=codec) as stream:
+                with storage.input_stream(path, compression=codec, store=self.storage) as stream:
                     head = bytes(stream.read(_SAMPLE_BYTES))
             except (OSError, pa.ArrowException) as exc:
                 raise SourceError(f"cannot read: {exc}", path=path) from None
@@ -197,20 +197,20 @@ class JsonlSource(LineBlocks, Source):
         return select_columns(self.full_schema(), self._selected, self.paths[0])
 
     def _cut_args(self, path: str) -> CutArgs:
-        return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), header_lines=0,
+        return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes(), self.storage), header_lines=0,
                        compression=self.compression, keep_blank=False, whole=False, index_dir=self.index_dir)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
-        buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=False)
+        buf, line0 = slice_rows(read_block_bytes(block, self.compression, self.storage), lo, hi, block.rows, keep_blank=False)
         return self._parse_lines(buf, line0, block, hi - lo, use_threads)
 
     def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
-        data = parse_group_lines(parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads))
+        data = parse_group_lines(parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads), self.storage)
         return data if data is not None else super()._read_group(parts, use_threads)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
         data = parse_selected_lines(
-            parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads),
+            parts, self.compression, False, lambda buf, n: self._parse_lines(buf, 0, parts[0][0], n, use_threads), self.storage,
         )
         return data if data is not None else super()._read_rows_many(parts, use_threads)
 

@@ -34,6 +34,7 @@ from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows
 from naiad.sources.index import IndexDir, load_index, save_index
 from naiad.sources.readahead import io_map
 from naiad.sources.scan import early_cut, header_end, scan_plain, span_rows
+from naiad.sources.storage import Storage
 
 __all__ = [
     "BadRow", "CutArgs", "LineBlocks", "block_bytes_for", "default_block_bytes", "detect_compression", "early_file_cut",
@@ -72,11 +73,13 @@ class LineBlocks:
     (``_cut_args``): by the newline scan, or before the rows are counted for the reads that
     start beside it (NOTE [ Early reads ] in naiad/stream/early.py)."""
 
+    storage: Storage  # the Source's: how its objects are read (NOTE [ Remote files in workers ])
+
     def _cut_args(self, path: str) -> CutArgs:
         raise NotImplementedError
 
     def _file_blocks(self, path: str) -> list[Block]:
-        return scan_file(path, **self._cut_args(path))
+        return scan_file(path, **self._cut_args(path), store=self.storage)
 
     def _early_cut(self, path: str) -> list[Block] | None:
         return early_file_cut(path, **self._cut_args(path))
@@ -93,15 +96,15 @@ def detect_compression(path: str, compression: str | None) -> str | None:
     return _COMPRESSIONS.get(os.path.splitext(path)[1].lower())
 
 
-def _decompress(path: str, codec: str) -> bytes:
+def _decompress(path: str, codec: str, store: Storage | None) -> bytes:
     try:
-        with storage.input_stream(path, compression=codec) as stream:
+        with storage.input_stream(path, compression=codec, store=store) as stream:
             return bytes(stream.read())
     except (OSError, pa.ArrowException) as exc:
         raise SourceError(f"cannot decompress ({codec}): {exc}; is the file truncated?", path=path) from None
 
 
-def default_block_bytes(paths: Sequence[str]) -> int:
+def default_block_bytes(paths: Sequence[str], store: Storage | None = None) -> int:
     """About 1/4096 of the bytes of ``paths`` together, between 64 KiB and 4 MiB.
 
     Blocks are what the epoch permutation shuffles: the more there are, the less a row's place
@@ -110,12 +113,13 @@ def default_block_bytes(paths: Sequence[str]) -> int:
     matters, not a file's: eight files of 250 MB cut at 1/4096 each made 31,000 blocks, and a
     plan of 90-160 ms an epoch, where the same 2 GB in one file makes 3,900. Small blocks cost
     little since consecutive reads are parsed together (NOTE [ Read groups ] in plan.py); below
-    64 KiB the scan and the plan would hold more blocks than they are worth.
+    64 KiB the scan and the plan would hold more blocks than they are worth. Objects are
+    sized through ``store``, their source's Storage.
     """
     size = 0
     for path in paths:
         try:
-            size += storage.size(path)
+            size += storage.size(path, store=store)
         except OSError:
             pass
     return _block_of(size)
@@ -125,14 +129,14 @@ def _block_of(source_bytes: int) -> int:
     return int(min(4 << 20, max(64 << 10, source_bytes // 4096)))
 
 
-def block_bytes_for(path: str, block_bytes: int | None, source_bytes: int | None) -> int:
+def block_bytes_for(path: str, block_bytes: int | None, source_bytes: int | None, store: Storage | None = None) -> int:
     """The block size to cut ``path`` into: ``block_bytes`` if given, else about 1/4096 of the
     source's bytes (``source_bytes``, its local files together: ``Source.local_bytes``), or of
     the file alone when that is None (a remote file's size may cost a request, and a source of
     many shards would pay one per shard first), between 64 KiB and 4 MiB."""
     if block_bytes:
         return block_bytes
-    return default_block_bytes([path]) if source_bytes is None else _block_of(source_bytes)
+    return default_block_bytes([path], store) if source_bytes is None else _block_of(source_bytes)
 
 
 def count_rows(buf: bytes | memoryview, keep_blank: bool) -> int:
@@ -165,7 +169,7 @@ def row_spans(buf: bytes, keep_blank: bool) -> tuple[np.ndarray, np.ndarray, np.
 
 def scan_file(
     path: str, *, block_bytes: int, header_lines: int, compression: str | None, keep_blank: bool, whole: bool,
-    index_dir: IndexDir = False,
+    index_dir: IndexDir = False, store: Storage | None = None,
 ) -> list[Block]:
     """Cut ``path`` into blocks of whole lines of about ``block_bytes``, counting rows.
 
@@ -175,22 +179,23 @@ def scan_file(
         keep_blank: count blank lines as rows (text) or not (CSV, JSONL: the parsers skip them).
         whole: one block per file (quoted newlines allowed).
         index_dir: where the cut is persisted and looked up (NOTE [ Block index ]); False: never.
+        store: the source's Storage, through which an object is read (a local file needs none).
     """
     codec = detect_compression(path, compression)
     if codec is not None or whole:
         if codec is not None:
-            data = _decompress(path, codec)
+            data = _decompress(path, codec, store)
         else:
-            data = storage.read_range(path, 0, -1)
+            data = storage.read_range(path, 0, -1, store=store)
         start = header_end(data, header_lines, path) if header_lines else 0
         return [Block(path, start, -1, count_rows(memoryview(data)[start:], keep_blank), 1 + header_lines)]
     params = _cut_params(block_bytes, header_lines, keep_blank)
-    entries = load_index(index_dir, path, params)
-    if entries is not None and not _cut_holds(path, entries, block_bytes, header_lines, keep_blank):
+    entries = load_index(index_dir, path, params, store)
+    if entries is not None and not _cut_holds(path, entries, block_bytes, header_lines, keep_blank, store):
         entries = None  # a stale or forged entry: scan again
     if entries is None:
-        entries = scan_plain(path, block_bytes, header_lines, keep_blank)
-        save_index(index_dir, path, params, entries)
+        entries = scan_plain(path, block_bytes, header_lines, keep_blank, store)
+        save_index(index_dir, path, params, entries, store)
     return [Block(path, a, b, n, line) for a, b, n, line in entries]
 
 
@@ -220,13 +225,13 @@ def early_rows(block: Block, keep_blank: bool) -> int:
 
 
 def _cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], block_bytes: int, header_lines: int,
-               keep_blank: bool) -> bool:
+               keep_blank: bool, store: Storage | None) -> bool:
     """Whether a stored cut of ``path`` starts after its header, every block starts a line (a
     boundary inside a line would split a row in two: one byte read per block), and a block said
     to hold no rows holds none (the plan never reads it, so its count is checked here; any
     other count is checked as the block is parsed)."""
     if storage.is_remote(path):
-        return _remote_cut_holds(path, entries, header_lines, keep_blank)
+        return _remote_cut_holds(path, entries, header_lines, keep_blank, storage.needs_store(path, store))
     try:
         with open(path, "rb") as f:
             head = f.read(max(block_bytes, 1 << 16)) if header_lines else b""
@@ -246,28 +251,30 @@ def _cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], block_by
     return True
 
 
-def _remote_cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], header_lines: int, keep_blank: bool) -> bool:
+def _remote_cut_holds(path: str, entries: Sequence[tuple[int, int, int, int]], header_lines: int, keep_blank: bool,
+                      store: Storage) -> bool:
     """:func:`_cut_holds` for an object, without a request per block: the header (the range a
     CSV reader reads anyway, so a cached one costs nothing) and the blocks said to be empty
     here; that every block ends a line is checked as it is read (:func:`read_block_bytes`)."""
     try:
         if header_lines:
-            head = storage.read_range(path, 0, min(storage.size(path), 1 << 16))
+            head = storage.read_range(path, 0, min(store.stat(path).size, 1 << 16), store=store)
             if entries[0][0] != header_end(head, header_lines, path):
                 return False
-        return not any(rows == 0 and count_rows(storage.read_range(path, start, stop), keep_blank)
+        return not any(rows == 0 and count_rows(storage.read_range(path, start, stop, store=store), keep_blank)
                        for start, stop, rows, _ in entries)
     except (OSError, SourceError):
         return False
 
 
-def read_block_bytes(block: Block, compression: str | None) -> bytes:
-    """The bytes of ``block`` (decompressing the whole file when it is compressed)."""
+def read_block_bytes(block: Block, compression: str | None, store: Storage | None = None) -> bytes:
+    """The bytes of ``block`` (decompressing the whole file when it is compressed); an object's
+    through ``store``, its source's Storage."""
     codec = detect_compression(block.path, compression)
     try:
         if codec is not None:
-            return _decompress(block.path, codec)[block.start :]
-        data = storage.read_range(block.path, block.start, block.stop)
+            return _decompress(block.path, codec, store)[block.start :]
+        data = storage.read_range(block.path, block.start, block.stop, store=store)
         if block.stop < 0:
             return data
     except FileNotFoundError:
@@ -278,18 +285,18 @@ def read_block_bytes(block: Block, compression: str | None) -> bytes:
             "the file shrank after it was scanned.",
             path=block.path,
         )
-    if data and data[-1:] != b"\n" and storage.is_remote(block.path) and block.stop != storage.size(block.path):
+    if data and data[-1:] != b"\n" and storage.is_remote(block.path) and block.stop != storage.size(block.path, store=store):
         # A stored cut of an object is not checked byte by byte when loaded (a request per block).
         raise SourceError(f"the block at bytes {block.start}-{block.stop} ends inside a line: the block index "
                           "does not fit the object; remove it from the index folder.", path=block.path)
     return data
 
 
-def read_blocks_bytes(blocks: Sequence[Block], compression: str | None) -> list[bytes]:
+def read_blocks_bytes(blocks: Sequence[Block], compression: str | None, store: Storage | None = None) -> list[bytes]:
     """The bytes of each block, in order; remote ones fetched at once (NOTE [ Remote read-ahead ])."""
     if len(blocks) > 1 and any(storage.is_remote(b.path) for b in blocks):
-        return io_map(lambda b: read_block_bytes(b, compression), blocks)
-    return [read_block_bytes(b, compression) for b in blocks]
+        return io_map(lambda b: read_block_bytes(b, compression, store), blocks)
+    return [read_block_bytes(b, compression, store) for b in blocks]
 
 
 def slice_rows(buf: bytes, lo: int, hi: int, rows: int, keep_blank: bool) -> tuple[bytes, int]:
@@ -325,9 +332,10 @@ def select_rows(buf: bytes, rows: np.ndarray, total: int, keep_blank: bool) -> t
     return picked, int(lines[rows[0]])
 
 
-def read_selected_lines(parts: list[tuple[Block, np.ndarray]], compression: str | None, keep_blank: bool) -> bytes:
+def read_selected_lines(parts: list[tuple[Block, np.ndarray]], compression: str | None, keep_blank: bool,
+                        store: Storage | None = None) -> bytes:
     """The selected lines of every part, one buffer of whole lines (for one parse)."""
-    bufs = read_blocks_bytes([block for block, _ in parts], compression)
+    bufs = read_blocks_bytes([block for block, _ in parts], compression, store)
     picked = _select_many(bufs, parts, keep_blank)
     if picked is not None:
         return picked
@@ -377,7 +385,7 @@ def _select_many(bufs: list[bytes], parts: list[tuple[Block, np.ndarray]], keep_
 
 def parse_selected_lines(
     parts: list[tuple[Block, np.ndarray]], compression: str | None, keep_blank: bool,
-    parse: Callable[[bytes, int], BlockData],
+    parse: Callable[[bytes, int], BlockData], store: Storage | None = None,
 ) -> BlockData | None:
     """A resume's scattered rows of line-based blocks: scan each block for newlines and parse only
     the selected lines, all at once with ``parse(buffer, rows)``. None when reading part by part
@@ -385,11 +393,12 @@ def parse_selected_lines(
     which that path names with its exact line."""
     if len(parts) == 1 and len(parts[0][1]) * 2 > int(parts[0][1][-1] - parts[0][1][0]) + 1:
         return None
-    return _parse_clean(parse, read_selected_lines(parts, compression, keep_blank), sum(len(rows) for _, rows in parts))
+    return _parse_clean(parse, read_selected_lines(parts, compression, keep_blank, store), sum(len(rows) for _, rows in parts))
 
 
 def parse_group_lines(
     parts: list[GroupPart], compression: str | None, keep_blank: bool, parse: Callable[[bytes, int], BlockData],
+    store: Storage | None = None,
 ) -> BlockData | None:
     """A read group of line-based blocks (NOTE [ Read groups ] in plan.py): each part's lines
     cut from its block's bytes, all parsed at once with ``parse(buffer, rows)``. None when
@@ -398,7 +407,7 @@ def parse_group_lines(
     if any(block.stop < 0 for block, _, _, _ in parts):
         return None
     pieces = []
-    datas = read_blocks_bytes([block for block, _, _, _ in parts], compression)
+    datas = read_blocks_bytes([block for block, _, _, _ in parts], compression, store)
     for buf, (block, lo, hi, take) in zip(datas, parts, strict=True):
         if take is None:
             piece = slice_rows(buf, lo, hi, block.rows, keep_blank)[0]

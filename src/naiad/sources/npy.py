@@ -72,11 +72,13 @@ _LOAD_LOCK = threading.Lock()
 
 class RemoteNpy:
     """A remote ``.npy`` object read by row ranges: the header once, then one range request
-    per slice of rows (what a memory map gives for a local file)."""
+    per slice of rows (what a memory map gives for a local file), through ``store``, its
+    source's Storage."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, store: Storage) -> None:
         self.url = url
-        with storage.open_input(url, 1 << 16) as f:
+        self._store = store
+        with storage.open_input(url, 1 << 16, store=store) as f:
             try:
                 version = np.lib.format.read_magic(f)
                 read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
@@ -103,13 +105,14 @@ class RemoteNpy:
         if step != 1:
             raise IndexError("rows are read as contiguous ranges")
         b = max(a, b)
-        data = storage.read_range(self.url, self.offset + a * self._row_bytes, self.offset + b * self._row_bytes)
+        data = storage.read_range(self.url, self.offset + a * self._row_bytes, self.offset + b * self._row_bytes,
+                                  store=self._store)
         return np.frombuffer(data, self.dtype).reshape((b - a, *self.shape[1:]))
 
 
-def _load(path: str) -> np.ndarray | RemoteNpy:
+def _load(path: str, store: Storage | None = None) -> np.ndarray | RemoteNpy:
     if storage.is_remote(path):
-        return RemoteNpy(path)
+        return RemoteNpy(path, storage.needs_store(path, store))
     try:
         with _LOAD_LOCK:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -129,9 +132,10 @@ def _load(path: str) -> np.ndarray | RemoteNpy:
 _MAPS = ReaderCache(_load, ".npy file", "is it truncated?")
 
 
-def _open(path: str) -> np.ndarray | RemoteNpy:
-    """The memory-mapped array of ``path`` (or a remote one; cached per thread), or a SourceError."""
-    arr: np.ndarray | RemoteNpy = _MAPS.get(path)
+def _open(path: str, store: Storage) -> np.ndarray | RemoteNpy:
+    """The memory-mapped array of ``path`` (or a remote one, read through ``store``, its source's
+    Storage; cached per thread), or a SourceError."""
+    arr: np.ndarray | RemoteNpy = _MAPS.get(path, store)
     return arr
 
 
@@ -173,7 +177,7 @@ class NpySource(Source):
     def _read_schema(self) -> pa.Schema:
         fields = []
         for name, path in self._aligned[self.paths[0]].items():
-            arr = _open(path)
+            arr = _open(path, self.storage)
             if arr.dtype.names and len(self._aligned[self.paths[0]]) == 1:
                 for field in arr.dtype.names:
                     fields.append(pa.field(field, _arrow_type(arr[:0][field])))
@@ -192,7 +196,7 @@ class NpySource(Source):
         return len(self)
 
     def _file_blocks(self, path: str) -> list[Block]:
-        lengths = {name: len(_open(p)) for name, p in self._aligned[path].items()}
+        lengths = {name: len(_open(p, self.storage)) for name, p in self._aligned[path].items()}
         if len(set(lengths.values())) != 1:
             raise SourceError(f"aligned files have different row counts {lengths}.", path=path)
         n = next(iter(lengths.values()))
@@ -207,7 +211,7 @@ class NpySource(Source):
         out: Columns = {}
         a, b = block.start + lo, block.start + hi
         for name, path in self._aligned[block.path].items():
-            arr = _open(path)
+            arr = _open(path, self.storage)
             if arr.dtype.names and len(self._aligned[block.path]) == 1:
                 rows = arr[a:b]
                 for field in arr.dtype.names:
@@ -222,7 +226,7 @@ class NpySource(Source):
         schema = self.schema()
         out: Columns = {}
         for name, path in self._aligned[self.paths[0]].items():
-            arr = _open(path)
+            arr = _open(path, self.storage)
             if arr.dtype.names and len(self._aligned[self.paths[0]]) == 1:
                 for field in arr.dtype.names:
                     out[field] = np.zeros((0, *arr[:0][field].shape[1:]), _np(schema.field(field).type))

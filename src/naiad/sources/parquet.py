@@ -26,6 +26,7 @@ from naiad.sources.columns import (
 from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows
 from naiad.sources.paths import PathLike
 from naiad.sources.retries import RetryPolicy
+from naiad.sources.storage import Storage
 
 __all__ = ["ParquetSource", "read_parquet"]
 
@@ -69,11 +70,11 @@ def read_parquet(
     return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
 
 
-def _open(path: str) -> pq.ParquetFile:
+def _open(path: str, store: Storage | None) -> pq.ParquetFile:
     if storage.is_remote(path):
         # The footer now (range reads from the end); a row group later fetches only the column
         # chunks asked for, coalesced into few requests by pre_buffer.
-        return pq.ParquetFile(storage.RangeFile(path), pre_buffer=True)
+        return pq.ParquetFile(storage.RangeFile(path, storage.needs_store(path, store)), pre_buffer=True)
     return pq.ParquetFile(path, memory_map=True)
 
 
@@ -81,9 +82,10 @@ def _open(path: str) -> pq.ParquetFile:
 _READERS = ReaderCache(_open, "Parquet file", "is it truncated?")
 
 
-def open_parquet(path: str) -> pq.ParquetFile:
-    """A cached :class:`pyarrow.parquet.ParquetFile` (per thread), or a SourceError."""
-    return _READERS.get(path)
+def open_parquet(path: str, store: Storage | None = None) -> pq.ParquetFile:
+    """A cached :class:`pyarrow.parquet.ParquetFile` (per thread; an object's read through
+    ``store``, its source's Storage), or a SourceError."""
+    return _READERS.get(path, store)
 
 
 class ParquetSource(Source):
@@ -110,12 +112,12 @@ class ParquetSource(Source):
         self.schema()  # the footer is metadata: check columns and dtypes now
 
     def _read_schema(self) -> pa.Schema:
-        schema = open_parquet(self.paths[0]).schema_arrow
+        schema = open_parquet(self.paths[0], self.storage).schema_arrow
         schema = select_columns(schema, self._selected, self.paths[0])
         return apply_dtypes(schema, resolve_dtypes(self._dtypes_arg, schema.names))
 
     def _file_blocks(self, path: str) -> list[Block]:
-        pf = open_parquet(path)
+        pf = open_parquet(path, self.storage)
         check_columns_present(self.schema().names, pf.schema_arrow.names, path, self.paths[0])
         meta = pf.metadata
         return indexed_blocks(path, [meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
@@ -123,7 +125,7 @@ class ParquetSource(Source):
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         schema = self.schema()
         try:
-            table = open_parquet(block.path).read_row_group(block.start, columns=schema.names, use_threads=use_threads)
+            table = open_parquet(block.path, self.storage).read_row_group(block.start, columns=schema.names, use_threads=use_threads)
             # A damaged page can decode to strings that are not UTF-8: a SourceError here, not a
             # UnicodeDecodeError when the column is read.
             table.validate(full=True)
@@ -146,7 +148,7 @@ class ParquetSource(Source):
         pieces: list[pa.Table] = [pa.table({})] * len(parts)
         try:
             for path, members in by_file.items():
-                table = open_parquet(path).read_row_groups(
+                table = open_parquet(path, self.storage).read_row_groups(
                     [parts[i][0].start for i in members], columns=self.schema().names, use_threads=use_threads)
                 table.validate(full=True)
                 starts = np.cumsum([0] + [parts[i][0].rows for i in members])

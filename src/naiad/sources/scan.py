@@ -61,17 +61,20 @@ Entry = tuple[int, int, int, int]
 """A block of the cut: (start, stop, rows, first line)."""
 
 
-def scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool) -> list[Entry]:
-    """The cut of a plain (uncompressed) file after its ``header_lines``."""
+def scan_plain(path: str, block_bytes: int, header_lines: int, keep_blank: bool,
+               store: storage.Storage | None = None) -> list[Entry]:
+    """The cut of a plain (uncompressed) file after its ``header_lines``; an object is read
+    through ``store``, its source's Storage."""
     remote = storage.is_remote(path)
     # An object's scan reads it whole, once: past the block cache, unless it is small enough to
     # be one range (the same the reader's header and type sample read), which keeps a shard
     # that has no index entry (no rows) from being fetched again by the next process.
-    small = remote and storage.size(path) <= _SCAN_CACHED_BYTES
+    small = remote and storage.size(path, store=store) <= _SCAN_CACHED_BYTES
     # Where the objects fit in the cache, the scan reads through its chunks instead: the
     # bytes it reads are then the first epoch's too (NOTE [ Block cache ], chunks).
-    chunks = remote and storage.storage_for(path).chunked(path)
-    with storage.open_input(path, cached="chunks" if chunks else small, buffer_bytes=CHUNK_BYTES if chunks else 8 << 20) as f:
+    chunks = remote and storage.needs_store(path, store).chunked(path)
+    with storage.open_input(path, store=store, cached="chunks" if chunks else small,
+                            buffer_bytes=CHUNK_BYTES if chunks else 8 << 20) as f:
         pos = header_end(f.read(max(block_bytes, 1 << 16)), header_lines, path) if header_lines else 0
         if not remote:
             size = os.fstat(f.fileno()).st_size

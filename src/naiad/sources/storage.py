@@ -8,10 +8,13 @@ filesystem of its protocol, one range request per read.
 NOTE [ Remote files in workers ]
 A source crosses into each worker by pickle, and a live filesystem holds sockets, an event loop
 thread and credentials caches that must not cross. So a source keeps a :class:`Storage`: plain
-data (the ``storage_options``, the retry policy, each object's size and ETag). Unpickling it in
-a worker registers its URLs in this module's table, and the first read there builds the
-filesystem for that process from (protocol, options); filesystems are cached per process id, so
-a forked worker never reuses its parent's connections.
+data (the ``storage_options``, the retry policy, the cache settings, each object's size and
+ETag), and every read of a remote file names the Storage it goes through (the ``store=`` of the
+functions below): the source's own. Nothing maps a URL to a Storage, so two sources of one URL
+with other options, retries or caches each read with theirs, in the process that made them and
+in every worker. The first read in a process builds the filesystem for (process id, protocol,
+options) and keeps it for every Storage of those options: a forked worker never reuses its
+parent's connections, and sources that share options share one filesystem.
 
 With ``cache_dir=`` every range read goes through the local block cache first (NOTE [ Block
 cache ] in cache.py), keyed by the identity recorded here; small reads go through its aligned
@@ -27,7 +30,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, TypeVar
 
 import pyarrow as pa
@@ -45,7 +48,7 @@ from naiad.sources.retries import RetryPolicy, retrying
 
 __all__ = [
     "ObjectInfo", "RangeFile", "RetryPolicy", "Storage", "input_stream", "is_remote", "is_url",
-    "open_input", "read_range", "size", "stat",
+    "needs_store", "open_input", "read_range", "size", "stat",
 ]
 
 T = TypeVar("T")
@@ -84,8 +87,6 @@ class ObjectInfo(NamedTuple):
     mtime: str | None
 
 
-# url -> the Storage that opens it (filled by Storage.expand and on unpickling, per process)
-_BOUND: dict[str, Storage] = {}
 # (pid, protocol, options as JSON) -> filesystem
 _FILESYSTEMS: dict[tuple[int, str, str], Any] = {}
 _LOCK = threading.Lock()
@@ -144,15 +145,6 @@ class Storage:
         state.pop("_total", None)  # derived from infos (_chunks_fit)
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._bind(self.infos)
-
-    def _bind(self, urls: Iterable[str]) -> None:
-        with _LOCK:
-            for url in urls:
-                _BOUND[url] = self
-
     # -- filesystems -------------------------------------------------------------------------
 
     def filesystem(self, url: str) -> Any:
@@ -202,7 +194,6 @@ class Storage:
                                   f"{url.rstrip('/')}/*.csv.", path=url)
             self.infos[url] = _object_info(info)
             urls = [url]
-        self._bind(urls)
         return urls
 
     def stat(self, url: str) -> ObjectInfo:
@@ -329,36 +320,38 @@ def _make_filesystem(protocol: str, options: Mapping[str, Any], url: str) -> Any
 
 
 # -- the module-level seam the readers call: local paths keep their code path ---------------
+# A remote path is read through the ``store`` its caller names, its source's Storage (NOTE
+# [ Remote files in workers ]); a local path needs none.
 
 
-def storage_for(url: str) -> Storage:
-    """The Storage bound to ``url`` (a plain one, credentials from the environment, if none)."""
-    found = _BOUND.get(url)
-    if found is None:
-        found = Storage()
-        found._bind([url])
-    return found
+def needs_store(path: str, store: Storage | None) -> Storage:
+    """``store``, the Storage a read of the object ``path`` goes through; a TypeError without one
+    (there is no URL -> Storage table to guess from, and guessing reads with other options)."""
+    if store is None:
+        raise TypeError(f"reading the object {path} needs the Storage of its source (store=).")
+    return store
 
 
-def stat(url: str) -> ObjectInfo:
-    """Size, ETag and modification time of a remote object."""
-    return storage_for(url).stat(url)
+def stat(url: str, *, store: Storage | None) -> ObjectInfo:
+    """Size, ETag and modification time of a remote object, through ``store``."""
+    return needs_store(url, store).stat(url)
 
 
-def size(path: str) -> int:
-    """The size of a file or object in bytes."""
+def size(path: str, *, store: Storage | None = None) -> int:
+    """The size of a file, or of an object through ``store`` (its source's Storage)."""
     if is_remote(path):
-        return stat(path).size
+        return stat(path, store=store).size
     return os.path.getsize(path)
 
 
-def read_range(path: str, start: int, stop: int, *, cached: Cached = True) -> bytes:
-    """Bytes ``start:stop`` of a file or object (``stop`` < 0: to the end); ``cached=False``
-    reads an object past its source's block cache."""
+def read_range(path: str, start: int, stop: int, *, store: Storage | None = None, cached: Cached = True) -> bytes:
+    """Bytes ``start:stop`` of a file or object (``stop`` < 0: to the end); an object is read
+    through ``store``, its source's Storage, and ``cached=False`` reads it past the block cache."""
     if is_remote(path):
+        store = needs_store(path, store)
         if stop < 0:
-            stop = size(path)
-        return storage_for(path).read_range(path, start, stop, cached=cached)
+            stop = store.stat(path).size
+        return store.read_range(path, start, stop, cached=cached)
     # os.pread on a raw descriptor: a block read costs a third of open()/seek()/read() through
     # a buffered file object, which a CSV's thousands of small blocks per epoch notice.
     fd = os.open(path, os.O_RDONLY)
@@ -375,39 +368,45 @@ def read_range(path: str, start: int, stop: int, *, cached: Cached = True) -> by
         os.close(fd)
 
 
-def open_input(path: str, buffer_bytes: int = 8 << 20, *, cached: Cached = True) -> io.BufferedIOBase:
+def open_input(path: str, buffer_bytes: int = 8 << 20, *, store: Storage | None = None,
+               cached: Cached = True) -> io.BufferedIOBase:
     """A sequential binary file: ``open(path, "rb")`` locally, range reads of ``buffer_bytes``
-    at a time for an object (a scan for newlines reads a whole file this way, ``cached=False``:
-    past the block cache, which would only fill with ranges no block read asks for)."""
+    at a time for an object through ``store`` (a scan for newlines reads a whole file this way,
+    ``cached=False``: past the block cache, which would only fill with ranges no block read asks for)."""
     if is_remote(path):
-        return io.BufferedReader(RangeFile(path, cached=cached), buffer_size=buffer_bytes)
+        return io.BufferedReader(RangeFile(path, needs_store(path, store), cached=cached), buffer_size=buffer_bytes)
     return open(path, "rb")
 
 
-def input_stream(path: str, compression: str | None = None, buffer_bytes: int = 1 << 20) -> pa.NativeFile:
-    """``pyarrow.input_stream`` over a file or an object, decompressing ``compression``.
+def input_stream(path: str, compression: str | None = None, buffer_bytes: int = 1 << 20, *,
+                 store: Storage | None = None) -> pa.NativeFile:
+    """``pyarrow.input_stream`` over a file or an object (read through ``store``), decompressing
+    ``compression``.
 
     An object that is not compressed is read unbuffered (a header's 64 KiB is one request of
     64 KiB); a compressed one through ``buffer_bytes`` requests (the codec reads 64 KiB at a time).
     """
     if is_remote(path):
-        raw: io.RawIOBase | io.BufferedIOBase = RangeFile(path) if compression is None else open_input(path, buffer_bytes)
+        store = needs_store(path, store)
+        raw: io.RawIOBase | io.BufferedIOBase = (
+            RangeFile(path, store) if compression is None else open_input(path, buffer_bytes, store=store))
         return pa.input_stream(raw, compression=compression)
     return pa.input_stream(path, compression=compression)
 
 
 class RangeFile(io.RawIOBase):
-    """A seekable, read-only object whose every read is one range request (retried).
+    """A seekable, read-only object whose every read is one range request (retried), through
+    ``store``, its source's Storage.
 
     What PyArrow opens for Parquet and Arrow IPC objects: it reads the footer, then only the
     row groups' column chunks or the record batches asked for.
     """
 
-    def __init__(self, url: str, *, cached: Cached = True) -> None:
+    def __init__(self, url: str, store: Storage, *, cached: Cached = True) -> None:
         super().__init__()
         self.url = url
         self._cached = cached
-        self._storage = storage_for(url)
+        self._storage = store
         self._size = self._storage.stat(url).size
         self._pos = 0
 

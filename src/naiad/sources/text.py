@@ -129,22 +129,22 @@ class TextSource(LineBlocks, Source):
         return sum(b.stop - b.start + 88 * b.rows if b.stop >= 0 else 256 * b.rows for b in self.blocks())
 
     def _cut_args(self, path: str) -> CutArgs:
-        return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes()), header_lines=0,
+        return CutArgs(block_bytes=block_bytes_for(path, self.block_bytes, self.local_bytes(), self.storage), header_lines=0,
                        compression=self.compression, keep_blank=True, whole=False, index_dir=self.index_dir)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
-        buf, line0 = slice_rows(read_block_bytes(block, self.compression), lo, hi, block.rows, keep_blank=True)
+        buf, line0 = slice_rows(read_block_bytes(block, self.compression, self.storage), lo, hi, block.rows, keep_blank=True)
         if hi == lo:
             return BlockData({self.column: []})
         return self._split_lines(buf, line0, block)
 
     def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
-        data = parse_group_lines(parts, self.compression, True, lambda buf, n: self._split_lines(buf, 0, parts[0][0]))
+        data = parse_group_lines(parts, self.compression, True, lambda buf, n: self._split_lines(buf, 0, parts[0][0]), self.storage)
         return data if data is not None else super()._read_group(parts, use_threads)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
         data = parse_selected_lines(
-            parts, self.compression, True, lambda buf, n: self._split_lines(buf, 0, parts[0][0]),
+            parts, self.compression, True, lambda buf, n: self._split_lines(buf, 0, parts[0][0]), self.storage,
         )
         return data if data is not None else super()._read_rows_many(parts, use_threads)
 

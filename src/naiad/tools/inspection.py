@@ -120,7 +120,7 @@ def inspect_source(paths: str | Sequence[str], *, storage_options: Mapping[str, 
         ConfigError: no reader for the files' suffix.
     """
     source = read(paths, storage_options=storage_options, **reader_options)
-    files: list[dict[str, Any]] = [{"path": p, "bytes": storage.size(p)} for p in source.paths]
+    files: list[dict[str, Any]] = [{"path": p, "bytes": storage.size(p, store=source.storage)} for p in source.paths]
     began = time.perf_counter()
     blocks = source.blocks()
     count_s = time.perf_counter() - began
@@ -166,12 +166,12 @@ def _stats(values: Sequence[int]) -> dict[str, int]:
 def _block_sizes(source: Source, blocks: list[Block], suffix: str) -> dict[str, Any]:
     nbytes: list[int] | None = None
     if suffix in _TEXT:
-        sizes = {p: storage.size(p) for p in source.paths}
+        sizes = {p: storage.size(p, store=source.storage) for p in source.paths}
         nbytes = [(b.stop if b.stop >= 0 else sizes[b.path]) - b.start for b in blocks]
     elif suffix == ".parquet":
         from naiad.sources.parquet import open_parquet
 
-        groups = [open_parquet(b.path).metadata.row_group(b.start) for b in blocks]
+        groups = [open_parquet(b.path, source.storage).metadata.row_group(b.start) for b in blocks]
         nbytes = [sum(g.column(i).total_compressed_size for i in range(g.num_columns)) for g in groups]
     return {"count": len(blocks), "rows": _stats([b.rows for b in blocks]),
             "bytes": _stats(nbytes) if nbytes is not None else None}
@@ -233,7 +233,7 @@ def _notes(source: Source, report: InspectReport, suffix: str) -> list[str]:
     if suffix == ".parquet":
         from naiad.sources.parquet import open_parquet
 
-        meta = open_parquet(source.paths[0]).metadata
+        meta = open_parquet(source.paths[0], source.storage).metadata
         if meta.num_row_groups:
             group = meta.row_group(0)
             floats = [group.column(i).path_in_schema for i in range(group.num_columns)
