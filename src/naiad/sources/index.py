@@ -40,15 +40,18 @@ import json
 import os
 import stat
 import tempfile
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
+
+import numpy as np
 
 from naiad.errors import ConfigError, NaiadError
 from naiad.sources import storage
 from naiad.sources.cache import user_cache_dir
 
-__all__ = ["INDEX_VERSION", "IndexDir", "index_folder", "load_index", "save_index"]
+__all__ = ["INDEX_VERSION", "IndexDir", "index_folder", "load_arrays", "load_index", "save_arrays", "save_index"]
 
 INDEX_VERSION = 1
 
@@ -181,6 +184,61 @@ def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entrie
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(json.dumps(doc, separators=(",", ":")))  # (json.dump to a file is pure Python: 10x slower)
             os.replace(tmp, folder / _entry_name(real, params, stamp.get("endpoint", "")))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass  # a read-only or full disk: the next process scans again
+
+
+ARRAYS_VERSION = 1
+
+
+def load_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The arrays stored for ``path`` under ``params`` by :func:`save_arrays` (an ``.npz`` of
+    plain NumPy arrays, read with ``allow_pickle=False``), or None when there is no valid entry:
+    none yet, another ``params``, or the file changed since (size, modification time or ETag
+    differ). The caller checks the arrays themselves (NOTE [ Block index ]: an entry is data)."""
+    folder = index_folder(index_dir, path)
+    ident = _identity(path)
+    if folder is None or ident is None:
+        return None
+    real, size, stamp = ident
+    name = _entry_name(real, {"arrays": ARRAYS_VERSION, **params}, stamp.get("endpoint", "")).replace(".json", ".npz")
+    try:
+        with np.load(folder / name, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        meta = json.loads(bytes(arrays.pop("__meta__")).decode())
+        if not isinstance(meta, dict) or (
+            meta.get("path") != real or meta.get("size") != size
+            or any(meta.get(k) != v for k, v in stamp.items()) or meta.get("params") != dict(params)
+        ):
+            return None
+        arrays["__size__"] = size
+        return arrays
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, zipfile.BadZipFile, EOFError):
+        return None  # missing or malformed: scan again
+
+
+def save_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    """Store ``arrays`` describing ``path`` for the next process (written whole, then renamed
+    into place, as :func:`save_index`); best effort: a folder that cannot be written is skipped."""
+    folder = index_folder(index_dir, path)
+    ident = _identity(path)
+    if folder is None or ident is None:
+        return
+    real, size, stamp = ident
+    meta = {"path": real, "size": size, **stamp, "params": dict(params)}
+    name = _entry_name(real, {"arrays": ARRAYS_VERSION, **params}, stamp.get("endpoint", "")).replace(".json", ".npz")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not _writable_folder(index_dir, folder):
+            return
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **{"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays})
+            os.replace(tmp, folder / name)
         except BaseException:
             os.unlink(tmp)
             raise
