@@ -237,7 +237,8 @@ def save_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any], array
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **{"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays})
+                named: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
+                np.savez(f, **named)
             os.replace(tmp, folder / name)
         except BaseException:
             os.unlink(tmp)
