@@ -31,6 +31,11 @@ modification time) are the ones recorded when the source was made; an object tha
 gets no entry. Checking that every block starts a line would cost a request per block, so
 the check on loading reads only the header and the blocks said to be empty, and each block is
 checked to end a line as it is read (``lines.read_block_bytes``).
+
+Readers of samples keep what they found once the same way, as ``.npz`` files of plain arrays
+(``load_arrays``/``save_arrays``, ``allow_pickle=False``): a tar shard's member index (NOTE [
+Member index ] in tarindex.py) and an image folder's listing (NOTE [ Folder listing ] in
+images.py), each checked by its reader before use.
 """
 
 from __future__ import annotations
