@@ -181,10 +181,17 @@ def test_a_truncated_shard_is_a_source_error_naming_it(shards, tmp_path):
     victim.write_bytes(data[: len(data) // 2])  # cut inside a member
     with pytest.raises(SourceError, match=r"train-0002\.tar.*(cut short|truncated)"):
         len(open_shards(pattern, tmp_path / "a"))
-    header_cut = (len(data) // 2) // 512 * 512 + 100
-    victim.write_bytes(data[:header_cut])  # cut inside a header, or a member's bytes
-    with pytest.raises(SourceError, match=r"train-0002\.tar.*(cut short|truncated|damaged)"):
+    import tarfile
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        header = tar.getmembers()[9].offset
+    victim.write_bytes(data[:header + 100])  # cut inside a header: tarfile alone would end quietly there
+    with pytest.raises(SourceError, match=r"train-0002\.tar.*cut short at byte"):
         len(open_shards(pattern, tmp_path / "b"))
+    damaged = bytearray(data)
+    damaged[header:header + 512] = b"\x07" * 512  # a header that is not one
+    victim.write_bytes(bytes(damaged))
+    with pytest.raises(SourceError, match=r"train-0002\.tar.*damaged"):
+        len(open_shards(pattern, tmp_path / "c"))
 
 
 def _corrupt_shard(path: Path) -> None:
