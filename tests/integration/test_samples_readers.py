@@ -474,6 +474,12 @@ def test_a_default_buffer_of_samples_holds_about_256_mib_not_131072_rows(shards,
     src.sample_bytes = lambda: 20 << 20  # type: ignore[method-assign]  # short clips: the floor
     assert default_buffer_rows(src) == 64
     assert default_buffer_rows(naiad.read_parquet(write_table(tmp_path))) == 1 << 17  # numbers: as before
+    images = tmp_path / "images.parquet"  # 100 KB a row, in row groups of 100 as datasets writes them
+    pq.write_table(pa.table({"image": [bytes([k % 251]) * 100_000 for k in range(300)], "label": list(range(300))}),
+                   images, row_group_size=100)
+    table = naiad.read_parquet(images)
+    assert 100_000 <= table.sample_bytes() < 101_000
+    assert default_buffer_rows(table) == (256 << 20) // table.sample_bytes()  # not 131,072 rows of images
 
 
 def write_table(folder: Path) -> Path:
