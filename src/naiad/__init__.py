@@ -14,10 +14,12 @@ from naiad.sources import (
     read,
     read_arrow,
     read_csv,
+    read_images,
     read_jsonl,
     read_npy,
     read_parquet,
     read_text,
+    read_webdataset,
 )
 from naiad.stream.batching import pack_xy
 from naiad.telemetry import LoaderStats, Telemetry
@@ -38,10 +40,12 @@ __all__ = [
     "read",
     "read_arrow",
     "read_csv",
+    "read_images",
     "read_jsonl",
     "read_npy",
     "read_parquet",
     "read_text",
+    "read_webdataset",
     "testing",
     "worker_rng",
     "ConfigError",

@@ -106,7 +106,7 @@ def test_public_names_unchanged() -> None:
         "ArrayDataset", "AutoTuner", "ConfigError", "DataLoader", "DevicePrefetcher", "LoaderStats",
         "NaiadError", "Source", "SourceError", "StateError", "Telemetry", "WorkerError",
         "WorkerLocal", "__version__", "columnar", "pack_xy", "read", "read_arrow", "read_csv",
-        "read_jsonl", "read_npy", "read_parquet", "read_text", "testing", "worker_rng",
+        "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text", "read_webdataset", "testing", "worker_rng",
     ])
     for name in naiad.__all__:
         assert getattr(naiad, name) is not None, name

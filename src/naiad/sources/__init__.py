@@ -3,6 +3,8 @@
 ``read_csv``, ``read_jsonl`` and ``read_text`` cut files into byte ranges of whole lines;
 ``read_parquet`` into row groups; ``read_arrow`` into record batches; ``read_npy`` into row
 ranges of a memory-mapped array. Parsing is PyArrow's (or a NumPy memory map), a block at a time.
+``read_webdataset`` (tar shards) and ``read_images`` (an image folder) read samples: byte ranges
+of samples, runs of files (docs/SAMPLES.md).
 """
 
 from __future__ import annotations
@@ -11,26 +13,32 @@ from naiad.sources.arrow import ArrowSource, read_arrow
 from naiad.sources.auto import read
 from naiad.sources.base import Block, BlockData, Source
 from naiad.sources.csv import CsvSource, read_csv
+from naiad.sources.images import ImageFolderSource, read_images
 from naiad.sources.jsonl import JsonlSource, read_jsonl
 from naiad.sources.npy import NpySource, read_npy
 from naiad.sources.parquet import ParquetSource, read_parquet
 from naiad.sources.text import TextSource, read_text
+from naiad.sources.webdataset import WebDatasetSource, read_webdataset
 
 __all__ = [
     "ArrowSource",
     "Block",
     "BlockData",
     "CsvSource",
+    "ImageFolderSource",
     "JsonlSource",
     "NpySource",
     "ParquetSource",
     "Source",
     "TextSource",
+    "WebDatasetSource",
     "read",
     "read_arrow",
     "read_csv",
+    "read_images",
     "read_jsonl",
     "read_npy",
     "read_parquet",
     "read_text",
+    "read_webdataset",
 ]

@@ -25,6 +25,7 @@ from naiad.sources.columns import (
 )
 from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows, default_block_rows
 from naiad.sources.ipc_footer import ipc_batch_rows
+from naiad.sources.media import has_binary, is_media_struct, media_schema, resolve_media
 from naiad.sources.paths import PathLike
 from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage
@@ -48,6 +49,7 @@ def read_arrow(
 
     Files are memory-mapped, so reading a block copies only the rows a batch needs. The IPC
     *stream* format has no index of its batches; convert it with ``pyarrow.ipc.new_file``.
+    Binary columns and ``{bytes, path}`` media structs read as in :func:`read_parquet`.
 
     Args:
         paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
@@ -131,8 +133,20 @@ class ArrowSource(Source):
         self.schema()  # the schema is metadata: check columns and dtypes now
 
     def _read_schema(self) -> pa.Schema:
-        schema = select_columns(open_ipc(self.paths[0], self.storage).schema, self._selected, self.paths[0])
+        schema = media_schema(select_columns(open_ipc(self.paths[0], self.storage).schema, self._selected, self.paths[0]))
         return apply_dtypes(schema, resolve_dtypes(self._dtypes_arg, schema.names))
+
+    def sample_bytes(self) -> int | None:
+        """With a column of bytes, the first file's bytes per row; else None."""
+        path = self.paths[0]
+        if not has_binary(open_ipc(path, self.storage).schema):
+            return None
+        if storage.is_remote(path):
+            rows = sum(ipc_batch_rows(path, self.storage))
+        else:
+            reader = open_ipc(path, self.storage)
+            rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+        return max(1, storage.size(path, store=self.storage) // max(rows, 1))
 
     def _file_blocks(self, path: str) -> list[Block]:
         reader = open_ipc(path, self.storage)
@@ -180,8 +194,10 @@ class ArrowSource(Source):
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         schema = self.schema()
         piece = self._batch(block).slice(self._offset(block) + lo, hi - lo)
-        table = cast_to_schema(pa.Table.from_batches([piece]), schema, f"record batch {block.start}", block.path)
-        table, bad = check_no_nulls(table, block, lo, self.on_bad_rows)
+        table, no_bytes = resolve_media(pa.Table.from_batches([piece]), block.path, self.storage, block.first_line + lo,
+                                        self.on_bad_rows == "skip")
+        table = cast_to_schema(table, schema, f"record batch {block.start}", block.path)
+        table, bad = check_no_nulls(table, block, lo, self.on_bad_rows, no_bytes)
         return BlockData(table_to_columns(table), bad)
 
     def _offset(self, block: Block) -> int:
@@ -193,10 +209,17 @@ class ArrowSource(Source):
     def _group_table(self, parts: list[GroupPart], use_threads: bool) -> pa.Table | None:
         """The group as one table of zero-copy slices of its (memory-mapped, checked) batches."""
         try:
-            return pa.Table.from_batches([self._batch(block).slice(self._offset(block) + lo, hi - lo)
-                                          for block, lo, hi, _ in parts])
+            table = pa.Table.from_batches([self._batch(block).slice(self._offset(block) + lo, hi - lo)
+                                           for block, lo, hi, _ in parts])
         except SourceError:
             return None
+        if any(is_media_struct(t) for t in table.schema.types):
+            if len({b.path for b, _, _, _ in parts}) > 1:
+                return None  # read one by one: each file's relative paths are its own
+            table, no_bytes = resolve_media(table, parts[0][0].path, self.storage, 0, True)
+            if no_bytes:
+                return None  # read one by one: that path names the row or skips it
+        return table
 
 
 def sliced_blocks(blocks: list[Block], step: int | None) -> list[Block]:

@@ -16,6 +16,7 @@ from naiad.sources.parquet import read_parquet
 from naiad.sources.paths import PathLike, expand_paths
 from naiad.sources.storage import Storage
 from naiad.sources.text import read_text
+from naiad.sources.webdataset import read_webdataset
 
 __all__ = ["READERS", "read", "reader_name"]
 
@@ -30,6 +31,7 @@ READERS: dict[str, tuple[Callable[..., Source], dict[str, Any]]] = {
     ".ndjson": (read_jsonl, {}),
     ".npy": (read_npy, {}),
     ".txt": (read_text, {}),
+    ".tar": (read_webdataset, {}),
 }
 """File suffix -> (reader, the keyword arguments that suffix implies)."""
 
@@ -40,7 +42,8 @@ def read(paths: PathLike, **options: Any) -> Source:
     """A lazy source over ``paths`` (a file, a glob or a list), with the reader for their suffix.
 
     ``.csv``/``.tsv`` (also compressed: ``.csv.gz``, ``.csv.zst``), ``.parquet``,
-    ``.arrow``/``.feather``/``.ipc``, ``.jsonl``/``.ndjson``, ``.npy`` and ``.txt``. ``options``
+    ``.arrow``/``.feather``/``.ipc``, ``.jsonl``/``.ndjson``, ``.npy``, ``.txt`` and ``.tar``
+    (WebDataset shards). ``options``
     go to that reader (``columns=``, ``dtypes=``, ``storage_options=``, ``cache_dir=``, ...). ``paths`` may be
     URLs (``s3://bucket/train-*.parquet``; docs/STORAGE.md).
 

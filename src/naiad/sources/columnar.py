@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,12 +19,17 @@ from naiad.sources.storage import Storage, is_remote
 __all__ = ["ReaderCache", "check_no_nulls", "indexed_blocks"]
 
 
-def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRows) -> tuple[pa.Table, tuple[dict[str, Any], ...]]:
+def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRows,
+                   also_bad: Mapping[int, tuple[str, str]] | None = None) -> tuple[pa.Table, tuple[dict[str, Any], ...]]:
     """Drop (or report) rows with a null in an integer/bool column; returns (table, their entries).
 
     For columnar formats, where a row number is exact; text formats find such rows line by line.
+    ``also_bad``: rows found bad before (a media struct with no bytes: ``media.resolve_media``),
+    ``{row: (column, reason)}``, skipped with the others.
     """
     bad = null_rows(table)
+    if also_bad:
+        bad = np.union1d(bad, np.fromiter(also_bad, np.int64, count=len(also_bad)))
     if bad.size == 0:
         return table, ()
     if on_bad_rows == "raise":
@@ -43,7 +48,9 @@ def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRow
         if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
             m = col.is_null().to_numpy(zero_copy_only=False) & (names == "")
             names[m] = name
+    also = also_bad or {}
     entries = tuple(
+        bad_entry(i, block.path, also[i][1], row=block.first_line + lo + i, column=also[i][0]) if i in also and not names[i] else
         bad_entry(i, block.path, f"missing value in integer column {names[i]!r} (NumPy integers have no NaN)",
                   row=block.first_line + lo + i, column=names[i])
         for i in bad.tolist()

@@ -96,7 +96,8 @@ def select_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str) 
 
 
 def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
-    """Columns as NumPy arrays (numeric, bool, fixed-size lists) or lists (everything else).
+    """Columns as NumPy arrays (numeric, bool, fixed-size lists; bytes as object arrays) or lists
+    (everything else).
 
     Nulls in float columns become NaN; integer and bool columns must have none (the caller
     checks, because only it knows the file and line).
@@ -114,6 +115,10 @@ def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
             # e.g. an embedding column: one (rows, width) array, not a list of lists.
             flat = col.flatten().to_numpy(zero_copy_only=False)
             out[name] = flat.reshape(len(col), t.list_size)
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+            # Bytes (an image, a clip): an object array of ``bytes``, filled by Arrow in C; it
+            # travels through the shuffle buffer as one and reaches the batch as a list.
+            out[name] = col.to_numpy(zero_copy_only=False)
         else:
             out[name] = col.to_pylist()
     return out

@@ -25,6 +25,8 @@ do it cheaper, each optional and each with a default that is always right:
   by part.
 - ``keeps_parsed`` (kept blocks on by default) and ``parsed_bytes()`` (their size), and
   ``blocks_from_metadata`` (blocks are the file's own parts: a footer gives the row count).
+- ``sample_bytes()``: about how many bytes a row holds when that is far more than its schema
+  says (an image, a clip): the default shuffle buffer is sized by it; default None.
 
 A format may use from the engine ``schema()``, ``blocks()`` and ``local_bytes()``, and the
 options set by ``Source.__init__``: ``paths``, ``storage``, ``on_bad_rows``. Nothing here is
@@ -88,7 +90,8 @@ class BlockData(NamedTuple):
         columns: the rows read, less the skipped ones.
         bad: one entry per skipped row (``on_bad_rows="skip"``), in order: ``{"at": its position
             among the rows asked for, "file": path, "line": 1-based line (text formats) or
-            "row": 0-based row (columnar formats), "column": name (when known), "reason": str}``.
+            "row": 0-based row (columnar formats) or sample, "key": a sample's key (readers of
+            samples), "column": name (when known), "reason": str}``.
             A skipped row keeps its position, so a resume can place every row (NOTE [ Bad rows
             keep their positions ] in naiad/stream/ledger.py).
     """
@@ -114,13 +117,13 @@ def default_block_rows(file_rows: int, file_bytes: int, source_bytes: int | None
 
 
 def bad_entry(at: int, path: str, reason: str, *, line: int | None = None, row: int | None = None,
-              column: str | None = None) -> dict[str, Any]:
-    """One skipped row for :attr:`BlockData.bad` (``line`` for text formats, ``row`` for others;
-    each only when known)."""
+              column: str | None = None, key: str | None = None) -> dict[str, Any]:
+    """One skipped row for :attr:`BlockData.bad` (``line`` for text formats, ``row`` for others,
+    ``key`` for a sample of a shard; each only when known)."""
     out: dict[str, Any] = {"at": at, "file": path}
-    for key, value in (("line", line), ("row", row), ("column", column)):
+    for name, value in (("line", line), ("row", row), ("key", key), ("column", column)):
         if value is not None:
-            out[key] = value
+            out[name] = value
     out["reason"] = reason
     return out
 
@@ -172,6 +175,13 @@ class SourceFormat(ABC):
     def early_rows(self, block: Block) -> int:
         """The rows of a block of ``early_blocks()``, counted alone as ``blocks()`` would."""
         raise NotImplementedError(f"{type(self).__name__} has no early blocks")
+
+    def sample_bytes(self) -> int | None:
+        """About the bytes one row holds in memory, where its values are bytes of their own
+        (images, audio) and so far more than the schema's width says; None: the schema's width
+        holds (``columns.row_bytes``). What the default shuffle buffer is sized by
+        (``stream.default_buffer_rows``), known without counting every file."""
+        return None
 
     def _group_table(self, parts: list[GroupPart], use_threads: bool) -> pa.Table | None:
         """The rows of several whole-range reads of local files, in order, as one Arrow table in

@@ -31,6 +31,11 @@ modification time) are the ones recorded when the source was made; an object tha
 gets no entry. Checking that every block starts a line would cost a request per block, so
 the check on loading reads only the header and the blocks said to be empty, and each block is
 checked to end a line as it is read (``lines.read_block_bytes``).
+
+Readers of samples keep what they found once the same way, as ``.npz`` files of plain arrays
+(``load_arrays``/``save_arrays``, ``allow_pickle=False``): a tar shard's member index (NOTE [
+Member index ] in tarindex.py) and an image folder's listing (NOTE [ Folder listing ] in
+images.py), each checked by its reader before use.
 """
 
 from __future__ import annotations
@@ -40,15 +45,18 @@ import json
 import os
 import stat
 import tempfile
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
+
+import numpy as np
 
 from naiad.errors import ConfigError, NaiadError
 from naiad.sources import storage
 from naiad.sources.cache import user_cache_dir
 
-__all__ = ["INDEX_VERSION", "IndexDir", "index_folder", "load_index", "save_index"]
+__all__ = ["INDEX_VERSION", "IndexDir", "index_folder", "load_arrays", "load_index", "save_arrays", "save_index"]
 
 INDEX_VERSION = 1
 
@@ -186,6 +194,65 @@ def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entrie
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(json.dumps(doc, separators=(",", ":")))  # (json.dump to a file is pure Python: 10x slower)
             os.replace(tmp, folder / _entry_name(real, params, stamp.get("endpoint", "")))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass  # a read-only or full disk: the next process scans again
+
+
+ARRAYS_VERSION = 1
+
+
+def load_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any],
+                store: storage.Storage | None = None) -> dict[str, Any] | None:
+    """The arrays stored for ``path`` under ``params`` by :func:`save_arrays` (an ``.npz`` of
+    plain NumPy arrays, read with ``allow_pickle=False``), or None when there is no valid entry:
+    none yet, another ``params``, or the file changed since (size, modification time or ETag
+    differ); an object's through ``store``, its source's Storage. The caller checks the arrays
+    themselves (NOTE [ Block index ]: an entry is data)."""
+    folder = index_folder(index_dir, path, store)
+    ident = _identity(path, store)
+    if folder is None or ident is None:
+        return None
+    real, size, stamp = ident
+    name = _entry_name(real, {"arrays": ARRAYS_VERSION, **params}, stamp.get("endpoint", "")).replace(".json", ".npz")
+    try:
+        with np.load(folder / name, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        meta = json.loads(bytes(arrays.pop("__meta__")).decode())
+        if not isinstance(meta, dict) or (
+            meta.get("path") != real or meta.get("size") != size
+            or any(meta.get(k) != v for k, v in stamp.items()) or meta.get("params") != dict(params)
+        ):
+            return None
+        arrays["__size__"] = size
+        return arrays
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, zipfile.BadZipFile, EOFError):
+        return None  # missing or malformed: scan again
+
+
+def save_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
+                store: storage.Storage | None = None) -> None:
+    """Store ``arrays`` describing ``path`` for the next process (written whole, then renamed
+    into place, as :func:`save_index`); best effort: a folder that cannot be written is skipped."""
+    folder = index_folder(index_dir, path, store)
+    ident = _identity(path, store)
+    if folder is None or ident is None:
+        return
+    real, size, stamp = ident
+    meta = {"path": real, "size": size, **stamp, "params": dict(params)}
+    name = _entry_name(real, {"arrays": ARRAYS_VERSION, **params}, stamp.get("endpoint", "")).replace(".json", ".npz")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not _writable_folder(index_dir, folder):
+            return
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                named: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
+                np.savez(f, **named)
+            os.replace(tmp, folder / name)
         except BaseException:
             os.unlink(tmp)
             raise

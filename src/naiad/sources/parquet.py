@@ -24,6 +24,7 @@ from naiad.sources.columns import (
     table_to_columns,
 )
 from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows
+from naiad.sources.media import has_binary, media_schema, resolve_media
 from naiad.sources.paths import PathLike
 from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage
@@ -46,6 +47,11 @@ def read_parquet(
 
     Only footers are read until iteration. Shuffling permutes row groups and mixes rows in the
     shuffle buffer, so files written with small row groups (say 64k rows) shuffle better.
+
+    A binary column reaches a batch as a list of ``bytes``; the ``{bytes, path}`` struct that
+    Hugging Face ``datasets`` writes for its ``Image`` and ``Audio`` features as one column of
+    bytes: the embedded bytes, or the file at ``path`` (relative to the Parquet file's folder)
+    when only the path is there (NOTE [ Media structs ], docs/SAMPLES.md).
 
     Args:
         paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
@@ -113,8 +119,17 @@ class ParquetSource(Source):
 
     def _read_schema(self) -> pa.Schema:
         schema = open_parquet(self.paths[0], self.storage).schema_arrow
-        schema = select_columns(schema, self._selected, self.paths[0])
+        schema = media_schema(select_columns(schema, self._selected, self.paths[0]))
         return apply_dtypes(schema, resolve_dtypes(self._dtypes_arg, schema.names))
+
+    def sample_bytes(self) -> int | None:
+        """With a column of bytes, the first file's bytes per row (uncompressed, from its
+        footer): the rows of images weigh what their bytes do; else None."""
+        pf = open_parquet(self.paths[0], self.storage)
+        if not has_binary(pf.schema_arrow) or not pf.metadata.num_rows:
+            return None
+        meta = pf.metadata
+        return max(1, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)) // meta.num_rows)
 
     def _file_blocks(self, path: str) -> list[Block]:
         pf = open_parquet(path, self.storage)
@@ -133,8 +148,9 @@ class ParquetSource(Source):
             raise SourceError(f"cannot read row group {block.start} ({exc}); is the file truncated?", path=block.path) from None
         if (lo, hi) != (0, block.rows):
             table = table.slice(lo, hi - lo)
+        table, no_bytes = resolve_media(table, block.path, self.storage, block.first_line + lo, self.on_bad_rows == "skip")
         table = cast_to_schema(table, schema, f"row group {block.start}", block.path)
-        table, bad = check_no_nulls(table, block, lo, self.on_bad_rows)
+        table, bad = check_no_nulls(table, block, lo, self.on_bad_rows, no_bytes)
         return BlockData(table_to_columns(table), bad)
 
     def _group_table(self, parts: list[GroupPart], use_threads: bool) -> pa.Table | None:
@@ -153,8 +169,11 @@ class ParquetSource(Source):
                 table.validate(full=True)
                 starts = np.cumsum([0] + [parts[i][0].rows for i in members])
                 for i, start in zip(members, starts.tolist()):
-                    _, lo, hi, _ = parts[i]
-                    pieces[i] = table.slice(start + lo, hi - lo)
+                    block, lo, hi, _ = parts[i]
+                    pieces[i], no_bytes = resolve_media(table.slice(start + lo, hi - lo), path, self.storage,
+                                                        block.first_line + lo, True)
+                    if no_bytes:
+                        return None  # read one by one: that path names the row or skips it
         except (OSError, pa.ArrowException):
             return None
         return pa.concat_tables(pieces)

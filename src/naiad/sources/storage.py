@@ -196,6 +196,28 @@ class Storage:
             urls = [url]
         return urls
 
+    def expand_many(self, urls: list[str]) -> None:
+        """Record the size and ETag of many named objects with one listing per folder (a brace
+        range of 1,000 shards is 1,000 requests one by one); a name the listing lacks is left
+        for :meth:`expand` to ask about, and say is missing."""
+        folders: dict[str, list[str]] = {}
+        for url in urls:
+            if url not in self.infos:
+                folders.setdefault(url.rsplit("/", 1)[0], []).append(url)
+        for folder, wanted in folders.items():
+            if len(wanted) < 2:
+                continue
+            fs = self.filesystem(folder)
+            try:
+                listed = self.call(folder, None, functools.partial(fs.ls, fs._strip_protocol(folder), detail=True))
+            except SourceError:
+                continue  # each object is asked about on its own, and named if missing
+            by_name = {str(e.get("name", "")).rstrip("/"): e for e in listed if e.get("type", "file") == "file"}
+            for url in wanted:
+                entry = by_name.get(fs._strip_protocol(url))
+                if entry is not None:
+                    self.infos[url] = _object_info(entry)
+
     def stat(self, url: str) -> ObjectInfo:
         """Size, ETag and modification time of ``url`` (recorded at expansion, else a HEAD)."""
         info = self.infos.get(url)

@@ -1,0 +1,299 @@
+"""An image folder: one file per sample, labels from class sub-folders as torchvision's ImageFolder.
+
+NOTE [ Folder listing ]
+A folder of a million images costs a million directory entries and a ``stat`` each to list (1-3
+s from a warm disk, minutes on a network mount), and every rank and process that lists it again
+pays it again. So the listing is made once and kept like the block index (NOTE [ Block index ]
+in index.py): the files' paths (relative to the root, one UTF-8 blob and its offsets), labels
+and sizes as an ``.npz`` of plain arrays in the index folder, keyed by the root's real path,
+and used while every listed folder's modification time is the one recorded (adding, removing or
+renaming a file changes its folder's). The listing is a few NumPy arrays, so it travels to
+process workers inside the source, and a block (a run of files) reads its files without a
+Python object per file until their bytes.
+
+The files are ordered and labelled as ``torchvision.datasets.ImageFolder`` orders and labels
+them, so a model trained on either gets the same classes: the classes are the root's
+sub-folders, sorted by name, numbered from 0 (``class_to_idx``); each class's files are those of
+its folder and its sub-folders (links followed), walked in sorted order, whose names end (in any
+case) with one of torchvision's ``IMG_EXTENSIONS``; a class with no such file is an error, as in
+torchvision. A root without sub-folders is a flat folder: its own image files, with no ``label``
+column (``class_to_idx`` empty): a label of -1 would pass unseen into a loss that ignores it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from naiad.errors import ConfigError, SourceError
+from naiad.sources.base import Source, check_max_bad_rows
+from naiad.sources.columns import Columns
+from naiad.sources.contract import Block, BlockData, OnBadRows, bad_entry
+from naiad.sources.index import IndexDir, check_index_dir, load_arrays, save_arrays
+from naiad.sources.samples import grid_blocks, sample_block_bytes
+from naiad.sources.storage import Storage, is_remote, local_path
+
+__all__ = ["IMG_EXTENSIONS", "ImageFolderSource", "read_images"]
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+"""torchvision's ``datasets.folder.IMG_EXTENSIONS`` (torchvision 0.28), matched in any case."""
+
+LISTING_PARAMS: Mapping[str, Any] = {"kind": "image-folder", "version": 1, "extensions": list(IMG_EXTENSIONS)}
+
+
+def read_images(
+    root: str | os.PathLike[str],
+    *,
+    on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
+    block_bytes: int | None = None,
+    index_dir: IndexDir = None,
+) -> ImageFolderSource:
+    """A lazy source over a folder of images: one sample per file, in blocks of runs of files.
+
+    With one sub-folder per class (``root/cat/1.jpg``, ``root/dog/2.png``) the samples are
+    labelled as ``torchvision.datasets.ImageFolder`` labels them: classes sorted by name,
+    numbered from 0 (``source.class_to_idx``), files in sorted order, the same extensions
+    (NOTE [ Folder listing ]). A folder with no sub-folder is read flat, without labels. Columns:
+    ``image`` (the file's bytes, to decode), ``label`` (int64; class folders only) and
+    ``path`` (str). The listing is made once and kept like the block index, so a million files
+    are not listed again every epoch, rank or process.
+
+    Args:
+        root: the folder (local).
+        on_bad_rows: a file that cannot be read (removed since it was listed): "raise" (a
+            SourceError naming it) or "skip" (into the loader's ledger).
+        max_bad_rows: with "skip", the most files an epoch may skip (per rank).
+        block_bytes: about how many bytes of files a block holds (None: about 1/4096 of the
+            folder, between 1 MiB and 32 MiB).
+        index_dir: where the listing is kept: None (naiad's user cache folder), "beside" (a
+            ``.naiad-index`` folder next to ``root``), a folder, or False (never kept).
+
+    Example:
+        >>> ds = naiad.read_images("train/")  # doctest: +SKIP
+        >>> ds.class_to_idx  # doctest: +SKIP
+        {'cat': 0, 'dog': 1}
+    """
+    return ImageFolderSource(root, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
+                             index_dir=index_dir)
+
+
+class ImageFolderSource(Source):
+    """A folder of images, in class sub-folders or flat (see :func:`read_images`).
+
+    Attributes:
+        root: the folder.
+        classes: the class names, sorted (empty for a flat folder).
+        class_to_idx: class name -> label, as ImageFolder's.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, on_bad_rows: OnBadRows = "raise",
+                 max_bad_rows: int | float | None = None, block_bytes: int | None = None,
+                 index_dir: IndexDir = None) -> None:
+        text = os.fspath(root)
+        if is_remote(text):
+            raise ConfigError(f"`root` must be a local folder, got the URL {text!r}; image folders behind URLs are not "
+                              "read yet: pack them into tar shards and use naiad.read_webdataset.")
+        text = local_path(text)
+        if not os.path.isdir(text):
+            raise SourceError("not a folder: `root` must be a folder of images (or of class folders).", path=text)
+        if block_bytes is not None and (isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1):
+            raise ConfigError(f"`block_bytes` must be an int >= 1 or None, got {block_bytes!r}.")
+        if on_bad_rows not in ("raise", "skip"):
+            raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {on_bad_rows!r}.")
+        # Not Source.__init__, which would list the folder's files as a table's: the root is
+        # this source's one "file", its blocks runs of the files listed under it.
+        if max_bad_rows is not None and on_bad_rows != "skip":
+            raise ConfigError(f"`max_bad_rows` limits the rows on_bad_rows='skip' skips; got it with on_bad_rows={on_bad_rows!r}.")
+        self.root = os.path.abspath(text)
+        self.paths = [self.root]
+        self.storage = Storage()
+        self.on_bad_rows = on_bad_rows
+        self.max_bad_rows = check_max_bad_rows(max_bad_rows)
+        self.block_bytes = block_bytes
+        self.index_dir = check_index_dir(index_dir)
+        self._listing: dict[str, np.ndarray] | None = None
+        listing = self.listing()
+        self.classes: list[str] = [str(c) for c in listing["classes"].tolist()]
+        self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
+        self.schema()
+
+    # -- the listing --------------------------------------------------------------------------
+
+    def listing(self) -> dict[str, np.ndarray]:
+        """The files, labels and sizes (NOTE [ Folder listing ]): kept, or listed now and kept."""
+        if self._listing is None:
+            stored = load_arrays(self.index_dir, self.root, LISTING_PARAMS)
+            if stored is not None and _still_holds(stored):
+                self._listing = stored
+            else:
+                self._listing = _list_folder(self.root)
+                save_arrays(self.index_dir, self.root, LISTING_PARAMS, self._listing)
+        return self._listing
+
+    def __len__(self) -> int:
+        return len(self.listing()["labels"])
+
+    def known_rows(self) -> int | None:
+        """The files listed (the listing is made at construction)."""
+        return len(self)
+
+    # -- the format contract ------------------------------------------------------------------
+
+    def _read_schema(self) -> pa.Schema:
+        fields = [pa.field("image", pa.binary())]
+        if self.classes:
+            fields.append(pa.field("label", pa.int64()))
+        fields.append(pa.field("path", pa.string()))
+        return pa.schema(fields)
+
+    def _file_blocks(self, path: str) -> list[Block]:
+        listing = self.listing()
+        sizes = listing["sizes"]
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        total = int(sizes.sum())
+        step = self.block_bytes or sample_block_bytes(total)
+        return [b for b in grid_blocks(path, starts, total, step) if b.rows]
+
+    def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
+        return self._read_files(np.arange(block.first_line + lo, block.first_line + hi, dtype=np.int64))
+
+    def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
+        rows = np.concatenate([block.first_line + r for block, r in parts])
+        return self._read_files(rows)
+
+    def sample_bytes(self) -> int | None:
+        """The files' mean size."""
+        sizes = self.listing()["sizes"]
+        return max(1, int(sizes.sum()) // max(len(sizes), 1))
+
+    def parsed_bytes(self) -> int:
+        """The files' bytes together."""
+        return int(self.listing()["sizes"].sum())
+
+    def empty_columns(self) -> Columns:
+        """Zero rows of every column."""
+        out: Columns = {"image": np.zeros(0, object)}
+        if self.classes:
+            out["label"] = np.zeros(0, np.int64)
+        out["path"] = np.zeros(0, object)
+        return out
+
+    def _read_files(self, rows: np.ndarray) -> BlockData:
+        """Files ``rows`` (numbers in the listing): their bytes, labels and paths."""
+        listing = self.listing()
+        paths = _paths(listing, rows, self.root)
+        images: list[bytes | None] = []
+        bad: list[dict[str, Any]] = []
+        for i, p in enumerate(paths.tolist()):  # one open and read per file: the format's unit
+            try:
+                with open(p, "rb") as f:
+                    images.append(f.read())
+            except OSError as exc:
+                reason = f"cannot read the image ({exc.strerror or exc}); was it removed since the folder was listed?"
+                if self.on_bad_rows == "raise":
+                    raise SourceError(reason + " Pass on_bad_rows='skip' to skip such files.", path=p) from None
+                images.append(None)
+                bad.append(bad_entry(i, p, reason, row=int(rows[i]), column="image"))
+        columns: Columns = {"image": np.fromiter(images, object, count=len(images))}
+        if self.classes:
+            columns["label"] = listing["labels"][rows]
+        columns["path"] = paths
+        if bad:
+            keep = np.ones(len(rows), bool)
+            keep[[e["at"] for e in bad]] = False
+            columns = {k: v[keep] for k, v in columns.items()}
+        return BlockData(columns, tuple(bad))
+
+
+def _paths(listing: Mapping[str, np.ndarray], rows: np.ndarray, root: str) -> np.ndarray:
+    """The full paths of files ``rows`` as an object array of str (Arrow slices the blob)."""
+    ends = listing["path_ends"]
+    offsets = np.concatenate(([0], ends)).astype(np.int64)
+    arr = pa.Array.from_buffers(pa.large_string(), len(ends), [None, pa.py_buffer(offsets), pa.py_buffer(listing["path_bytes"])])
+    rel = arr.take(pa.array(rows, pa.int64()))
+    joined = pc.binary_join_element_wise(pa.scalar(root, pa.large_string()), rel, pa.scalar(os.sep, pa.large_string()))
+    return joined.to_numpy(zero_copy_only=False)
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMG_EXTENSIONS)
+
+
+def _list_folder(root: str) -> dict[str, np.ndarray]:
+    """List ``root`` as ImageFolder does (NOTE [ Folder listing ]): the arrays that are kept."""
+    with os.scandir(root) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    classes = [e.name for e in entries if e.is_dir()]
+    rel: list[str] = []
+    labels: list[int] = []
+    sizes: list[int] = []
+    dirs: list[str] = [root]
+    if classes:
+        for label, name in enumerate(classes):
+            count = len(rel)
+            for folder, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+                dirs.append(folder)
+                for fname in sorted(files):
+                    if _is_image(fname):
+                        full = os.path.join(folder, fname)
+                        rel.append(os.path.relpath(full, root))
+                        labels.append(label)
+                        sizes.append(_size(full))
+            if len(rel) == count:
+                raise SourceError(f"the class folder {name!r} holds no image file (extensions {', '.join(IMG_EXTENSIONS)}); "
+                                  "remove it or add its images, as torchvision's ImageFolder requires.",
+                                  path=os.path.join(root, name))
+    else:
+        for e in entries:
+            if _is_image(e.name) and e.is_file():
+                rel.append(e.name)
+                labels.append(-1)
+                sizes.append(e.stat().st_size)
+        if not rel:
+            raise SourceError(f"the folder holds no image file (extensions {', '.join(IMG_EXTENSIONS)}) and no class "
+                              "folder.", path=root)
+    blobs = [r.encode("utf-8", "surrogateescape") for r in rel]
+    return {
+        "classes": np.array(classes, dtype=str) if classes else np.zeros(0, "<U1"),
+        "labels": np.array(labels, np.int64),
+        "sizes": np.array(sizes, np.int64),
+        "path_ends": np.cumsum(np.fromiter(map(len, blobs), np.int64, count=len(blobs))).astype(np.int64),
+        "path_bytes": np.frombuffer(b"".join(blobs), np.uint8).copy(),
+        "dirs": np.array(dirs, dtype=str),
+        "dir_mtimes": np.array([os.stat(d).st_mtime_ns for d in dirs], np.int64),
+    }
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0  # read later, where a missing file is named
+
+
+def _still_holds(stored: Mapping[str, Any]) -> bool:
+    """Whether a kept listing still describes the folder (NOTE [ Folder listing ]): every folder
+    it walked has its recorded modification time, and the arrays agree in length."""
+    try:
+        dirs, mtimes = stored["dirs"].tolist(), stored["dir_mtimes"]
+        n = len(stored["labels"])
+        if not (len(stored["sizes"]) == len(stored["path_ends"]) == n and len(dirs) == len(mtimes)):
+            return False
+        if stored["labels"].dtype != np.int64 or stored["path_bytes"].dtype != np.uint8 or stored["path_ends"].dtype != np.int64:
+            return False
+        if n and (np.any(np.diff(stored["path_ends"]) <= 0) or int(stored["path_ends"][-1]) != len(stored["path_bytes"])):
+            return False
+        for d, m in zip(dirs, mtimes.tolist()):
+            st = os.stat(d)
+            if not stat.S_ISDIR(st.st_mode) or st.st_mtime_ns != m:
+                return False
+        return True
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        return False

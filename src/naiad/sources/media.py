@@ -1,0 +1,132 @@
+"""Binary columns of tables, and the ``{bytes, path}`` struct Hugging Face ``datasets`` stores
+images and audio in: read as one column of bytes.
+
+NOTE [ Media structs ]
+``datasets`` keeps an ``Image`` or ``Audio`` feature as a struct of two fields, ``bytes``
+(binary) and ``path`` (string). Written by ``push_to_hub`` or ``to_parquet`` from files, the
+bytes are embedded; made from paths without embedding (``cast_column("image", Image())`` over
+file names, then written), only ``path`` is set. A reader of such a table gets the column as
+bytes: the struct's ``bytes`` where they are there (no copy: the struct's child array), else
+the file at ``path``, read now: a relative path is resolved against the folder of the table's
+file (or its URL's folder, read through the source's storage), an absolute local path is read
+only for a local table (a remote table naming a local file is a bad row, never a read of this
+machine's files). A row with neither is a bad row: a SourceError naming the file, the row and
+the column, or skipped into the ledger with ``on_bad_rows="skip"``.
+
+The struct is recognised by its shape alone (exactly the fields ``bytes``, binary, and
+``path``, string), so tables that were not written by ``datasets`` but keep media the same way
+read too.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from naiad.errors import SourceError
+from naiad.sources import storage as storage_mod
+
+if TYPE_CHECKING:
+    from naiad.sources.storage import Storage
+
+__all__ = ["has_binary", "is_media_struct", "media_schema", "resolve_media"]
+
+
+def is_media_struct(t: pa.DataType) -> bool:
+    """Whether ``t`` is the ``{bytes, path}`` struct of a ``datasets`` Image or Audio feature."""
+    if not pa.types.is_struct(t) or t.num_fields != 2:
+        return False
+    fields = {t.field(i).name: t.field(i).type for i in range(2)}
+    b, p = fields.get("bytes"), fields.get("path")
+    return (b is not None and p is not None and (pa.types.is_binary(b) or pa.types.is_large_binary(b))
+            and (pa.types.is_string(p) or pa.types.is_large_string(p)))
+
+
+def media_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with each media struct column as the binary column it is read as."""
+    fields = []
+    for f in schema:
+        if is_media_struct(f.type):
+            f = pa.field(f.name, f.type.field("bytes").type, nullable=True, metadata=f.metadata)
+        fields.append(f)
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def has_binary(schema: pa.Schema) -> bool:
+    """Whether the schema has a column of bytes (its rows then weigh what their bytes do)."""
+    return any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or is_media_struct(f.type) for f in schema)
+
+
+def resolve_media(table: pa.Table, path: str, store: Storage, first_row: int,
+                  skip: bool) -> tuple[pa.Table, dict[int, tuple[str, str]]]:
+    """``table`` with its media struct columns as bytes (NOTE [ Media structs ]).
+
+    Args:
+        path: the table's file (relative paths are resolved against its folder).
+        store: the source's storage (a remote table's files are read through it).
+        first_row: the file's row number of the table's first row (for messages).
+        skip: False: a row with neither bytes nor a readable file raises; True: it is returned.
+
+    Returns:
+        The table, and for each row that has no bytes ``{row in table: (column, reason)}`` (its
+        value is null).
+
+    Raises:
+        SourceError: naming the file, the row and the column, when ``skip`` is False.
+    """
+    bad: dict[int, tuple[str, str]] = {}
+    for i, f in enumerate(table.schema):
+        if not is_media_struct(f.type):
+            continue
+        col = table.column(i)
+        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) and col.num_chunks != 1 else (
+            col.chunk(0) if isinstance(col, pa.ChunkedArray) else col)
+        data = pc.struct_field(col, "bytes")
+        if col.null_count:  # a null struct: no bytes, no path
+            data = pc.if_else(col.is_valid(), data, pa.nulls(len(col), data.type))
+        missing = np.flatnonzero(data.is_null().to_numpy(zero_copy_only=False))
+        if missing.size:
+            paths = pc.struct_field(col, "path").to_pylist()  # the rows that need a file are few, or all
+            values = data.to_pylist()
+            for r in missing.tolist():
+                where = paths[r] if col[r].is_valid else None
+                value, reason = _read_media_file(where, path, store)
+                if value is None:
+                    if not skip:
+                        raise SourceError(f"row {first_row + r}: {reason}; pass on_bad_rows='skip' to skip such rows.",
+                                          path=path, column=f.name)
+                    bad[r] = (f.name, reason)
+                values[r] = value
+            data = pa.array(values, data.type)
+        table = table.set_column(i, pa.field(f.name, data.type, metadata=f.metadata), data)
+    return table, bad
+
+
+def _read_media_file(where: str | None, table_path: str, store: Storage) -> tuple[bytes | None, str]:
+    """The bytes of the file a media struct's ``path`` names, or (None, why not)."""
+    if not where:
+        return None, "neither bytes nor a path"
+    remote_table = storage_mod.is_remote(table_path)
+    if storage_mod.is_url(where) or (remote_table and not os.path.isabs(where)):
+        url = where if storage_mod.is_url(where) else posixpath.join(posixpath.dirname(table_path), where)
+        if not storage_mod.is_remote(url):
+            url = storage_mod.local_path(url)
+        else:
+            try:
+                return store.read_range(url, 0, store.stat(url).size), ""
+            except (SourceError, OSError) as exc:
+                return None, f"no bytes, and the file at its path {where!r} cannot be read ({exc})"
+    elif remote_table:
+        return None, f"no bytes, and its path {where!r} is a local file named by a remote table (not read)"
+    else:
+        url = where if os.path.isabs(where) else os.path.join(os.path.dirname(table_path), where)
+    try:
+        with open(url, "rb") as fh:
+            return fh.read(), ""
+    except OSError as exc:
+        return None, f"no bytes, and the file at its path {where!r} cannot be read ({exc.strerror or exc})"

@@ -1,0 +1,310 @@
+"""WebDataset tar shards: a sample is the members that share a key, a block a byte range of samples."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from naiad.errors import ConfigError, SourceError
+from naiad.sources import storage
+from naiad.sources.base import Source
+from naiad.sources.cache import CacheDir
+from naiad.sources.columns import Columns
+from naiad.sources.contract import Block, BlockData, OnBadRows, bad_entry
+from naiad.sources.engine import join_data
+from naiad.sources.index import IndexDir, check_index_dir
+from naiad.sources.paths import PathLike
+from naiad.sources.readahead import io_map
+from naiad.sources.retries import RetryPolicy
+from naiad.sources.samples import (
+    byte_slices,
+    decode_members,
+    early_grid,
+    extension_type,
+    grid_blocks,
+    sample_block_bytes,
+)
+from naiad.sources.tarindex import ShardIndex, load_or_scan
+
+__all__ = ["KEY", "WebDatasetSource", "read_webdataset"]
+
+KEY = "__key__"
+"""The column of the samples' keys, as WebDataset names it."""
+
+
+def read_webdataset(
+    paths: PathLike,
+    *,
+    extensions: Sequence[str] | None = None,
+    on_bad_rows: OnBadRows = "raise",
+    max_bad_rows: int | float | None = None,
+    block_bytes: int | None = None,
+    index_dir: IndexDir = None,
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
+    cache_dir: CacheDir = None,
+    cache_bytes: int | None = None,
+) -> WebDatasetSource:
+    """A lazy source over WebDataset tar shards (a path, a glob, a brace range, URLs or a list).
+
+    A sample is the members that share a key, as WebDataset groups them: the name up to the
+    first dot of its base name (``train/n0144/x_17.jpg`` and ``train/n0144/x_17.cls`` are the
+    sample ``train/n0144/x_17``). A batch is a dict with ``"__key__"`` (a list of str) and one
+    entry per extension: ``cls``, ``idx``, ``id`` and ``index`` as int64 tensors, ``txt`` as a
+    list of str, ``json`` as a list of parsed values, anything else (``jpg``, ``png``,
+    ``flac``...) as a list of ``bytes``, to decode (docs/SAMPLES.md).
+
+    Each shard's members are indexed once by walking its tar headers (NOTE [ Member index ]),
+    and the index is kept like the block index, so a worker, a resume or a remote read goes
+    straight to its samples with range reads. Blocks are byte ranges of about 1/4096 of the
+    source (NOTE [ Sample blocks ]).
+
+    Args:
+        paths: shards: a file, a glob (``train-*.tar``), a brace range
+            (``train-{0000..0099}.tar``), a URL (``s3://bucket/train-{0000..0099}.tar``) or a list.
+        extensions: the extensions to read, in this order (``["jpg", "cls"]``); None: those
+            every sample of the first shard has, in the order of its first sample. A sample
+            without one of them is a bad sample.
+        on_bad_rows: what a bad sample does (a member missing, a ``cls`` that is not a number, a
+            ``json`` that does not parse, two members with one extension): "raise" (a
+            SourceError naming the shard and the key) or "skip" (into the loader's ledger).
+        max_bad_rows: with "skip", the most samples an epoch may skip (per rank): a count or a
+            fraction (float); past it, a SourceError summarises them.
+        block_bytes: the grid step blocks are cut on (None: about 1/4096 of the source,
+            between 1 MiB and 32 MiB).
+        index_dir: where member indexes are kept: None (naiad's user cache folder; for URLs
+            the ``cache_dir`` if given), "beside" (a ``.naiad-index`` folder next to the
+            shards), a folder, or False (never kept: each process walks the headers again).
+        storage_options: for URLs: options of the fsspec filesystem (docs/STORAGE.md).
+        retry: how transient errors of remote reads are retried.
+        cache_dir: for URLs: a folder where fetched byte ranges are kept on local disk ("auto":
+            naiad's user cache folder); None: no cache.
+        cache_bytes: the cache's bound in bytes (None: half the disk's free space).
+
+    Example:
+        >>> ds = naiad.read_webdataset("shards/train-{0000..0099}.tar")  # doctest: +SKIP
+        >>> loader = naiad.DataLoader(ds, batch_size=256, shuffle=True, seed=0)  # doctest: +SKIP
+    """
+    return WebDatasetSource(paths, extensions=extensions, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows,
+                            block_bytes=block_bytes, index_dir=index_dir, storage_options=storage_options,
+                            retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+
+
+class WebDatasetSource(Source):
+    """WebDataset tar shards cut into byte ranges of samples (see :func:`read_webdataset`)."""
+
+    def __init__(
+        self,
+        paths: PathLike,
+        *,
+        extensions: Sequence[str] | None = None,
+        on_bad_rows: OnBadRows = "raise",
+        max_bad_rows: int | float | None = None,
+        block_bytes: int | None = None,
+        index_dir: IndexDir = None,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        cache_dir: CacheDir = None,
+        cache_bytes: int | None = None,
+    ) -> None:
+        if block_bytes is not None and (isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 512):
+            raise ConfigError(f"`block_bytes` must be an int >= 512 (a tar block) or None, got {block_bytes!r}.")
+        if extensions is not None:
+            if isinstance(extensions, str) or not all(isinstance(e, str) and e for e in extensions):
+                raise ConfigError(f"`extensions` must be a list of extension names such as ['jpg', 'cls'], got {extensions!r}.")
+            extensions = [e.lower().lstrip(".") for e in extensions]
+            if KEY in extensions or len(set(extensions)) != len(extensions):
+                raise ConfigError(f"`extensions` must name each extension once, and not {KEY!r}; got {extensions!r}.")
+        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options,
+                         retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        self.extensions = list(extensions) if extensions is not None else None
+        self.block_bytes = block_bytes
+        self.index_dir = check_index_dir(index_dir)
+        self._step: int | None = None
+        self._init_indexes()
+        self.schema()  # the first shard's index: the columns, checked now
+
+    def _init_indexes(self) -> None:
+        self._indexes: dict[str, ShardIndex] = {}
+        self._indexing: dict[str, Future[ShardIndex]] = {}
+        self._index_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Indexes are loaded again where they are needed (a worker reads few shards), from the
+        # index folder when it is kept; locks and futures are this process's.
+        state = super().__getstate__()
+        for name in ("_indexes", "_indexing", "_index_lock"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_indexes()
+
+    # -- the member indexes -------------------------------------------------------------------
+
+    def shard_index(self, path: str) -> ShardIndex:
+        """The member index of shard ``path``: made once per process (threads asking together
+        wait for one walk), from the kept index when it still describes the file."""
+        index = self._indexes.get(path)
+        if index is not None:
+            return index
+        with self._index_lock:
+            future = self._indexing.get(path)
+            mine = future is None
+            if future is None:
+                future = self._indexing[path] = Future()
+        if mine:
+            try:
+                index = load_or_scan(path, self.index_dir, self.storage)
+            except BaseException as exc:
+                future.set_exception(exc)
+                with self._index_lock:
+                    self._indexing.pop(path, None)  # a later call tries again
+                raise
+            self._indexes[path] = index
+            future.set_result(index)
+        return future.result()
+
+    def grid_step(self) -> int:
+        """The byte step blocks are cut on (NOTE [ Sample blocks ]): ``block_bytes``, or about
+        1/4096 of the shards' bytes together."""
+        if self._step is None:
+            self._step = self.block_bytes or sample_block_bytes(sum(storage.size(p, store=self.storage) for p in self.paths))
+        return self._step
+
+    # -- the format contract ------------------------------------------------------------------
+
+    def _read_schema(self) -> pa.Schema:
+        first = self.shard_index(self.paths[0])
+        if self.extensions is not None:
+            exts = self.extensions
+        else:
+            exts = [e for i, e in enumerate(first.exts) if len(first) and bool(np.all(first.offsets[i] >= 0))]
+            if not exts:
+                found = ", ".join(first.exts) or "none"
+                raise SourceError(
+                    f"no extension is in every sample of the first shard (found: {found}); pass "
+                    "`extensions=` to name the ones to read.", path=self.paths[0])
+        return pa.schema([pa.field(KEY, pa.string()), *(extension_type(e) for e in exts)])
+
+    def _file_blocks(self, path: str) -> list[Block]:
+        index = self.shard_index(path)
+        return grid_blocks(path, index.starts, index.size, self.grid_step())
+
+    def _early_cut(self, path: str) -> list[Block] | None:
+        return early_grid(path, storage.size(path, store=self.storage), self.grid_step())
+
+    def early_rows(self, block: Block) -> int:
+        """The samples of a block of ``early_blocks()``: its shard indexed (once), counted."""
+        starts = self.shard_index(block.path).starts
+        return int(np.searchsorted(starts, block.stop) - np.searchsorted(starts, block.start))
+
+    def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
+        first = self._first_sample(block)
+        return self._read_samples(block.path, np.arange(first + lo, first + hi, dtype=np.int64))
+
+    def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
+        # Only the samples asked for: each run of consecutive ones is one range read.
+        def one(part: tuple[Block, np.ndarray]) -> BlockData:
+            block, rows = part
+            return self._read_samples(block.path, self._first_sample(block) + rows)
+
+        datas = io_map(one, parts) if any(storage.is_remote(b.path) for b, _ in parts) else [one(p) for p in parts]
+        return join_data(datas, [len(rows) for _, rows in parts])
+
+    def sample_bytes(self) -> int | None:
+        """The first shard's bytes per sample (what the default shuffle buffer is sized by)."""
+        first = self.shard_index(self.paths[0])
+        return max(1, first.size // max(len(first), 1))
+
+    def parsed_bytes(self) -> int:
+        """The shards' bytes: what keeping every sample in memory would take."""
+        return sum(storage.size(p, store=self.storage) for p in self.paths)
+
+    # -- reading samples ----------------------------------------------------------------------
+
+    def _first_sample(self, block: Block) -> int:
+        """The shard's number of the block's first sample: the first that starts in its range
+        (an early block, not yet counted, has no first sample of its own)."""
+        return int(np.searchsorted(self.shard_index(block.path).starts, block.start))
+
+    def _read_samples(self, path: str, rows: np.ndarray) -> BlockData:
+        """Samples ``rows`` (ascending numbers in the shard) as columns, bad ones raised or
+        skipped: one range read per run of consecutive samples, sliced per extension."""
+        schema = self.schema()
+        if not len(rows):
+            return BlockData(self.empty_columns())
+        index = self.shard_index(path)
+        if rows[-1] >= len(index):
+            raise SourceError(f"sample {int(rows[-1])} asked for, the shard has {len(index)}; did it change?", path=path)
+        buf, shift = self._read_runs(path, index, rows)
+        bad: dict[int, tuple[str, str]] = {}  # position among rows -> (column, reason)
+        for i in np.flatnonzero(index.flags[rows]).tolist():
+            bad[i] = ("", "has two members with the same extension")
+        offsets: dict[str, np.ndarray] = {}
+        for field in schema:
+            if field.name == KEY:
+                continue
+            e = index.ext_row(field.name)
+            offs = index.offsets[e, rows] if e >= 0 else np.full(len(rows), -1, np.int64)
+            for i in np.flatnonzero(offs < 0).tolist():
+                if i not in bad:
+                    have = ", ".join(x for j, x in enumerate(index.exts) if index.offsets[j, rows[i]] >= 0)
+                    bad[i] = (field.name, f"has no .{field.name} member (it has: {have or 'none'})")
+            offsets[field.name] = offs
+        good = np.ones(len(rows), bool)
+        good[list(bad)] = False
+        keep = np.flatnonzero(good)  # decoded: rows with every member
+        decoded: dict[str, np.ndarray] = {}
+        for field in schema:
+            if field.name == KEY:
+                continue
+            e = index.ext_row(field.name)
+            values = byte_slices(buf, offsets[field.name][keep] + shift[keep], index.sizes[e, rows[keep]])
+            decoded[field.name], failed = decode_members(field, values)
+            for j, reason in failed:
+                bad.setdefault(int(keep[j]), (field.name, f"has a .{field.name} that {reason}"))
+        good[list(bad)] = False
+        still = good[keep]  # of the decoded rows, those no column failed
+        columns: Columns = {KEY: index.keys(rows[good])}
+        for name, values in decoded.items():
+            columns[name] = values if still.all() else values[still]
+        if not bad:
+            return BlockData(columns)
+        return BlockData(columns, self._bad(path, index, rows, bad))
+
+    def _bad(self, path: str, index: ShardIndex, rows: np.ndarray, bad: dict[int, tuple[str, str]]) -> tuple[dict[str, Any], ...]:
+        if self.on_bad_rows == "raise":
+            i = min(bad)
+            column, reason = bad[i]
+            raise SourceError(
+                f"sample {index.key(int(rows[i]))!r} (sample {int(rows[i])} of the shard) {reason}; pass "
+                "on_bad_rows='skip' to skip such samples.", path=path, column=column or None)
+        return tuple(
+            bad_entry(i, path, reason, row=int(rows[i]), key=index.key(int(rows[i])), column=bad[i][0] or None)
+            for i, reason in ((i, bad[i][1]) for i in sorted(bad)))
+
+    def _read_runs(self, path: str, index: ShardIndex, rows: np.ndarray) -> tuple[pa.Buffer, np.ndarray]:
+        """The bytes of samples ``rows``, one range read per run of consecutive samples, joined;
+        and per row the shift from a file offset to its place in the joined bytes."""
+        cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+        firsts = rows[np.concatenate(([0], cuts))]
+        lasts = rows[np.concatenate((cuts - 1, [len(rows) - 1]))]
+        lo, hi = index.starts[firsts], index.ends[lasts]
+        parts = []
+        for a, b in zip(lo.tolist(), hi.tolist()):
+            data = storage.read_range(path, a, b, store=self.storage)
+            if len(data) != b - a:
+                raise SourceError(f"expected {b - a:,} bytes at offset {a:,}, read {len(data):,}: the shard is cut "
+                                  "short or changed since it was indexed.", path=path)
+            parts.append(data)
+        at = np.concatenate(([0], np.cumsum(hi - lo)[:-1]))
+        run = np.repeat(np.arange(len(firsts)), np.diff(np.concatenate(([0], cuts, [len(rows)]))))
+        shift = (at - lo)[run]
+        return pa.py_buffer(parts[0] if len(parts) == 1 else b"".join(parts)), shift

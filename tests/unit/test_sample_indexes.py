@@ -1,0 +1,94 @@
+"""The pieces the readers of samples are made of: brace ranges, a tar shard's member index (and a
+stored one that lies), byte slices of a read, members decoded per extension."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from naiad.errors import SourceError
+from naiad.sources import paths
+from naiad.sources.index import save_arrays
+from naiad.sources.samples import byte_slices, decode_members, extension_type, grid_blocks
+from naiad.sources.tarindex import INDEX_PARAMS, ShardIndex, load_or_scan, scan_shard
+
+
+def test_brace_ranges_expand_as_a_shell_does(tmp_path: Path) -> None:
+    assert paths.expand_braces("train-{0000..0002}.tar") == ["train-0000.tar", "train-0001.tar", "train-0002.tar"]
+    assert paths.expand_braces("{9..11}") == ["9", "10", "11"]
+    assert paths.expand_braces("{3..1}") == ["3", "2", "1"]
+    assert paths.expand_braces("{a,b}/{x}-{1..2}") == ["a/{x}-1", "a/{x}-2", "b/{x}-1", "b/{x}-2"]
+    for i in range(3):
+        (tmp_path / f"s-{i:02d}.tar").write_bytes(b"")
+    assert paths.expand_paths(str(tmp_path / "s-{00..02}.tar")) == [str(tmp_path / f"s-{i:02d}.tar") for i in range(3)]
+    with pytest.raises(SourceError, match="s-03.tar"):
+        paths.expand_paths(str(tmp_path / "s-{00..03}.tar"))  # each name must exist
+    (tmp_path / "odd{1..2}.tar").write_bytes(b"")
+    assert paths.expand_paths(str(tmp_path / "odd{1..2}.tar")) == [str(tmp_path / "odd{1..2}.tar")]  # a real name
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_members_group_into_samples_as_webdataset_groups_them(tmp_path: Path) -> None:
+    long_dir = "d" * 120  # a name past 100 bytes: a pax or GNU long-name header before it
+    write_tar(tmp_path / "s.tar", [
+        ("__index__", b"meta"), (f"{long_dir}/a.jpg", b"A" * 700), (f"{long_dir}/a.CLS", b"1"),
+        ("noext", b"skipped"), ("b.jpg", b"B"), ("b.seg.png", b"S"), ("b.jpg", b"dup"), ("a.jpg", b"again"),
+    ])
+    index = scan_shard(str(tmp_path / "s.tar"))
+    assert index.keys().tolist() == [f"{long_dir}/a", "b", "a"]
+    assert index.exts == ("jpg", "cls", "seg.png")
+    assert index.flags.tolist() == [0, 1, 0]  # b has two .jpg members
+    assert (index.offsets >= 0).astype(int).tolist() == [[1, 1, 1], [1, 0, 0], [0, 1, 0]]
+    data = (tmp_path / "s.tar").read_bytes()
+    j = index.ext_row("jpg")
+    assert [data[o:o + n] for o, n in zip(index.offsets[j], index.sizes[j])] == [b"A" * 700, b"B", b"again"]
+
+
+def test_a_stored_index_that_lies_is_walked_again(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    write_tar(shard, [(f"k{i}.bin", bytes([i]) * 600) for i in range(5)])
+    true = scan_shard(str(shard))
+    lying = true.arrays()
+    lying["offsets"] = lying["offsets"] + 10_000  # outside the samples
+    save_arrays(str(tmp_path / "idx"), str(shard), INDEX_PARAMS, lying)
+    got = load_or_scan(str(shard), str(tmp_path / "idx"))
+    assert got.offsets.tolist() == true.offsets.tolist()
+    for bad in ({"starts": true.starts[::-1].copy()}, {"flags": true.flags.astype(np.int64)},
+                {"key_ends": true.key_ends + 1}, {"ends": true.ends + true.size}):
+        assert ShardIndex.from_arrays({**true.arrays(), **bad}, true.size) is None
+    assert ShardIndex.from_arrays(true.arrays(), true.size) is not None
+
+
+def test_byte_slices_cut_one_buffer_without_a_loop() -> None:
+    buf = pa.py_buffer(b"0123456789abcdef")
+    got = byte_slices(buf, np.array([1, 4, 10]), np.array([2, 0, 6])).to_pylist()
+    assert got == [b"12", b"", b"abcdef"]
+
+
+def test_members_decode_by_extension_and_name_the_bad_ones() -> None:
+    raw = pa.array([b"3", b" 12\n", b"x"], pa.large_binary())
+    values, bad = decode_members(extension_type("cls"), raw)
+    assert values[:2].tolist() == [3, 12] and bad == [(2, "is not an integer (b'x')")]
+    values, bad = decode_members(extension_type("cls"), raw.slice(0, 2))
+    assert values.dtype == np.int64 and bad == []
+    values, bad = decode_members(extension_type("json"), pa.array([b'{"a": [1]}', b"{"], pa.large_binary()))
+    assert values[0] == {"a": [1]} and bad[0][0] == 1
+    values, bad = decode_members(extension_type("txt"), pa.array(["é".encode(), b"\xff"], pa.large_binary()))
+    assert values[0] == "é" and bad[0][0] == 1 and "UTF-8" in bad[0][1]
+
+
+def test_grid_blocks_hold_the_samples_starting_in_them() -> None:
+    blocks = grid_blocks("s.tar", np.array([0, 100, 5000, 5100]), 9000, 4096)
+    assert [(b.start, b.stop, b.rows, b.first_line) for b in blocks] == [(0, 4096, 2, 0), (4096, 8192, 2, 2), (8192, 9000, 0, 4)]
