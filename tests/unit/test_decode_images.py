@@ -133,7 +133,7 @@ def test_resize_window_equals_resizing_the_whole_image_then_cropping() -> None:
         resized = geometry.shorter_side_size(w, h, shorter)
         placement = geometry.centre_placement(w, h, resized, (out_side, out_side))
         for interpolation in images.INTERPOLATIONS:
-            got = images._resize_window(image, placement, interpolation)
+            got = torch.from_numpy(np.ascontiguousarray(images._resize_window(pixels, placement, interpolation)))
             whole = torch.nn.functional.interpolate(
                 image[None], size=(resized[1], resized[0]), mode=interpolation, antialias=True
             )[0]
