@@ -514,3 +514,12 @@ def test_normalize_matches_the_float_formula() -> None:
     assert torch.allclose(half.float(), x[0].float() / 127.5 - 1, atol=0.02)
     with pytest.raises(ConfigError, match="needs 1 or 3 values"):
         naiad.images.normalize(x, (0.5, 0.5), (0.5, 0.5, 0.5))
+
+
+def test_an_image_over_the_decompression_bomb_limit_is_refused_before_decoding(decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = encode(photo(200, 100), quality=90)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 5000)  # refused above twice this: 10,000 pixels
+    with pytest.raises(DecodeError, match="DecompressionBombError"):
+        naiad.decode_images("image")({"image": [data]})
+    small = encode(photo(80, 60), quality=90)  # 4,800 pixels: decoded
+    assert naiad.decode_images("image")({"image": [small]})["image"][0].shape == (3, 60, 80)
