@@ -8,6 +8,7 @@ from naiad.dataset.worker import WorkerLocal, columnar
 from naiad.device.prefetch import DevicePrefetcher
 from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 from naiad.loader import DataLoader
+from naiad.media import decode_audio, decode_images, images  # images.normalize
 from naiad.parallel import AutoTuner, worker_rng
 from naiad.sources import (
     Source,
@@ -36,6 +37,9 @@ __all__ = [
     "Telemetry",
     "WorkerLocal",
     "columnar",
+    "decode_audio",
+    "decode_images",
+    "images",
     "pack_xy",
     "read",
     "read_arrow",

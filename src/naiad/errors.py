@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NaiadError", "ConfigError", "SourceError", "WorkerError", "StateError"]
+__all__ = ["NaiadError", "ConfigError", "SourceError", "DecodeError", "WorkerError", "StateError"]
 
 
 def _rebuild(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
@@ -60,6 +60,37 @@ class SourceError(NaiadError):
         self.path = path
         self.line = line
         self.column = column
+
+
+class DecodeError(SourceError):
+    """Some samples of a batch did not decode (``naiad.decode_images``, ``naiad.decode_audio``).
+
+    The message names each failed sample (its ``__key__`` or ``path``, else its key, else its row)
+    and the decoder's complaint. A pipeline that skips bad samples reads the attributes instead of
+    decoding the batch again.
+
+    Attributes:
+        rows: the failed rows' indices in the batch, ascending.
+        keys: how each failed row was named in the message, in the same order.
+        reasons: each failed row's problem, in the same order.
+        kept: the transform's output without the failed rows (every per-row column filtered).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        column: str | None = None,
+        rows: list[int] | None = None,
+        keys: list[str] | None = None,
+        reasons: list[str] | None = None,
+        kept: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, column=column)
+        self.rows = list(rows or [])
+        self.keys = list(keys or [])
+        self.reasons = list(reasons or [])
+        self.kept = kept
 
 
 class WorkerError(NaiadError, RuntimeError):

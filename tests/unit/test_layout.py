@@ -19,7 +19,7 @@ SRC = pathlib.Path(naiad.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "tree", "stats", "batch_compare"),
-    ("parallel", "telemetry", "device"),
+    ("parallel", "telemetry", "device", "media"),
     ("sources",),
     ("order",),
     ("pipeline", "dataset", "stream"),
@@ -105,8 +105,9 @@ def test_public_names_unchanged() -> None:
     assert sorted(naiad.__all__) == sorted([
         "ArrayDataset", "AutoTuner", "ConfigError", "DataLoader", "DevicePrefetcher", "LoaderStats",
         "NaiadError", "Source", "SourceError", "StateError", "Telemetry", "WorkerError",
-        "WorkerLocal", "__version__", "columnar", "pack_xy", "read", "read_arrow", "read_csv",
-        "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text", "read_webdataset", "testing", "worker_rng",
+        "WorkerLocal", "__version__", "columnar", "decode_audio", "decode_images", "images", "pack_xy", "read",
+        "read_arrow", "read_csv", "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text",
+        "read_webdataset", "testing", "worker_rng",
     ])
     for name in naiad.__all__:
         assert getattr(naiad, name) is not None, name

@@ -1,0 +1,93 @@
+"""Randomness keyed per sample: the same sample in the same epoch draws the same numbers, whatever
+batch it travels in and whichever worker or thread decodes it.
+
+NOTE [ Keyed sample randomness ]
+A sample's random numbers (its crop, its flip, its audio offset) are the raw output of
+``numpy.random.Philox(key=[seed, epoch], counter=[0, 0, 0, sample_key])``: a counter-based
+generator, so constructing one per sample costs about 16 µs and no state is carried from one
+sample to the next. The sample key sits in the counter's top word, so the streams of different
+samples never overlap (each draws fewer than 2**64 blocks). The raw 64-bit words are turned
+into uniforms here (``(word >> 11) * 2**-53``) rather than through ``Generator`` methods, whose
+streams NumPy does not promise to keep across versions; Philox's raw output is fixed by the
+algorithm, so a checkpoint resumed under another NumPy draws the same crops.
+
+Where the three numbers come from, for a batch:
+
+* ``sample_key``: the batch's int64 key column (``key=``, by default ``"__index__"``): the
+  sample's position in the epoch (or any stable per-sample id). A pipeline adds it per batch,
+  as one array; the transform never counts samples itself, so batch composition and worker
+  assignment cannot change a sample's draws.
+* ``epoch``: the batch's ``epoch_key`` field (by default ``"__epoch__"``: an int, or an array
+  whose values are all equal) when present; else the epoch of the task that naiad's worker is
+  running (``naiad.parallel.context.current_epoch``); else the transform's ``epoch`` attribute
+  (``set_epoch``), 0 unless set. Keys that already differ per epoch need none of them.
+* ``seed``: the transform's ``seed`` when given; else the base seed of the naiad worker running
+  it (the loader's ``seed``, kept in its state dict, so a resumed run draws the same crops); else
+  0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from naiad.errors import ConfigError
+from naiad.parallel.context import current_epoch, get_worker_context
+
+__all__ = ["batch_epoch", "batch_keys", "effective_seed", "sample_uniforms"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def sample_uniforms(seed: int, epoch: int, sample_key: int, count: int) -> np.ndarray:
+    """``count`` float64 uniforms in [0, 1) for one sample (NOTE [ Keyed sample randomness ])."""
+    bits = np.random.Philox(key=[seed & _MASK64, epoch & _MASK64], counter=[0, 0, 0, sample_key & _MASK64])
+    raw = bits.random_raw(count)
+    return (raw >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def batch_keys(batch: Mapping[str, Any], key: str, rows: int, *, why: str) -> np.ndarray:
+    """The batch's per-sample keys as int64, checked: one per row."""
+    if key not in batch:
+        raise ConfigError(
+            f"{why} draws each sample's randomness from its key, but the batch has no column "
+            f"{key!r} (columns: {sorted(map(str, batch))}). Give `key=` the name of an integer "
+            "column holding each sample's position in the epoch (or another stable per-sample id)."
+        )
+    values = batch[key]
+    if hasattr(values, "numpy"):  # a torch tensor
+        values = values.detach().cpu().numpy()
+    keys = np.asarray(values)
+    if keys.ndim != 1 or len(keys) != rows or not np.issubdtype(keys.dtype, np.integer):
+        raise ConfigError(
+            f"`key` column {key!r} must hold one integer per sample ({rows} rows); "
+            f"got dtype {keys.dtype} with shape {keys.shape}."
+        )
+    return keys.astype(np.int64, copy=False)
+
+
+def batch_epoch(batch: Mapping[str, Any], epoch_key: str | None, fallback: int) -> int:
+    """The epoch the batch belongs to (NOTE [ Keyed sample randomness ])."""
+    if epoch_key is not None and epoch_key in batch:
+        value = batch[epoch_key]
+        if hasattr(value, "numpy"):
+            value = value.detach().cpu().numpy()
+        arr = np.asarray(value)
+        if arr.size == 0 or not np.issubdtype(arr.dtype, np.integer) or (arr != arr.flat[0]).any():
+            raise ConfigError(
+                f"`epoch_key` field {epoch_key!r} must be one integer (or an array of one repeated "
+                f"integer); got {value!r}."
+            )
+        return int(arr.flat[0])
+    epoch = current_epoch()
+    return fallback if epoch is None else int(epoch)
+
+
+def effective_seed(seed: int | None) -> int:
+    """The seed a transform draws with (NOTE [ Keyed sample randomness ])."""
+    if seed is not None:
+        return int(seed)
+    context = get_worker_context()
+    return 0 if context is None else int(context.base_seed)
