@@ -259,11 +259,11 @@ def test_training_starts_before_every_shard_is_indexed(tmp_path, monkeypatch):
     from naiad.sources import tarindex
     real = tarindex.load_or_scan
 
-    def slow(path: str, index_dir: Any) -> Any:
+    def slow(path: str, index_dir: Any, store: Any = None) -> Any:
         if not path.endswith(("0000.tar", "0001.tar")):
             held.append(path)
             assert release.wait(60), "the first batch never came while shards were held"
-        return real(path, index_dir)
+        return real(path, index_dir, store)
 
     monkeypatch.setattr("naiad.sources.webdataset.load_or_scan", slow)
     src = naiad.read_webdataset(str(tmp_path / "big-{0000..0003}.tar"), block_bytes=1 << 20, index_dir=False)
