@@ -127,6 +127,13 @@ class EpochIterator:
     def __len__(self) -> int:
         return len(self.run)
 
+    @property
+    def _workers(self) -> list[Any]:
+        # torch's private list of an iterator's worker processes, which code (torch's own
+        # tests among it) joins after dropping the iterator: the pool's Process objects
+        # (Thread objects in thread mode; none inline), usable after the workers stopped.
+        return self._pool.worker_handles
+
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration

@@ -226,6 +226,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self._last_pass: PassRecord | None = None
         self._pending: LazyPass | None = None  # the last pass begun, until it makes its plan
         self._resume: dict[str, Any] | None = None
+        self._handoff: list[dict[str, Any] | None] | None = None  # the last pass's (see __iter__)
 
     # -- naiad's options, as attributes ---------------------------------------------------------
 
@@ -394,16 +395,29 @@ class DataLoader(TorchDataLoader[T_co]):
         self._epoch += 1
         pool, owns_pool, base_seed, tuner = self._pool_for_pass()
         progress = PassProgress()
+        # The pass refers to its loader weakly: the loader holds the pass (`_pending`), and a
+        # cycle would keep the loader and its persistent workers alive until the cyclic
+        # collector ran, not until the last reference went. A loader dropped before the pass
+        # opens hands its pending resume over in __del__.
+        owner = weakref.ref(self)
+        pipeline = self._pipeline
+        handoff: list[dict[str, Any] | None] = []
+        self._handoff = handoff
 
         def open_pass(epoch: int) -> PipelinePass:
-            resume, self._resume = self._resume, None
+            loader = owner()
+            if loader is not None:
+                resume, loader._resume = loader._resume, None
+            else:
+                resume = handoff[0] if handoff else None
             if resume is not None and resume["epoch"] != epoch:
                 resume = None  # set_epoch() moved on: that epoch starts afresh
             seed = base_seed
             if resume is not None and resume.get("base_seed") is not None:
                 seed = int(resume["base_seed"])  # the interrupted pass's, for its workers' draws
-            run = self._pipeline.open_pass(epoch, seed, None if resume is None else resume["pipeline"])
-            self._last_pass = PassRecord(epoch, run, progress, seed)
+            run = pipeline.open_pass(epoch, seed, None if resume is None else resume["pipeline"])
+            if loader is not None:
+                loader._last_pass = PassRecord(epoch, run, progress, seed)
             return run
 
         pending = LazyPass(open_pass, epoch)
@@ -432,15 +446,19 @@ class DataLoader(TorchDataLoader[T_co]):
         The loader stays usable: the next pass starts new workers. Called when the loader is
         garbage-collected; call it yourself to free the workers' memory and processes sooner.
         """
+        self._close_pass()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def _close_pass(self) -> None:
+        """End the pass in progress, if any: its next ``next()`` raises StopIteration."""
         outer = self._current() if self._current is not None else None
         inner = self._current_inner() if self._current_inner is not None else None
         if outer is not None and outer is not inner:
             outer.close()  # the device prefetcher first: its thread stops reading the pass
         if inner is not None:
             inner.close()
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
 
     # ----------------------------------------------------------------------------------------
     # Resumption.
@@ -505,6 +523,15 @@ class DataLoader(TorchDataLoader[T_co]):
         # A tuned pool lives across passes too: the tuner keeps what it learnt.
         persistent = (self.persistent_workers and self.num_workers > 0) or self._tuner is not None
         if persistent and self._pool is not None:
+            # NOTE [ Two passes at once ]: torch keeps one iterator per loader with persistent
+            # workers and resets it at iter(), so the pass before ends here (its next next()
+            # raises StopIteration, as torch's reset iterator does once the new pass is read).
+            # A tuned pool ("auto": map-style datasets and streams only) was not asked to
+            # persist: its passes stay independent, as torch's iterators without persistent
+            # workers are, and share the pool (NOTE [ Passes sharing a pool ] in
+            # parallel/pool.py); so do a stream's read-ahead threads' passes, below.
+            if self.persistent_workers and self.num_workers > 0:
+                self._close_pass()
             return self._pool, False, self._pool_base_seed, self._tuner
         # torch draws the base seed once per iterator, or once per persistent iterator.
         base_seed = self._base_seed()
@@ -584,7 +611,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """The loader's recipe: its arguments, pipeline, epoch and pending resume; not its
         workers, the pass in progress or its telemetry (a copy starts with fresh ones)."""
         state = self.__dict__.copy()
-        for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending", "_ahead_tuner"):
+        for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending", "_ahead_tuner", "_handoff"):
             state[runtime] = None
         state["_telemetry"] = None
         state["_restarts"] = RestartBudget(self.options.max_worker_restarts)  # a copy's own count
@@ -602,6 +629,12 @@ class DataLoader(TorchDataLoader[T_co]):
             self.__dict__["_tuner"] = AutoTuner(prefetch=int(tuner_prefetch))
 
     def __del__(self) -> None:
+        handoff = getattr(self, "_handoff", None)
+        if handoff is not None and not handoff:
+            handoff.append(getattr(self, "_resume", None))  # for a pass begun and not yet opened
         pool = getattr(self, "_pool", None)
-        if pool is not None:
+        current = getattr(self, "_current_inner", None)
+        if pool is not None and (current is None or current() is None):
+            # No pass uses the kept workers: stop them now. A live pass holds them, and they
+            # stop when it goes (as torch's persistent workers go with their iterator).
             pool.close()

@@ -1,4 +1,5 @@
-"""Parallel execution: the only package in naiad that starts threads or processes.
+"""Parallel execution: where naiad starts its worker processes and worker threads (the few other
+threads it starts, and why, are listed in docs/WORKERS.md, "Threads, processes and waits").
 
 A :class:`WorkerPool` runs a *handler* over a stream of tasks and yields the results in task order
 (or as completed). The handler is built inside each worker by a picklable *factory*, so the

@@ -213,10 +213,12 @@ class ProcessBackend:
         self.procs: list[Any] = []
         self.dead: set[int] = set()
         self.stopping: set[int] = set()  # asked to return; their exit is not a failure
+        self.forced: set[int] = set()  # stopping, but ended by a signal: the message failed
         self._conn_index: dict[int, int] = {}
-        # The finalizer holds the same lists, so it also sees workers started later.
+        # The finalizer holds the same lists, so it also sees workers started later; it holds
+        # nothing that holds the backend, so dropping the pool stops the workers at once.
         self._finalizer = weakref.finalize(
-            self, _shutdown_processes, self.procs, self.task_queues, self.conns
+            self, _shutdown_processes, os.getpid(), self.procs, self.task_queues, self.conns
         )
 
     def start(self, w: int, num_workers: int) -> None:
@@ -224,6 +226,12 @@ class ProcessBackend:
         if w < len(self.procs):
             self._release(w)
         tq = self._mp.Queue()
+        # NOTE [ Exit with tasks in flight ]: multiprocessing joins a queue's feeder thread when
+        # the process exits, and a feeder blocked writing tasks into a full pipe to a worker
+        # that is stopped (or busy) never returns, so a process that raises while it holds a
+        # pass would never exit (pytorch#48666). Tasks unsent at exit are worthless: never join
+        # the feeder, as torch does for its index queues.
+        tq.cancel_join_thread()
         reader, writer = self._mp.Pipe(duplex=False)
         wctx = WorkerContext(
             w, num_workers, worker_seed(self._base_seed, w), "process", self._base_seed, self._rank
@@ -253,18 +261,21 @@ class ProcessBackend:
         self._conn_index = {id(c): i for i, c in enumerate(self.conns)}
         self.dead.discard(w)
         self.stopping.discard(w)
+        self.forced.discard(w)
 
     def _release(self, w: int) -> None:
         # The old worker of this id was asked to return and owes nothing: wait for it briefly.
-        _shutdown_processes([self.procs[w]], [self.task_queues[w]], [self.conns[w]])
+        _shutdown_processes(os.getpid(), [self.procs[w]], [self.task_queues[w]], [self.conns[w]])
 
     def stop(self, w: int) -> None:
-        """Ask worker ``w`` to return once its queued tasks are done."""
+        """Ask worker ``w`` to return once its queued tasks are done; one that cannot be asked
+        (its stop message fails to send) owes nothing and is terminated, then killed."""
         self.stopping.add(w)
         try:
             self.task_queues[w].put(None)
-        except Exception:
-            pass
+        except Exception:  # noqa: BLE001 - whatever failed, the worker is never told: end it
+            self.forced.add(w)
+            _end_process(self.procs[w], grace_s=0.0)
 
     def submit(self, worker_id: int, seq: int, payload: Any, key: tuple) -> None:
         """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
@@ -302,14 +313,23 @@ class ProcessBackend:
             proc = self.procs[w]
             proc.join(timeout=POLL_S)
             self.dead.add(w)
-            stopped = w in self.stopping and proc.exitcode == 0
-            if not stopped and proc.pid is not None:
+            stopped = w in self.stopping and (proc.exitcode == 0 or w in self.forced)
+            if proc.exitcode != 0 and proc.pid is not None:
                 remove_shm_of(proc.pid)
             out.append((w, "retired" if stopped else "died", -1, proc.exitcode, {}))
         return out
 
     def pid(self, worker_id: int) -> int | None:
         return self.procs[worker_id].pid
+
+    def exitcode(self, worker_id: int) -> int | None:
+        """How worker ``worker_id`` ended (None: it runs)."""
+        return self.procs[worker_id].exitcode
+
+    def handles(self) -> list[Any]:
+        """The workers' ``multiprocessing.Process`` objects, the ones stopped too: they stay
+        usable (``join``, ``is_alive``, ``exitcode``) after teardown, as torch's ``_workers``."""
+        return list(self.procs)
 
     def close(self) -> None:
         self._finalizer()
@@ -357,33 +377,42 @@ def _unpicklable_hint(w: int, mp_context: Any, factory: Any, init: InitFn, prepa
     )
 
 
-def _shutdown_processes(procs: list[Any], task_queues: list[Any], conns: list[Any]) -> None:
+def _end_process(p: Any, grace_s: float) -> None:
+    """Wait ``grace_s`` for ``p`` to return, then terminate it, then kill it."""
+    p.join(timeout=grace_s)
+    if p.is_alive():
+        p.terminate()
+        p.join(timeout=1.0)
+    if p.is_alive():
+        p.kill()
+        p.join(timeout=1.0)
+
+
+def _shutdown_processes(owner_pid: int, procs: list[Any], task_queues: list[Any], conns: list[Any]) -> None:
+    """Stop worker processes: ask each to return, wait, then terminate and kill.
+
+    Each worker is asked with a ``None`` task; asking can fail (the queue closed, no thread
+    left to start its feeder at interpreter exit), and waiting can be cut short by a worker
+    that never reads its queue: either way the escalation that follows ends it. The Process
+    objects are not closed: they stay usable after teardown (``join``, ``is_alive``,
+    ``exitcode``) for whoever holds them, and release their descriptors when collected.
+    """
+    if os.getpid() != owner_pid:
+        return  # a forked child's copy of the pool: the workers are its parent's to stop
     for tq, p in zip(task_queues, procs):
         if p.is_alive():
             try:
                 tq.put_nowait(None)
-            except Exception:
+            except Exception:  # noqa: BLE001 - not told: the escalation below ends it
                 pass
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-            p.join(timeout=1.0)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=1.0)
+        _end_process(p, grace_s=max(0.0, deadline - time.monotonic()))
     for tq in task_queues:
         tq.cancel_join_thread()  # never block interpreter exit on an unread task
         tq.close()
     for c in conns:
         c.close()
-    for p in procs:
-        try:
-            p.close()
-        except ValueError:
-            pass
 
 
 def remove_shm_of(pid: int, root: str = "/dev/shm") -> None:

@@ -37,16 +37,32 @@ pool built with ``num_workers=0`` starts inline and hands the rest of the pass t
 the first resize. ``imap_until_exhausted`` walks each worker's own iterator, so it cannot
 resize; ``resize`` during one raises ConfigError.
 
+NOTE [ Passes sharing a pool ]
+A pool outlives a pass (persistent workers, ``num_workers="auto"``, read-ahead threads), so two
+of its passes can be live at once: ``it = iter(loader); next(it); list(loader); list(it)``.
+Every pass waits on the same backend, so the one that waits receives the others' results too.
+It keeps them aside (``WorkerSet.parked``, by ``seq``), and the pass they belong to takes them
+before it waits itself; a pass that ends drops what was kept for it and marks the rest stale.
+Without this a pass that received another's results dropped them, and the other waited forever.
+A worker that dies is replaced (within the restart budget) and sent again what it owed every
+live pass; without a restart, a pass that still waits on it raises its WorkerError instead of
+waiting (``check_alive``). Walks are the exception: each worker walks one iterator, so a new
+``imap_until_exhausted`` ends the walk before it (its next ``next()`` raises StopIteration).
+The loader decides what concurrent passes mean (docs/WORKERS.md, "Two passes at once").
+
 Teardown escalates: a ``None`` task asks each worker to return, then join with a timeout, then
-terminate, then kill. Workers ignore SIGINT (Ctrl-C reaches the main process, which tears them
+terminate, then kill; a worker that cannot be asked (its stop message fails to send) is
+terminated, then killed. Workers ignore SIGINT (Ctrl-C reaches the main process, which tears them
 down) and return when their parent is gone, so no worker outlives the training process.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing as mp
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -94,6 +110,16 @@ class Pinned:
 
     worker_id: int
     payload: Any
+
+
+def _make_backend(
+    mode: str, factory: HandlerFactory, mp_context: str | Any | None, base_seed: int, rank: int,
+    worker_init_fn: Callable[[int], None] | None, prepare: Callable[[WorkerContext], None] | None,
+) -> ProcessBackend | ThreadBackend:
+    if mode == "thread":
+        return ThreadBackend(factory, base_seed, rank, worker_init_fn, prepare)
+    mp_ctx = mp.get_context(mp_context) if mp_context is None or isinstance(mp_context, str) else mp_context
+    return ProcessBackend(factory, mp_ctx, base_seed, rank, worker_init_fn, prepare)
 
 
 class WorkerPool:
@@ -157,24 +183,25 @@ class WorkerPool:
         self.timeout_s = timeout_s or None
         self._factory = factory
         self._worker_mode = mode
-        self._mp_context = multiprocessing_context
         self._worker_init_fn = worker_init_fn
         self._prepare = prepare
         self._init_inline = init_inline
-        self._base_seed = base_seed
-        self._rank = rank
         self._describe = describe
         self._inline_handler: Callable[[Any], Any] | None = None
         self._inline_context = WorkerContext(0, 0, worker_seed(base_seed, 0), "inline", base_seed, rank)
         self._inline_rng: Any = None
         self._inline_rng_key: tuple[int, int] | None = None
-        self._workers = WorkerSet(self._make_backend, process=mode == "process", describe=describe,
-                                  restarts=restarts)
+        # The backend factory holds what a backend needs, never the pool: the pool's workers
+        # then go when the pool does, by reference counting alone (no cycle to wait for).
+        make_backend = functools.partial(_make_backend, mode, factory, multiprocessing_context, base_seed, rank,
+                                         worker_init_fn, prepare)
+        self._workers = WorkerSet(make_backend, process=mode == "process", describe=describe, restarts=restarts)
         self._active = self._workers.active  # the same list: workers that take new tasks
         self._passes = 0
         self._pass_ids = itertools.count()
         self._prefetch: int | None = None  # set by resize(); overrides imap's argument
         self._walking_iterators = False
+        self._walk_results: weakref.ReferenceType[PoolResults] | None = None
         self._closed = False
         if num_workers == 0:
             self._build_inline_handler()
@@ -205,13 +232,6 @@ class WorkerPool:
             finally:
                 leave(previous)
         return self._inline_handler
-
-    def _make_backend(self) -> ProcessBackend | ThreadBackend:
-        if self._worker_mode == "thread":
-            return ThreadBackend(self._factory, self._base_seed, self._rank, self._worker_init_fn, self._prepare)
-        ctx = self._mp_context
-        mp_ctx = mp.get_context(ctx) if ctx is None or isinstance(ctx, str) else ctx
-        return ProcessBackend(self._factory, mp_ctx, self._base_seed, self._rank, self._worker_init_fn, self._prepare)
 
     def resize(self, num_workers: int, *, prefetch: int | None = None) -> None:
         """Change the number of workers (and tasks in flight per worker), also during a pass.
@@ -255,6 +275,14 @@ class WorkerPool:
     def worker_pids(self) -> list[int | None]:
         """Process ids of the active workers (the main process's for threads; empty inline)."""
         return self._workers.pids()
+
+    @property
+    def worker_handles(self) -> list[Any]:
+        """Every worker this pool started and has not replaced, as ``multiprocessing.Process``
+        (``threading.Thread`` in thread mode) objects, stopped ones included; empty inline.
+        They stay usable after :meth:`close` (``join``, ``is_alive``, ``exitcode``)."""
+        backend = self._workers.backend
+        return [] if backend is None else backend.handles()
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -324,6 +352,11 @@ class WorkerPool:
         """
         if self._closed:
             raise ConfigError("this WorkerPool is closed.")
+        earlier = self._walk_results() if self._walk_results is not None else None
+        if earlier is not None:
+            # Each worker walks one iterator: a new walk ends the one before (NOTE [ Passes
+            # sharing a pool ]); its next next() raises StopIteration.
+            earlier.close()
         key = self._pass_key(epoch)
         if not self._active:
             return PoolResults(self._imap_inline_until_exhausted(payload_for, key))
@@ -342,7 +375,9 @@ class WorkerPool:
                     w = self._workers.least_busy([v for v in workers if active[v]])
                 yield w, payload_for(w)
 
-        return PoolResults(self._walk(assign(), prefetch, in_order, key, active, payload_for))
+        results = PoolResults(self._walk(assign(), prefetch, in_order, key, active, payload_for))
+        self._walk_results = weakref.ref(results)
+        return results
 
     def _walk(
         self,
@@ -359,9 +394,10 @@ class WorkerPool:
         try:
             yield from self._drive(assign, prefetch, in_order, key, stop_on_exhausted=True, active=active)
         finally:
-            self._walking_iterators = False
-            self._workers.walk_payload = None
-            self._workers.ledger.start_walk(None)
+            if self._workers.ledger.walk_key == key:  # not a later walk's (a walk ends the one before)
+                self._walking_iterators = False
+                self._workers.walk_payload = None
+                self._workers.ledger.start_walk(None)
 
     def _call_inline(self, payload: Any, key: tuple[int, int], entropy: tuple[int, ...] | None = None) -> Any:
         handler = self._build_inline_handler()
@@ -484,15 +520,19 @@ class WorkerPool:
                 self._collect(backend, pending, done)
                 workers.reap()
         finally:
-            # Results still owed for this iteration are dropped when they arrive.
-            workers.stale.update(s for s, (w, _) in pending.items() if s not in done and w != INLINE)
+            # Results still owed for this iteration are dropped (now if parked, else on arrival).
+            workers.abandon(pending, done)
 
     def _collect(self, backend: Any, pending: Pending, done: Done) -> None:
+        workers = self._workers
+        if workers.adopt(pending, done):  # received while another pass waited
+            return
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
             wait_s = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-            if self._workers.receive(backend.poll(wait_s), pending, done):
+            if workers.receive(backend.poll(wait_s), pending, done):
                 return
+            workers.check_alive(pending, done)
             if deadline is not None and time.monotonic() >= deadline:
                 w, payload = next((t for s, t in pending.items() if s not in done), next(iter(pending.values())))
                 doing = f"while loading {self._describe(payload)}"

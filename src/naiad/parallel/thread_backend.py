@@ -57,7 +57,14 @@ class ThreadBackend:
         wctx = WorkerContext(
             w, num_workers, worker_seed(self._base_seed, w), "thread", self._base_seed, self._rank
         )
-        t = threading.Thread(target=self._main, args=(wctx, tasks), name=f"naiad-worker-{w}", daemon=True)
+        # The thread holds what it needs, not the backend: a pool dropped without close() is
+        # collected, and its finalizer stops the threads.
+        t = threading.Thread(
+            target=_thread_worker_main,
+            args=(self._factory, self._init, self._prepare, self.results, wctx, tasks),
+            name=f"naiad-worker-{w}",
+            daemon=True,
+        )
         t.start()
         if w < len(self.threads):
             self.threads[w], self.task_queues[w] = t, tasks
@@ -71,33 +78,6 @@ class ThreadBackend:
         """Ask worker ``w`` to return once its queued tasks are done."""
         self.stopping.add(w)
         self.task_queues[w].put(None)
-
-    def _main(self, context: WorkerContext, tasks: queue.Queue) -> None:
-        w = context.worker_id
-        enter(context, None)
-        try:
-            if self._prepare is not None:
-                self._prepare(context)
-            if self._init is not None:
-                self._init(w)
-            handler = self._factory(context)
-        except BaseException as exc:  # noqa: BLE001
-            self.results.put((w, "error", -1, RemoteError(exc), {}))
-            return
-        self.results.put((w, "ready", -1, None, {}))
-        current: tuple[int, int] | None = None
-        while True:
-            item = tasks.get()
-            if item is None:
-                return
-            seq, payload, key = item
-            # Only worker_rng() follows the pass here: the global generators belong to every
-            # thread of the process, the training loop's included (NOTE [ Worker randomness ]).
-            entropy = key[2] if len(key) > 2 else None
-            enter(context, key[1], fresh=entropy is not None or key != current, entropy=entropy)
-            current = key
-            kind, seq, value, stages = run_task(handler, seq, payload)
-            self.results.put((w, kind, seq, value, stages))
 
     def submit(self, worker_id: int, seq: int, payload: Any, key: tuple) -> None:
         """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
@@ -117,8 +97,53 @@ class ThreadBackend:
     def pid(self, worker_id: int) -> int | None:
         return os.getpid()
 
+    def exitcode(self, worker_id: int) -> int | None:
+        """Thread workers have no exit code."""
+        return None
+
+    def handles(self) -> list[Any]:
+        """The workers' ``threading.Thread`` objects (``join``, ``is_alive``)."""
+        return list(self.threads)
+
     def close(self) -> None:
         self._finalizer()
+
+
+def _thread_worker_main(
+    factory: Callable[[WorkerContext], Callable[[Any], Any]],
+    init: InitFn,
+    prepare: PrepareFn,
+    results: queue.Queue,
+    context: WorkerContext,
+    tasks: queue.Queue,
+) -> None:
+    w = context.worker_id
+    enter(context, None)
+    try:
+        if prepare is not None:
+            prepare(context)
+        if init is not None:
+            init(w)
+        handler = factory(context)
+    except BaseException as exc:  # noqa: BLE001
+        results.put((w, "error", -1, RemoteError(exc), {}))
+        return
+    results.put((w, "ready", -1, None, {}))
+    current: tuple[int, int] | None = None
+    while True:
+        # Unbounded: an idle worker waits for its next task; every way a pool ends (close(),
+        # its collection, interpreter exit) puts the None that ends this loop.
+        item = tasks.get()
+        if item is None:
+            return
+        seq, payload, key = item
+        # Only worker_rng() follows the pass here: the global generators belong to every
+        # thread of the process, the training loop's included (NOTE [ Worker randomness ]).
+        entropy = key[2] if len(key) > 2 else None
+        enter(context, key[1], fresh=entropy is not None or key != current, entropy=entropy)
+        current = key
+        kind, seq, value, stages = run_task(handler, seq, payload)
+        results.put((w, kind, seq, value, stages))
 
 
 _LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()

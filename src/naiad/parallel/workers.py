@@ -40,6 +40,8 @@ class WorkerSet:
         retiring: out of the rotation, still owing results.
         ready: workers that built their handler.
         stale: sequence numbers of abandoned passes, still owed by workers.
+        parked: results received for a pass other than the one that waited, until that pass
+            takes them (NOTE [ Passes sharing a pool ] in :mod:`naiad.parallel.pool`).
         restarts: the restart budget (NOTE [ Worker restarts ]).
         stage_seconds: time the workers reported per stage.
         walk_payload: while workers walk their own iterators, the payload of worker ``w``'s next task.
@@ -57,6 +59,7 @@ class WorkerSet:
         self.retiring: set[int] = set()
         self.ready: set[int] = set()
         self.stale: set[int] = set()
+        self.parked: Done = {}
         self.ledger = TaskLedger()
         self.restarts = restarts if restarts is not None else RestartBudget(0)
         self.stage_seconds: dict[str, float] = {}
@@ -145,7 +148,35 @@ class WorkerSet:
                 got = True
             elif seq == -2:
                 raise value.rebuild()
+            elif seq >= 0:  # another live pass's result (NOTE [ Passes sharing a pool ])
+                self.parked[seq] = (kind, value)
         return got
+
+    def adopt(self, pending: Pending, done: Done) -> bool:
+        """Move the results parked for ``pending``'s pass into ``done``; whether there were any."""
+        mine = [seq for seq in self.parked if seq in pending]
+        for seq in mine:
+            done[seq] = self.parked.pop(seq)
+        return bool(mine)
+
+    def abandon(self, pending: Pending, done: Done) -> None:
+        """A pass ends with results owed: drop those parked, and those still to come on arrival."""
+        for seq, (w, _) in pending.items():
+            if seq in done or w < 0:
+                continue
+            if self.parked.pop(seq, None) is None:
+                self.stale.add(seq)
+
+    def check_alive(self, pending: Pending, done: Done) -> None:
+        """Raise the WorkerError of a dead worker that owes ``pending``'s pass a result: it died
+        while another pass was receiving and was not replaced (NOTE [ Passes sharing a pool ])."""
+        backend = self.backend
+        if backend is None or not backend.dead:
+            return
+        for seq, (w, _) in pending.items():
+            if seq not in done and w in backend.dead:
+                held = [p for s, (v, p) in pending.items() if v == w and s not in done]
+                raise self.death_error(w, backend.exitcode(w), held)
 
     def death_error(self, w: int, exitcode: int | None, held: list[Any]) -> WorkerError:
         """The WorkerError of worker ``w``'s death, ``held`` the payloads of the tasks it owed."""
@@ -158,8 +189,11 @@ class WorkerSet:
         """Start worker ``w`` again and send it what it owed, or raise why not (NOTE [ Worker restarts ])."""
         backend = self.ensure_backend()
         owed = self.ledger.take(w)
-        self.stale.difference_update(seq for seq, _, _ in owed)  # an abandoned pass's: dropped
-        owed = [t for t in owed if t[0] in pending and t[0] not in done]
+        # An abandoned pass's tasks (and a walk's replayed ones) are dropped; those of every
+        # live pass are sent again, this pass's and any other's (NOTE [ Passes sharing a pool ]).
+        abandoned = {seq for seq, _, _ in owed if seq in self.stale}
+        self.stale.difference_update(abandoned)
+        owed = [t for t in owed if t[0] not in abandoned and t[0] not in done and t[0] not in self.parked]
         starting = w not in self.ready
         if self.restarts.limit and w not in self.active and w not in self.retiring and not owed:
             return  # it was asked to leave and owed nothing: nothing to replace
