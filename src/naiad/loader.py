@@ -37,10 +37,7 @@ from naiad.device.prefetch import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
-from naiad.parallel.read_ahead import ReadAheadTuner
-from naiad.parallel.threads import usable_cores
 from naiad.pipeline import LazyPass, Pipeline, PipelinePass
-from naiad.sources.storage import is_remote
 from naiad.stream.batches import StreamCounters
 from naiad.stream.pipeline import StreamPipeline
 from naiad.telemetry import LoaderStats, Telemetry
@@ -65,7 +62,7 @@ class LoaderOptions:
         rank: the rank a map-style dataset is sharded for (None: not sharded).
         world_size: the number of ranks it is sharded over.
         read_ahead: threads that read a streaming source ahead when ``num_workers=0`` (None:
-            :func:`default_read_ahead`).
+            the stream's default, :func:`naiad.stream.pipeline.default_read_ahead`).
         max_worker_restarts: worker restarts allowed (NOTE [ Worker restarts ]).
     """
 
@@ -79,18 +76,6 @@ class LoaderOptions:
     world_size: int | None = None
     read_ahead: int | None = None
     max_worker_restarts: int = 0
-
-
-def default_read_ahead(remote: bool = False) -> int:
-    """Read-ahead threads of a streaming source with ``num_workers=0``: two where there are two
-    cores or more (one parses while the other's block is handed over), none on one core. A
-    source with URLs gets twice the cores, 4 to 8: its threads mostly wait on requests, and a
-    Parquet row group or a big block is a task of its own, so only more tasks in flight hide
-    the latency (docs/STORAGE.md, "Read-ahead")."""
-    cores = usable_cores()
-    if remote:
-        return min(8, max(4, 2 * cores))
-    return 2 if cores >= 2 else 0
 
 
 class DataLoader(TorchDataLoader[T_co]):
@@ -119,7 +104,7 @@ class DataLoader(TorchDataLoader[T_co]):
         read_ahead: for a streaming source left at ``num_workers=0``: threads that read and
             parse its blocks ahead of the training loop, in this process (they run no user
             code). None: two on a machine with two or more cores, none on one
-            (:func:`default_read_ahead`); 0 reads between batches, on PyArrow's own threads.
+            (:func:`naiad.stream.pipeline.default_read_ahead`); 0 reads between batches, on PyArrow's own threads.
         max_worker_restarts: process workers that may die (SIGKILL, the OOM killer, a segfault)
             and be replaced over the loader's life, the batches unchanged (docs/WORKERS.md,
             "Restarts"); 0: a dead worker is a :class:`~naiad.WorkerError`.
@@ -198,11 +183,10 @@ class DataLoader(TorchDataLoader[T_co]):
             max_worker_restarts=int(max_worker_restarts),
         )
         self._tuner = args.tuner
-        self._ahead_tuner: ReadAheadTuner | None = None  # the default read-ahead's (NOTE [ Tuned read-ahead ])
         self._stream_counters = StreamCounters()
         self._pipeline: Pipeline
         if args.stream_options is not None:
-            self._pipeline = StreamPipeline(dataset, args.stream_options, self._stream_counters)
+            self._pipeline = StreamPipeline(dataset, args.stream_options, self._stream_counters, read_ahead)
         elif isinstance(dataset, IterableDataset):
             self._pipeline = IterablePipeline(
                 dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last, self.num_workers,
@@ -281,7 +265,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self.__dict__["_given_to_accelerate"] = bool(value)  # prepare() marks what it returns
 
     def _check_sharded_for_accelerate(self) -> None:
-        if not getattr(self, "_given_to_accelerate", False) or not isinstance(self._pipeline, MapPipeline):
+        if not getattr(self, "_given_to_accelerate", False) or not self._pipeline.sharded_by_loader:
             return
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and self.options.rank is None:
@@ -297,11 +281,10 @@ class DataLoader(TorchDataLoader[T_co]):
     @property
     def fetch_strategy(self) -> str:
         """How batches are built: "gather", "getitems", "items" (map-style), "iterable" or "stream"."""
-        pipeline = self._pipeline
-        return pipeline.strategy if isinstance(pipeline, MapPipeline) else pipeline.kind
+        return self._pipeline.strategy
 
     def __len__(self) -> int:
-        if self._pipeline.kind == "iterable":  # torch records it, and warns if a pass yields more
+        if self._pipeline.warns_past_length:  # torch records it, and warns if a pass yields more
             self._IterableDataset_len_called = len(self.dataset)  # type: ignore[assignment, arg-type]
         return self._pipeline.num_batches()
 
@@ -336,15 +319,9 @@ class DataLoader(TorchDataLoader[T_co]):
             "reason": "set by the user",
             **self._restarts.stats(),
         }
-        read_ahead = self.read_ahead_threads()
-        ahead = self._ahead_tuner
-        if read_ahead and ahead is not None:
-            info["read_ahead"] = ahead.decision.num_workers
-            info["reason"] = f"the default: {read_ahead} read-ahead thread(s) where they pay: {ahead.decision.reason}"
-            info["read_ahead_tuning"] = ahead.stats()
-        elif read_ahead:
-            info["read_ahead"] = read_ahead
-            info["reason"] = f"{read_ahead} thread(s) read the stream ahead (`read_ahead=`)"
+        threads = self.read_ahead_threads()
+        if threads:
+            info.update(self._pipeline.read_ahead_info(threads))
         return info
 
     @property
@@ -537,18 +514,15 @@ class DataLoader(TorchDataLoader[T_co]):
         base_seed = self._base_seed()
         threads = self.read_ahead_threads()
         if threads:
-            if self._ahead_tuner is None and self._tunes_read_ahead():
-                self._ahead_tuner = ReadAheadTuner(threads, getattr(self._pipeline, "batches_per_read", lambda: 1)(),
-                                                      self.prefetch_factor or 2,
-                                                      settled=getattr(self._pipeline, "settled", lambda: True))
+            ahead_tuner = self._pipeline.read_ahead_tuner(threads, self.prefetch_factor or 2)
             # Read-ahead threads run no user code and hold no pass's state: kept across passes,
             # so a short epoch does not pay for starting and joining them.
             if self._pool is None or self._pool_pid != os.getpid():  # a forked child has no threads
                 self._pool, self._pool_pid = self._make_pool(base_seed), os.getpid()
-            if self._ahead_tuner is not None:
+            if ahead_tuner is not None:
                 stages = self._pool.stage_seconds
-                self._ahead_tuner.reads_cpu = lambda: stages.get("worker_cpu", 0.0)
-            return self._pool, False, base_seed, self._ahead_tuner
+                ahead_tuner.reads_cpu = lambda: stages.get("worker_cpu", 0.0)
+            return self._pool, False, base_seed, ahead_tuner
         if self._pool is not None and not persistent:
             # Read-ahead threads of an earlier pass, no longer wanted (the rows turned out to
             # fit in the shuffle buffer, or all but one read group of them).
@@ -559,37 +533,22 @@ class DataLoader(TorchDataLoader[T_co]):
             self._pool, self._pool_base_seed = pool, base_seed
         return pool, not persistent, base_seed, self._tuner
 
-    def _tunes_read_ahead(self) -> bool:
-        """Whether the read-ahead threads are the default's, measured against reading inline
-        while the loop runs (NOTE [ Tuned read-ahead ]): not when the user set ``read_ahead``,
-        nor for URLs, whose threads mostly wait on requests."""
-        return self.options.read_ahead is None and not self._reads_urls()
-
-    def _reads_urls(self) -> bool:
-        """Whether the stream's source has a remote file (its read-ahead waits on requests)."""
-        source = getattr(self._pipeline, "source", None)
-        return source is not None and any(is_remote(p) for p in source.paths)
-
     def read_ahead_threads(self) -> int:
         """Threads that read a streaming source ahead of the loop while ``num_workers=0`` (the
-        pass's own pool; they run no user code), else 0."""
-        if self._pipeline.kind != "stream" or self.num_workers or self._tuner is not None:
+        pass's own pool; they run no user code), else 0. The stream pipeline decides how many
+        (:meth:`naiad.stream.pipeline.StreamPipeline.read_ahead_threads`); other pipelines read
+        nothing ahead."""
+        if self.num_workers or self._tuner is not None:
             return 0
-        if self.options.read_ahead is not None:
-            return self.options.read_ahead
-        reads_first = getattr(self._pipeline, "reads_before_first_batch", None)  # a stream's
-        if reads_first is not None and reads_first():
-            # Every read but at most one comes before the first batch: read inline, on PyArrow's
-            # threads (10 MB files: 1.07-1.21x the read-ahead threads, bench/RESULTS.md).
-            return 0
-        return default_read_ahead(remote=self._reads_urls())
+        return self._pipeline.read_ahead_threads()
 
     def _make_pool(self, base_seed: int) -> WorkerPool:
         tuner = self._tuner
         workers = self.num_workers if tuner is None else tuner.decision.num_workers
         threads = self.read_ahead_threads()
         # The default read-ahead starts where its tuner stands (all its threads, or inline).
-        read_ahead = self._ahead_tuner.decision.num_workers if threads and self._ahead_tuner is not None else threads
+        ahead_tuner = self._pipeline.read_ahead_tuner(threads, self.prefetch_factor or 2) if threads else None
+        read_ahead = ahead_tuner.decision.num_workers if ahead_tuner is not None else threads
         return WorkerPool(
             self._pipeline.handler_factory(),
             num_workers=read_ahead or workers,
@@ -611,7 +570,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """The loader's recipe: its arguments, pipeline, epoch and pending resume; not its
         workers, the pass in progress or its telemetry (a copy starts with fresh ones)."""
         state = self.__dict__.copy()
-        for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending", "_ahead_tuner", "_handoff"):
+        for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending", "_handoff"):
             state[runtime] = None
         state["_telemetry"] = None
         state["_restarts"] = RestartBudget(self.options.max_worker_restarts)  # a copy's own count

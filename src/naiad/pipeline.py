@@ -27,8 +27,9 @@ from typing import Any, Protocol
 
 from naiad.errors import StateError
 from naiad.parallel import DeferredResults, HandlerFactory, WorkerPool
+from naiad.parallel.read_ahead import ReadAheadTuner
 
-__all__ = ["STATE_VERSION", "LazyPass", "Pipeline", "PipelinePass", "check_fields"]
+__all__ = ["STATE_VERSION", "LazyPass", "Pipeline", "PipelinePass", "ReadsNothingAhead", "check_fields"]
 
 STATE_VERSION = 2
 """Version of the loader state; 2 added the kind, the base seed and elastic legs."""
@@ -64,6 +65,32 @@ class Pipeline(Protocol):
     stage: str
     """The telemetry stage its workers' time counts as: "fetch" or "read"."""
 
+    @property
+    def strategy(self) -> str:
+        """How its batches are built, as ``DataLoader.fetch_strategy`` says: "gather",
+        "getitems" or "items" (map-style), "iterable" or "stream"."""
+        ...
+
+    sharded_by_loader: bool
+    """Whether the loader's ``rank``/``world_size`` shard it (map-style); a stream is sharded by
+    torch.distributed, an IterableDataset by the user."""
+
+    warns_past_length: bool
+    """Whether torch warns when a pass yields more batches than ``len(loader)`` (an
+    IterableDataset's length is the user's word, not the plan's)."""
+
+    def read_ahead_threads(self) -> int:
+        """Threads that read ahead of the loop when the loader has no workers (0: none)."""
+        ...
+
+    def read_ahead_tuner(self, threads: int, prefetch: int) -> ReadAheadTuner | None:
+        """The tuner that decides whether those threads pay (None: they are not tuned)."""
+        ...
+
+    def read_ahead_info(self, threads: int) -> dict[str, Any]:
+        """What ``DataLoader.workers_info`` says of the read-ahead threads."""
+        ...
+
     def handler_factory(self) -> HandlerFactory:
         """A picklable factory that builds, in each worker, ``handler(task) -> result``."""
         ...
@@ -91,6 +118,20 @@ class Pipeline(Protocol):
     def check_state(self, part: Mapping[str, Any], epoch: int) -> None:
         """Raise StateError when a stored part cannot resume here, naming stored and current."""
         ...
+
+
+class ReadsNothingAhead:
+    """The read-ahead part of :class:`Pipeline` for a pipeline that reads nothing ahead: its
+    batches come from the user's dataset, in workers or inline."""
+
+    def read_ahead_threads(self) -> int:
+        return 0
+
+    def read_ahead_tuner(self, threads: int, prefetch: int) -> ReadAheadTuner | None:
+        return None
+
+    def read_ahead_info(self, threads: int) -> dict[str, Any]:
+        return {}
 
 
 def check_fields(stored: Mapping[str, Any], current: Mapping[str, Any], what: str, fix: str) -> None:

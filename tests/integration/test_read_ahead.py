@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import naiad
-from naiad.loader import default_read_ahead
+from naiad.stream.pipeline import default_read_ahead
 
 
 def make_csv(path: Path, n: int = 5000) -> str:

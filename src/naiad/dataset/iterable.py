@@ -15,16 +15,19 @@ from typing import Any
 from naiad.dataset.worker import describe_iterable_task, iterable_handler_factory
 from naiad.errors import StateError
 from naiad.parallel import HandlerFactory, WorkerPool
-from naiad.pipeline import check_fields
+from naiad.pipeline import ReadsNothingAhead, check_fields
 
 __all__ = ["IterablePipeline"]
 
 
-class IterablePipeline:
+class IterablePipeline(ReadsNothingAhead):
     """An ``IterableDataset``: a task asks a worker for its iterator's next batch."""
 
     kind = "iterable"
     stage = "fetch"
+    strategy = "iterable"
+    sharded_by_loader = False
+    warns_past_length = True
 
     def __init__(
         self, dataset: Any, collate_fn: Callable[[Any], Any], auto_collation: bool, batch_size: int | None,

@@ -31,16 +31,18 @@ from naiad.dataset.worker import describe_map_task, map_handler_factory
 from naiad.errors import StateError
 from naiad.order.elastic import Leg, Segments, epoch_sequence, iter_legs, no_buffer, rank_share
 from naiad.parallel import HandlerFactory, WorkerPool
-from naiad.pipeline import check_fields
+from naiad.pipeline import ReadsNothingAhead, check_fields
 
 __all__ = ["MapPipeline"]
 
 
-class MapPipeline:
+class MapPipeline(ReadsNothingAhead):
     """A map-style dataset: tasks are ``(batch_number, indices)``, one fetch each."""
 
     kind = "map"
     stage = "fetch"
+    sharded_by_loader = True
+    warns_past_length = False
 
     def __init__(
         self,
