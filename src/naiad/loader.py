@@ -397,7 +397,7 @@ class DataLoader(TorchDataLoader[T_co]):
         epoch = self._epoch
         self._epoch += 1
         pool, owns_pool, base_seed, tuner = self._pool_for_pass()
-        progress = PassProgress()
+        progress = PassProgress(lagging=self.device is not None)
 
         def open_pass(epoch: int) -> PipelinePass:
             resume, self._resume = self._resume, None
@@ -407,6 +407,7 @@ class DataLoader(TorchDataLoader[T_co]):
             if resume is not None and resume.get("base_seed") is not None:
                 seed = int(resume["base_seed"])  # the interrupted pass's, for its workers' draws
             run = self._pipeline.open_pass(epoch, seed, None if resume is None else resume["pipeline"])
+            progress.deliveries = run.deliveries  # which batches it delivered (NOTE [ Out-of-order delivery ])
             self._last_pass = PassRecord(epoch, run, progress, seed)
             return run
 
@@ -415,7 +416,9 @@ class DataLoader(TorchDataLoader[T_co]):
         self._last_pass = None
         inner = EpochIterator(
             pending, epoch, pool, owns_pool=owns_pool, telemetry=self._telemetry, stage=self._pipeline.stage,
-            prefetch=self.prefetch_factor or 2, in_order=self.in_order, transform=self.transform,
+            prefetch=self.prefetch_factor or 2, transform=self.transform,
+            # Inline (no workers, none tuned in), batches leave in plan order whatever in_order says.
+            in_order=self.in_order or (self.num_workers == 0 and tuner is None),
             pin=pin_memory_enabled(self.pin_memory), record_steps=self.device is None, tuner=tuner,
             progress=progress, reported_length=self._IterableDataset_len_called, dataset=self.dataset,
         )
