@@ -469,8 +469,10 @@ class DataLoader(TorchDataLoader[T_co]):
 
         It never raises: where the order cannot be known (a custom sampler or batch sampler, a
         RandomSampler with replacement) the state says so, and loading it starts that epoch
-        afresh with a warning. An IterableDataset is resumed by count: its pass reads and drops
-        the batches delivered (docs/CHECKPOINTING.md).
+        afresh with a warning. An IterableDataset is resumed by count, per worker: its pass
+        reads and drops the batches each worker delivered. With ``in_order=False`` the state
+        names the batches delivered, and on several ranks each rank's state is its own
+        (docs/CHECKPOINTING.md, "Out of order").
         """
         pending = self._pending_pass()
         epoch = pending.epoch if pending is not None else self._epoch
