@@ -324,11 +324,16 @@ class MapPass:
         self.order = order  # how a random order was drawn (torch's shuffle without seed=)
         self.deliveries: DeliveryLog[BatchRuns] | None = DeliveryLog(delivered) if leg is not None else None
         self.per_rank = per_rank  # delivered out of plan order (now or before a resume): one rank's state
+        # In plan order after a contiguous prefix, the count says which batches were delivered.
+        self._counted = delivered.prefix == self.start
 
     def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
         # Gathering runs no user code, so only the other strategies pay for per-task seeding.
         task_seed = None if self.pipeline.strategy == "gather" else self._task_seed
         log = self.deliveries
+        self._counted = self._counted and in_order
+        if self._counted:
+            log = None
         if not in_order:
             self.per_rank = True
 
@@ -345,7 +350,7 @@ class MapPass:
 
     def state(self, delivered: int) -> dict[str, Any]:
         assert self.leg is not None and self.deliveries is not None
-        runs = self.deliveries.at(delivered)
+        runs = BatchRuns.of(self.start + delivered, ()) if self._counted else self.deliveries.at(delivered)
         leg = Leg(self.leg.world_size, self.leg.batch_size, self.leg.drop_last, 0, runs.prefix)
         state: dict[str, Any] = {"seed": self.pipeline.order_seed(), "length": len(self.pipeline.dataset),
                                  **leg.as_dict(), "legs": [x.as_dict() for x in self.legs]}
