@@ -205,6 +205,17 @@ def test_out_of_order_state_of_one_rank_resumes_elastically_exactly_once() -> No
     for rank in range(3):  # another world size and batch size
         rest += _rest(functools.partial(make, batch_size=3, rank=rank, world_size=3, in_order=False), state)
     assert sorted(first + rest) == list(range(50))
+    # The new leg in plan order on 3 ranks is in step again: any rank's state resumes any rank.
+    resumed = make(batch_size=3, rank=0, world_size=3)
+    try:
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        next(it)
+        in_step = json.loads(json.dumps(resumed.state_dict()))
+    finally:
+        resumed.close()
+    assert "in_order" not in in_step["pipeline"]
+    make(batch_size=3, rank=2, world_size=3).load_state_dict(in_step)
     # Another batch size on one rank, saved again mid-way: the finished leg keeps its runs.
     resumed = make(batch_size=3, in_order=False)
     try:

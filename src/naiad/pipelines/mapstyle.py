@@ -284,10 +284,13 @@ class MapPipeline:
                            and stored.rank is not None)
         assert resume is not None and current is not None
         legs = stored.legs
+        # One rank's deliveries stay that rank's while its leg goes on; a new leg (elastic) is
+        # planned alike on every new rank from the finished one, so it starts in step again.
+        per_rank = stored.rank is not None
         if stored.saved.leg.same_topology(current):
             delivered = stored.saved.delivered()
         else:  # elastic: a new leg over the indices no old rank delivered
-            legs, delivered = [*legs, stored.saved], BatchRuns()
+            legs, delivered, per_rank = [*legs, stored.saved], BatchRuns(), False
         order = epoch_order(self._order_sampler(), epoch, resume.get("order"))
         sequence = StoredPart(legs, stored.saved, None).sequence(len(self.dataset))
         share, sizes = rank_share(sequence, current, self.plan_rank())
@@ -301,7 +304,7 @@ class MapPipeline:
 
         tasks = (task(j) for j in delivered.missing(0, len(sizes)))  # the batches not delivered, in plan order
         return MapPass(tasks, len(sizes), self, epoch, base_seed, legs, current, resume.get("order"), delivered,
-                       stored.rank is not None)
+                       per_rank)
 
 
 class MapPass:
