@@ -234,6 +234,7 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
             _mutate(state, ("pipeline", "world_size"), "set", 10**18),
             _mutate(state, ("pipeline", "batch_size"), "set", 0),
             _mutate(state, ("pipeline", "batch_size"), "set", -3),
+            _mutate(state, ("pipeline", "batch_size"), "set", 2**63),  # past an int64
             _mutate(state, ("pipeline", "world_size"), "set", math.inf),
             _mutate(state, ("pipeline", "drop_last"), "set", "no"),
         ]
@@ -243,6 +244,7 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
             _mutate(state, ("pipeline", "legs", 0, "batches"), "set", math.inf),
             _mutate(state, ("pipeline", "legs", 0, "batches"), "set", math.nan),
             _mutate(state, ("pipeline", "legs", 0, "batch_size"), "set", "7"),
+            _mutate(state, ("pipeline", "legs", 0, "batch_size"), "set", 2**63),
             _mutate(state, ("pipeline", "legs", 0, "batches"), "set", 1.5),
             _mutate(state, ("pipeline", "legs", 0, "drop_last"), "set", "no"),
             _mutate(state, ("pipeline", "legs", 0), "set", {"world_size": 1}),
