@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from naiad.errors import WorkerError
+from naiad.order.delivered import DeliveryLog
 from naiad.parallel import AutoTuner, WorkerPool
 from naiad.pipeline import PipelinePass
 from naiad.telemetry import Telemetry
@@ -38,16 +39,32 @@ class PassProgress:
     exception ``next()`` raised in their place (``failed``), since the loop carries on after
     one, as with torch's iterator; a resume continues after a failed batch, as the
     uninterrupted run did, and never fetches it again.
+
+    ``deliveries`` is the pass's record of *which* batches it delivered, where their order may
+    differ from the plan's (NOTE [ Out-of-order delivery ] in pipelines/delivered.py): the
+    deliveries the training loop has received are folded into it here, the rest kept in order.
     """
 
     delivered: int = 0
     finished: bool = False
     received: int = 0  # with a device prefetcher: the batches it handed to the training loop
     failed: int = 0  # batches whose exception was raised instead (counted in `delivered` too)
+    lagging: bool = False  # a device prefetcher stands between the pass and the training loop
+    deliveries: DeliveryLog[Any] | None = None
+
+    def deliver(self, *, failed: bool = False) -> None:
+        """Note one more batch delivered by the pass (or its exception raised in its place)."""
+        self.delivered += 1
+        if failed:
+            self.failed += 1
+        if not self.lagging and self.deliveries is not None:
+            self.deliveries.settle(self.delivered)
 
     def receive(self, count: int) -> None:
         """Note that the training loop has received ``count`` batches of this pass."""
         self.received = count
+        if self.deliveries is not None:
+            self.deliveries.settle(count)
 
 
 class EpochIterator:
@@ -150,8 +167,7 @@ class EpochIterator:
                 # NOTE [ A failed task ]: the batch raised (the dataset or collate_fn), and the
                 # pass goes on with the next one, as torch's iterator does. Its place in the
                 # plan is passed; it is not a delivered batch.
-                self.progress.delivered += 1
-                self.progress.failed += 1
+                self.progress.deliver(failed=True)
             else:  # a dead worker, a timeout, Ctrl-C, an error that ends the pass
                 self.close()
             raise
@@ -164,7 +180,7 @@ class EpochIterator:
             batch = self._transform(batch)
         if self._pin:
             batch = map_tensors(torch.Tensor.pin_memory, batch)
-        self.progress.delivered += 1
+        self.progress.deliver()
         if self._record_steps:
             self._telemetry.record_step(time.perf_counter() - t0, count_rows(batch) or 0)
         self._yielded += 1

@@ -371,7 +371,7 @@ class DataLoader(TorchDataLoader[T_co]):
         epoch = self._epoch
         self._epoch += 1
         pool, owns_pool, base_seed, tuner = self._pool_for_pass()
-        progress = PassProgress()
+        progress = PassProgress(lagging=self.device is not None)
         # The pass refers to its loader weakly: the loader holds the pass (`_pending`), and a
         # cycle would keep the loader and its persistent workers alive until the cyclic
         # collector ran, not until the last reference went. A loader dropped before the pass
@@ -393,6 +393,7 @@ class DataLoader(TorchDataLoader[T_co]):
             if resume is not None and resume.get("base_seed") is not None:
                 seed = int(resume["base_seed"])  # the interrupted pass's, for its workers' draws
             run = pipeline.open_pass(epoch, seed, None if resume is None else resume["pipeline"])
+            progress.deliveries = run.deliveries  # which batches it delivered (NOTE [ Out-of-order delivery ])
             if loader is not None:
                 loader._last_pass = PassRecord(epoch, run, progress, seed)
             return run
@@ -402,7 +403,9 @@ class DataLoader(TorchDataLoader[T_co]):
         self._last_pass = None
         inner = EpochIterator(
             pending, epoch, pool, owns_pool=owns_pool, telemetry=self._telemetry, stage=self._pipeline.stage,
-            prefetch=self.prefetch_factor or 2, in_order=self.in_order, transform=self.transform,
+            prefetch=self.prefetch_factor or 2, transform=self.transform,
+            # Inline (no workers, none tuned in), batches leave in plan order whatever in_order says.
+            in_order=self.in_order or (self.num_workers == 0 and tuner is None),
             pin=pin_memory_enabled(self.pin_memory), record_steps=self.device is None, tuner=tuner,
             progress=progress, reported_length=self._IterableDataset_len_called, dataset=self.dataset,
         )
@@ -457,8 +460,10 @@ class DataLoader(TorchDataLoader[T_co]):
 
         It never raises: where the order cannot be known (a custom sampler or batch sampler, a
         RandomSampler with replacement) the state says so, and loading it starts that epoch
-        afresh with a warning. An IterableDataset is resumed by count: its pass reads and drops
-        the batches delivered (docs/CHECKPOINTING.md).
+        afresh with a warning. An IterableDataset is resumed by count, per worker: its pass
+        reads and drops the batches each worker delivered. With ``in_order=False`` the state
+        names the batches delivered, and on several ranks each rank's state is its own
+        (docs/CHECKPOINTING.md, "Out of order").
         """
         pending = self._pending_pass()
         epoch = pending.epoch if pending is not None else self._epoch

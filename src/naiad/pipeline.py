@@ -11,7 +11,8 @@ which one they drive; they talk to it through two small protocols:
   open one pass (an epoch, or the rest of one) from a position.
 * :class:`PipelinePass`, one per pass: runs its tasks through a :class:`~naiad.parallel.WorkerPool`
   and turns their results into batches, and says its position after ``k`` delivered batches as
-  plain JSON. The plan (which tasks, in which order, for which rank) is a pure function of the
+  plain JSON. Where its batches may leave out of plan order (``in_order=False``), the pass
+  records which of them it delivered (NOTE [ Out-of-order delivery ] in delivered.py). The plan (which tasks, in which order, for which rank) is a pure function of the
   pipeline's inputs and the position, computed in the training process.
 
 A loader state is ``{"version", "kind", "epoch", "batches_yielded", "base_seed",
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from naiad.errors import StateError
+from naiad.order.delivered import DeliveryLog
 from naiad.parallel import DeferredResults, HandlerFactory, WorkerPool
 from naiad.parallel.read_ahead import ReadAheadTuner
 
@@ -43,8 +45,15 @@ class PipelinePass(Protocol):
         """Batches of the epoch's current leg delivered before this pass began (a resume)."""
         ...
 
+    @property
+    def deliveries(self) -> DeliveryLog[Any] | None:
+        """Which batches the pass delivered, where that is more than a count (NOTE [ Out-of-order
+        delivery ]); None: its batches leave in plan order, and their count is the position."""
+        ...
+
     def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
-        """Run the pass's tasks through ``pool``; yield its batches in plan order."""
+        """Run the pass's tasks through ``pool``; yield its batches (in plan order unless
+        ``in_order`` is False and the pass records its deliveries)."""
         ...
 
     def state(self, delivered: int) -> dict[str, Any]:
@@ -179,6 +188,10 @@ class LazyPass:
     @property
     def start(self) -> int:
         return self.open().start
+
+    @property
+    def deliveries(self) -> DeliveryLog[Any] | None:
+        return self.run.deliveries if self.run is not None else None
 
     def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
         # Not a generator: a batch's exception must pass through and leave the pass going on

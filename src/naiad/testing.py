@@ -31,6 +31,12 @@ points:
 Every state must be plain JSON (``json.dumps`` with no NaN, and equal to itself after a round
 trip), small (``max_state_bytes``), the same when taken twice in a row, and what the loader
 that loaded it reports until its first batch.
+
+A loader made with ``in_order=False`` delivers its batches as workers finish them, so their
+order within an epoch is not repeatable. For such a loader each batch is matched against the
+reference batches of its epoch not yet received, whatever their place: the batches received
+before the state plus those after the resume must be the epoch's batches, each exactly once.
+Epochs still follow each other in order.
 """
 
 from __future__ import annotations
@@ -181,6 +187,7 @@ class _Checker:
         self.reference: list[list[Any]] = []
         self.save_points: list[SavePoint] = []
         self.compared = 0
+        self.in_order = True  # the loader's in_order: False matches batches within an epoch in any order
 
     def report(self) -> ResumeReport:
         return ResumeReport(
@@ -204,6 +211,7 @@ class _Checker:
 
     def record_reference(self) -> None:
         loader = self._make()
+        self.in_order = getattr(loader, "in_order", True) is not False
         try:
             for _ in range(self.epochs):
                 self.reference.append([snapshot(b) for b in loader])
@@ -214,53 +222,54 @@ class _Checker:
         """Epoch 0: take the state after ``k`` batches inside the loop, ``break``, resume."""
         loader = self._make()
         try:
-            state = self._interrupt(loader, 0, k, "break")
+            state, seen = self._interrupt(loader, 0, k, "break")
         finally:
             _close(loader)
-        self._check_resumed(state, SavePoint(0, k, "break", _size(state)), save_again=save_again)
+        self._check_resumed(state, SavePoint(0, k, "break", _size(state)), seen, save_again=save_again)
 
     def check_continue_and_later(self) -> None:
         """One loader: a state in the middle of epoch 0 without breaking (the loader goes on),
         one after epoch 0 ended, and one in the middle of the last epoch (then ``break``)."""
         loader = self._make()
-        points: list[tuple[dict[str, Any], SavePoint]] = []
+        points: list[tuple[dict[str, Any], SavePoint, set[int]]] = []
         try:
             mid = len(self.reference[0]) // 2
-            state = self._interrupt(loader, 0, mid, "continue")
-            points.append((state, SavePoint(0, mid, "continue", _size(state))))
+            state, seen = self._interrupt(loader, 0, mid, "continue")
+            points.append((state, SavePoint(0, mid, "continue", _size(state)), seen))
             state = self._take_state(loader, "epoch 0 after it ended (end of epoch)")
-            points.append((state, SavePoint(0, len(self.reference[0]), "end of epoch", _size(state))))
+            points.append((state, SavePoint(0, len(self.reference[0]), "end of epoch", _size(state)), set()))
             last = self.epochs - 1
             for epoch in range(1, last):
                 self._run_epoch(loader, epoch, f"the interrupted run, epoch {epoch}")
             if last > 0:
                 mid = len(self.reference[last]) // 2
-                state = self._interrupt(loader, last, mid, "later epoch")
-                points.append((state, SavePoint(last, mid, "later epoch", _size(state))))
+                state, seen = self._interrupt(loader, last, mid, "later epoch")
+                points.append((state, SavePoint(last, mid, "later epoch", _size(state)), seen))
         finally:
             _close(loader)
-        for state, point in points:
-            self._check_resumed(state, point)
+        for state, point, seen in points:
+            self._check_resumed(state, point, seen)
 
     def _run_epoch(self, loader: Any, epoch: int, context: str) -> None:
-        received = 0
+        seen: set[int] = set()
         for batch in loader:
-            self._compare_batch(batch, epoch, received, context)
-            received += 1
-        self._check_count(received, epoch, 0, context, None)
+            self._compare_batch(batch, epoch, len(seen), context, None, seen)
+        self._check_count(len(seen), epoch, 0, context, None)
 
-    def _interrupt(self, loader: Any, epoch: int, k: int, how: str) -> dict[str, Any]:
+    def _interrupt(self, loader: Any, epoch: int, k: int, how: str) -> tuple[dict[str, Any], set[int]]:
         """One pass of ``epoch`` (the epoch ``loader`` is at): take the state after ``k``
         batches; then ``break`` (and take it again: it must not move), or, for ``"continue"``,
-        go on to the end of the epoch."""
+        go on to the end of the epoch. Also the reference batches received before the state."""
         where = f"epoch {epoch} after {k} batch(es) ({how})"
         context = f"the interrupted run, epoch {epoch} (before the state was taken after {k} batch(es))"
         it = iter(loader)
         state: dict[str, Any] | None = None
-        received = 0
+        seen: set[int] = set()
+        before: set[int] = set()
         while True:
-            if received == k and state is None:
+            if len(seen) == k and state is None:
                 state = self._take_state(loader, where)
+                before = set(seen)
                 if how != "continue":
                     break
                 context = f"the same loader after its state was taken in {where}"
@@ -268,15 +277,15 @@ class _Checker:
                 batch = next(it)
             except StopIteration:
                 break
-            self._compare_batch(batch, epoch, received, context)
-            received += 1
+            self._compare_batch(batch, epoch, len(seen), context, None, seen)
         del it  # what a `for` loop's `break` does: the pass's iterator is dropped
+        received = len(seen)
         if state is None:
             self._check_count(received, epoch, 0, context, None)  # it ended short of k: say so
             raise AssertionError(f"{context}: epoch {epoch} ended after {received} batch(es), before {k}.")
         if how == "continue":
             self._check_count(received, epoch, 0, context, None)
-            return state
+            return state, before
         # Taken again after the break, when the loop has dropped the pass's iterator (as a
         # loop that saves its checkpoint after leaving the loop does): it must not have moved.
         after = self._take_state(loader, f"{where}, taken again after the break")
@@ -286,11 +295,12 @@ class _Checker:
                 f"{_show(state)}, taken after the break {_show(after)}. A training loop that saves "
                 "its checkpoint after leaving the loop would resume elsewhere."
             )
-        return state
+        return state, before
 
-    def _check_resumed(self, state: dict[str, Any], point: SavePoint, *, save_again: bool = False) -> None:
-        """A fresh loader that loads ``state`` yields the reference from ``point`` on; with
-        ``save_again``, its own state after one more batch resumes exactly too."""
+    def _check_resumed(self, state: dict[str, Any], point: SavePoint, seen: set[int], *, save_again: bool = False) -> None:
+        """A fresh loader that loads ``state`` yields the reference from ``point`` on (``seen``:
+        the reference batches of ``point.epoch`` received before it); with ``save_again``, its
+        own state after one more batch resumes exactly too."""
         where = f"resumed from the state taken in {point}"
         first, first_start = point.epoch, point.batches
         if first_start == len(self.reference[first]):
@@ -310,23 +320,22 @@ class _Checker:
                     f"the state loaded: a checkpoint saved before the first batch would lose the "
                     f"position.{_state_note(state)}"
                 )
-            again: tuple[dict[str, Any], SavePoint] | None = None
+            again: tuple[dict[str, Any], SavePoint, set[int]] | None = None
             for epoch in range(first, self.epochs):
                 start = first_start if epoch == first else 0
-                received = 0
+                received: set[int] = set(seen) if epoch == first and first == point.epoch else set()
                 for batch in loader:
-                    self._compare_batch(batch, epoch, start + received, where, state)
-                    received += 1
+                    self._compare_batch(batch, epoch, len(received), where, state, received)
                     if save_again and again is None:
-                        k = start + received
+                        k = len(received)
                         taken = self._take_state(loader, f"epoch {epoch} after {k} batch(es), {where}")
-                        again = taken, SavePoint(epoch, k, "resumed, then saved again", _size(taken))
-                self._check_count(start + received, epoch, start, where, state)
+                        again = taken, SavePoint(epoch, k, "resumed, then saved again", _size(taken)), set(received)
+                self._check_count(len(received), epoch, start, where, state)
         finally:
             _close(loader)
         self.save_points.append(point)
         if again is not None:
-            self._check_resumed(*again)
+            self._check_resumed(again[0], again[1], again[2])
 
     # -- checks -------------------------------------------------------------------------------
 
@@ -356,16 +365,23 @@ class _Checker:
         return state
 
     def _compare_batch(
-        self, got: Any, epoch: int, index: int, context: str, state: dict[str, Any] | None = None,
+        self, got: Any, epoch: int, index: int, context: str, state: dict[str, Any] | None, seen: set[int],
     ) -> None:
+        """Check the batch received ``index``-th in ``epoch`` and add its reference batch to
+        ``seen``: in order, the reference's batch ``index``; with ``in_order=False``, any of the
+        epoch's reference batches not yet in ``seen``."""
         expected = self.reference[epoch]
         if index >= len(expected):
             raise AssertionError(
                 f"{context}: epoch {epoch} yielded a batch {index}, but the reference has only "
                 f"{len(expected)} batch(es) in that epoch.{_state_note(state)}"
             )
-        diff = first_difference(expected[index], got)
         self.compared += 1
+        if not self.in_order:
+            self._match_batch(got, epoch, index, context, state, seen)
+            return
+        diff = first_difference(expected[index], got)
+        seen.add(index)
         if diff is None:
             return
         hint = ""
@@ -377,6 +393,32 @@ class _Checker:
             hint += " make_loader must build the same loader each time, with an order that repeats (seed=)."
         raise AssertionError(
             f"{context}: epoch {epoch}, batch {index} differs from the reference: {diff}.{hint}{_state_note(state)}"
+        )
+
+    def _match_batch(
+        self, got: Any, epoch: int, index: int, context: str, state: dict[str, Any] | None, seen: set[int],
+    ) -> None:
+        expected = self.reference[epoch]
+        nearest: tuple[int, str] | None = None
+        for j, batch in enumerate(expected):
+            if j in seen:
+                continue
+            diff = first_difference(batch, got)
+            if diff is None:
+                seen.add(j)
+                return
+            if nearest is None:
+                nearest = j, diff
+        again = [j for j in sorted(seen) if first_difference(expected[j], got) is None]
+        if again:
+            what = f"it is the reference's batch {again[0]}, received already in this epoch (a batch repeated)"
+        elif nearest is None:
+            what = "every batch of the reference's epoch was received already"
+        else:
+            what = f"it matches none of the {len(expected) - len(seen)} not yet received (batch {nearest[0]}: {nearest[1]})"
+        raise AssertionError(
+            f"{context}: epoch {epoch}, the batch received {index}-th (in_order=False: in any order) is not "
+            f"one of the reference's: {what}.{_state_note(state)}"
         )
 
     def _check_count(self, end: int, epoch: int, start: int, context: str, state: dict[str, Any] | None) -> None:

@@ -4,8 +4,9 @@ run yields (NOTE [ What check_resume checks ] in naiad/testing.py).
 
 Not the full cross product (CI has two cores): every source with shuffle on and off, inline;
 then every mode (drop_last, thread and process workers, "auto", device="cpu", ranks,
-persistent workers) with one map-style dataset and one streaming source, the sources rotating
-between modes; then randomness drawn inside workers, and an elastic resume under "auto".
+persistent workers, in_order=False) with one map-style dataset and one streaming source, the
+sources rotating between modes; then randomness drawn inside workers, an IterableDataset out of
+order, and an elastic resume under "auto".
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 import naiad
 from naiad.testing import check_resume, first_difference
@@ -71,6 +73,19 @@ class ManyAtOnce(Dataset):
         return [{"id": int(i), "v": torch.tensor([i, i * i], dtype=torch.int32)} for i in indices]
 
 
+class SlowSamples(Dataset):
+    """Per sample, every eleventh one slow to read: with ``in_order=False`` the batches after a
+    slow one overtake it, so deliveries leave the plan's order."""
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
+        if i % 11 == 0:
+            time.sleep(0.03)
+        return i, torch.tensor([i, -i], dtype=torch.int64)
+
+
 def map_dataset(name: str) -> Any:
     ids = torch.arange(ROWS)
     if name == "tensor":
@@ -87,6 +102,8 @@ def map_dataset(name: str) -> Any:
         return TupleSamples()
     if name == "dicts":
         return DictSamples()
+    if name == "slow":
+        return SlowSamples()
     raise AssertionError(name)
 
 
@@ -150,6 +167,19 @@ MODES: dict[str, tuple[dict[str, Any], str, str, dict[str, Any]]] = {
         {"num_workers": 2, "worker_mode": "process", "persistent_workers": True, "drop_last": True, "shuffle": True,
          "seed": 5, "rank": 0, "world_size": 2, "device": "cpu", "prefetch_factor": 3},
         "getitems", "parquet", {},
+    ),
+    # Batches delivered as they complete: a stream keeps its plan order (its shuffle buffer
+    # needs it), a map-style dataset's state names the batches delivered beyond the prefix.
+    "out_of_order_threads": (
+        {"num_workers": 2, "worker_mode": "thread", "in_order": False, "shuffle": True, "seed": 5}, "slow", "jsonl", {},
+    ),
+    "out_of_order_processes_device": (
+        {"num_workers": 2, "worker_mode": "process", "in_order": False, "device": "cpu", "drop_last": True,
+         "shuffle": True, "seed": 5},
+        "slow", "parquet", {},
+    ),
+    "out_of_order_ranks": (
+        {"num_workers": 2, "worker_mode": "thread", "in_order": False, "rank": 1, "world_size": 2}, "slow", "csv", {},
     ),
 }
 
@@ -303,6 +333,29 @@ def test_worker_rng_noise_is_the_same_inline_in_threads_and_in_processes() -> No
     make = lambda: naiad.DataLoader(WorkerRngNoise(), batch_size=4, shuffle=True, seed=21, num_workers=2,  # noqa: E731
                                     worker_mode="thread")
     check_resume(make, epochs=2)
+
+
+# -- an IterableDataset out of order: each worker's own count -----------------------------------
+
+
+class SlowIterable(IterableDataset):
+    """Each worker yields its share of ``range(40)``; every seventh sample is slow to read."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        lo, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(lo, 40, step):
+            if i % 7 == 0:
+                time.sleep(0.03)
+            yield torch.tensor([i, i * i])
+
+
+@pytest.mark.timeout(120)
+def test_an_iterable_dataset_out_of_order_resumes_exactly() -> None:
+    make = lambda: naiad.DataLoader(SlowIterable(), batch_size=3, num_workers=2, in_order=False)  # noqa: E731
+    # Its length is not known, so a state after the last batch is still that epoch's: not 1.0.
+    report = check_resume(make, epochs=2, positions=[0.0, 0.2, 0.5, 0.8])
+    assert report.batches_per_epoch == (14, 14)
 
 
 # -- "auto" over a stream: the state keeps the stream's part ------------------------------------

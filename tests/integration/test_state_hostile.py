@@ -3,13 +3,16 @@ is either a state that resumes or a StateError, quickly (never another exception
 allocation, or code run). The states are real: a map-style loader over tensors (seeded, and
 torch's own shuffle without `seed=`, with and without `generator=`: their states carry the
 recorded draw, `order`), a CSV stream, and a stream and a map-style loader after an elastic
-resume (their states carry legs)."""
+resume (their states carry legs), a map-style loader with in_order=False whose first batch was
+overtaken (its state holds runs beyond the prefix), the same after an elastic resume (its leg
+holds them), and an IterableDataset's (its workers' counts)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 import naiad
 from naiad.errors import StateError
@@ -40,6 +43,35 @@ def _generator_loader() -> naiad.DataLoader:
     """torch's shuffle from a given generator: the state records that generator's state."""
     return naiad.DataLoader(TensorDataset(torch.arange(100)), batch_size=7, shuffle=True,
                             generator=torch.Generator().manual_seed(11))
+
+
+class SlowAt(Dataset):
+    """100 integers; reading sample ``slow`` takes half a second."""
+
+    def __init__(self, slow: int | None = None) -> None:
+        self.slow = slow
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.slow:
+            time.sleep(0.5)
+        return i
+
+
+def _unordered_loader(batch_size: int = 7, slow: int | None = None) -> naiad.DataLoader:
+    return naiad.DataLoader(SlowAt(slow), batch_size=batch_size, shuffle=True, seed=3, num_workers=2,
+                            worker_mode="thread", in_order=False)
+
+
+class Numbers(IterableDataset):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(range(60))
+
+
+def _iterable_loader() -> naiad.DataLoader:
+    return naiad.DataLoader(Numbers(), batch_size=3)
 
 
 def _stream_loader(path: Path, world_size: int = 1) -> naiad.DataLoader:
@@ -75,6 +107,20 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[LoaderFac
         state = _state_after(resumed, 2)
         assert state["pipeline"]["legs"], name
         out[name] = (make, state)
+    # in_order=False, the plan's first batch slow: the batches after it overtake it.
+    first = int(next(iter(naiad.DataLoader(SlowAt(), batch_size=7, shuffle=True, seed=3)))[0])
+    slowed = _unordered_loader(slow=first)
+    state = _state_after(slowed, 4)
+    slowed.close()
+    assert state["pipeline"]["beyond"]
+    out["map-unordered"] = (_unordered_loader, state)
+    resumed = _unordered_loader(batch_size=5)  # elastic: the finished leg keeps the runs
+    resumed.load_state_dict(state)
+    elastic = _state_after(resumed, 2)
+    resumed.close()
+    assert elastic["pipeline"]["legs"][0]["beyond"]
+    out["map-unordered-elastic"] = (lambda: _unordered_loader(batch_size=5), elastic)
+    out["iterable"] = (_iterable_loader, _state_after(_iterable_loader(), 4))
     return out
 
 
@@ -118,6 +164,12 @@ def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
+def _get(state: dict[str, Any], path: tuple[Any, ...]) -> Any:
+    for key in path:
+        state = state[key]
+    return state
+
+
 def _mutate(state: dict[str, Any], path: tuple[Any, ...], how: str, value: Any) -> Any:
     if not path:
         return value if how == "set" else state
@@ -152,9 +204,11 @@ def _check(make: LoaderFactory, state: Any) -> None:
             break
     json.dumps(loader.state_dict())  # and its state is still JSON
     del it
+    loader.close()
 
 
-CASES = ["map", "csv", "map-elastic", "csv-elastic", "map-drawn", "map-generator"]
+CASES = ["map", "csv", "map-elastic", "csv-elastic", "map-drawn", "map-generator", "map-unordered",
+         "map-unordered-elastic", "iterable"]
 
 
 @pytest.mark.timeout(600)
@@ -187,26 +241,63 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     part = state["pipeline"]
     legs_key = ("pipeline", "legs")
     must_fail = [
-        _mutate(state, legs_key, "set", _long_legs(state)),  # LONG
         _mutate(state, ("batches_yielded",), "set", -1),
         _mutate(state, ("base_seed",), "set", 10**30),
-        _mutate(state, ("pipeline", "world_size"), "set", 10**18),
-        _mutate(state, ("pipeline", "batch_size"), "set", 0),
-        _mutate(state, ("pipeline", "batch_size"), "set", -3),
-        _mutate(state, ("pipeline", "world_size"), "set", math.inf),
-        _mutate(state, ("pipeline", "drop_last"), "set", "no"),
         [state],
         "x" * 10_000_000,
     ]
-    if part["legs"]:
+    if "world_size" in part:
+        must_fail += [
+            _mutate(state, legs_key, "set", _long_legs(state)),  # LONG
+            _mutate(state, ("pipeline", "world_size"), "set", 10**18),
+            _mutate(state, ("pipeline", "batch_size"), "set", 0),
+            _mutate(state, ("pipeline", "batch_size"), "set", -3),
+            _mutate(state, ("pipeline", "batch_size"), "set", 2**63),  # past an int64
+            _mutate(state, ("pipeline", "world_size"), "set", math.inf),
+            _mutate(state, ("pipeline", "drop_last"), "set", "no"),
+        ]
+    if part.get("legs"):
         must_fail += [
             _mutate(state, ("pipeline", "legs", 0, "world_size"), "set", 10**12),
             _mutate(state, ("pipeline", "legs", 0, "batches"), "set", math.inf),
             _mutate(state, ("pipeline", "legs", 0, "batches"), "set", math.nan),
             _mutate(state, ("pipeline", "legs", 0, "batch_size"), "set", "7"),
+            _mutate(state, ("pipeline", "legs", 0, "batch_size"), "set", 2**63),
             _mutate(state, ("pipeline", "legs", 0, "batches"), "set", 1.5),
             _mutate(state, ("pipeline", "legs", 0, "drop_last"), "set", "no"),
             _mutate(state, ("pipeline", "legs", 0), "set", {"world_size": 1}),
+        ]
+    for where in [("pipeline",)] + [("pipeline", "legs", i) for i, leg in enumerate(part.get("legs", [])) if "beyond" in leg]:
+        runs = _get(state, where)
+        if "beyond" not in runs:
+            continue
+        prefix, key = runs["batches"], (*where, "beyond")
+        must_fail += [  # runs beyond a prefix: ints, ascending and apart, after the prefix, within the plan
+            _mutate(state, key, "set", [[prefix, prefix + 1]]),
+            _mutate(state, key, "set", [[prefix + 3, prefix + 2]]),
+            _mutate(state, key, "set", [[prefix + 1, 10**18]]),
+            _mutate(state, key, "set", [[prefix + 1, prefix + 3], [prefix + 3, prefix + 4]]),
+            _mutate(state, key, "set", [[prefix + 1.5, prefix + 3]]),
+            _mutate(state, key, "set", [[prefix + 1, prefix + 2, prefix + 3]]),
+            _mutate(state, key, "set", "runs"),
+            _mutate(state, key, "set", [[prefix + 1 + 2 * i, prefix + 2 + 2 * i] for i in range(70_000)]),
+        ]
+    if "in_order" in part:
+        must_fail += [
+            _mutate(state, ("pipeline", "in_order"), "set", True),
+            _mutate(state, ("pipeline", "rank"), "set", part["world_size"]),
+            _mutate(state, ("pipeline", "rank"), "set", -1),
+            _mutate(state, ("pipeline", "rank"), "delete", None),
+        ]
+    if "workers" in part:  # an IterableDataset's batches per worker
+        must_fail += [
+            _mutate(state, ("pipeline", "workers"), "set", [10**18]),
+            _mutate(state, ("pipeline", "workers"), "set", [-1]),
+            _mutate(state, ("pipeline", "workers"), "set", [part["batches"], 0]),
+            _mutate(state, ("pipeline", "workers"), "set", [1] * 1_000_000),
+            _mutate(state, ("pipeline", "workers"), "set", "x"),
+            _mutate(state, ("pipeline", "batches"), "set", part["batches"] + 1),
+            _mutate(state, ("pipeline", "num_workers"), "set", 2),
         ]
     if "batches_yielded" in part:  # a stream's own count
         must_fail.append(_mutate(state, ("pipeline", "batches_yielded"), "set", 10**18))
@@ -217,11 +308,18 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     may_pass = [
         _mutate(state, ("epoch",), "set", 10**18),
         _mutate(state, ("batches_yielded",), "set", 10**18),
-        _mutate(state, ("pipeline", "buffer_rows"), "set", 10**18),
-        _mutate(state, ("pipeline", "batch_size"), "set", 10**18),
         _mutate(state, ("extra",), "set", _deep(900)),
         _mutate(state, ("pipeline", "extra"), "set", _deep(900)),
     ]
+    if "world_size" in part:
+        may_pass += [
+            _mutate(state, ("pipeline", "buffer_rows"), "set", 10**18),
+            _mutate(state, ("pipeline", "batch_size"), "set", 10**18),
+        ]
+    if "beyond" in part:  # the runs forgotten: a state of the prefix alone
+        may_pass.append(_mutate(state, ("pipeline", "beyond"), "delete", None))
+    if "workers" in part:  # as naiad wrote it before counting per worker
+        may_pass.append(_mutate(state, ("pipeline", "workers"), "delete", None))
     if "bad_row_ledger" in part:
         must_fail.append(_mutate(state, ("pipeline", "bad_row_ledger", "counts"), "set", [["f.csv", "r", math.inf]]))
         may_pass += [

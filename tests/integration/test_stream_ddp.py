@@ -62,3 +62,65 @@ def test_ddp_ranks_take_equal_steps_and_every_row_once(tmp_path):
     assert results[0]["steps"] == results[1]["steps"] == 10
     assert sorted(results[0]["ids"] + results[1]["ids"]) == list(range(77))
     assert os.path.exists(outs[0])
+
+
+def _destroyed_rank_main(rank: int, world_size: int, init_file: str, paths: list[str], out: str) -> None:
+    import torch.distributed as dist
+
+    import naiad
+    from tests.conftest_stream import ids_of, open_numbered
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    loader = naiad.DataLoader(open_numbered(paths, "csv"), batch_size=4, shuffle=True, seed=2, shuffle_buffer=10)
+    try:
+        it = iter(loader)
+        first = [ids_of(next(it)).tolist() for _ in range(3)]  # planned on 2 ranks
+        dist.destroy_process_group()  # as a script does before its last checkpoint
+        mid = loader.state_dict()
+        rest = [ids_of(b).tolist() for b in it]
+        end = loader.state_dict()  # every batch received: the next epoch's start
+    finally:
+        loader.close()
+    with open(out, "w") as f:
+        json.dump({"first": first, "mid": mid, "rest": rest, "end": end}, f)
+
+
+@pytest.mark.timeout(120)
+def test_state_after_destroy_process_group_names_the_world_size_the_pass_was_planned_with(tmp_path):
+    import naiad
+    from tests.conftest_stream import ids_of, open_numbered
+
+    paths = write_numbered(str(tmp_path), "csv", [50, 0, 27])
+    ctx = mp.get_context("spawn")
+    outs = [str(tmp_path / f"rank{r}.json") for r in range(2)]
+    procs = [
+        ctx.Process(target=_destroyed_rank_main, args=(r, 2, str(tmp_path / "init"), paths, outs[r]))
+        for r in range(2)
+    ]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=100)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+    assert [p.exitcode for p in procs] == [0, 0]
+    results = [json.load(open(o)) for o in outs]
+    seen = []
+    for rank, result in enumerate(results):
+        mid, end = result["mid"]["pipeline"], result["end"]["pipeline"]
+        assert (mid["rank"], mid["world_size"], mid["batches_yielded"]) == (rank, 2, 3)
+        assert (result["end"]["epoch"], end["rank"], end["world_size"]) == (1, rank, 2)
+        # The state resumes that rank exactly where the pass stood.
+        resumed = naiad.DataLoader(open_numbered(paths, "csv"), batch_size=4, shuffle=True, seed=2,
+                                   shuffle_buffer=10, rank=rank, world_size=2)
+        try:
+            resumed.load_state_dict(result["mid"])
+            assert [ids_of(b).tolist() for b in resumed] == result["rest"]
+        finally:
+            resumed.close()
+        seen += [i for batch in result["first"] + result["rest"] for i in batch]
+    assert sorted(seen) == list(range(77))

@@ -99,7 +99,8 @@ class Leg:
             raise StateError(f"malformed leg in the loader state: drop_last is {drop_last!r:.80}, expected a bool.")
         return cls(
             state_int(data["world_size"], "loader state leg world_size", 1, MAX_WORLD_SIZE),
-            state_int(data["batch_size"], "loader state leg batch_size", 1),
+            # An int64 at most: batch sizes are NumPy arrays of them (a larger one is no plan).
+            state_int(data["batch_size"], "loader state leg batch_size", 1, 2**63 - 1),
             drop_last,
             state_int(data["buffer_rows"], "loader state leg buffer_rows", 0),
             state_int(data[batches_key], f"loader state leg {batches_key}", 0),

@@ -101,6 +101,10 @@ __all__ = [
 HandlerFactory = Callable[[WorkerContext], Callable[[Any], Any]]
 """Builds, inside a worker, the callable that turns one task payload into one result."""
 
+OnDeliver = Callable[[int, Any], None]
+"""Told ``(worker, payload)`` of each task just before its result (or its exception) is
+delivered: out of order, how a pass knows which of its tasks it has delivered."""
+
 INLINE = -1  # the "worker" of a task run in the calling thread
 
 
@@ -301,6 +305,7 @@ class WorkerPool:
         in_order: bool = True,
         epoch: int | None = None,
         task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
+        on_deliver: OnDeliver | None = None,
     ) -> PoolResults:
         """Yield ``handler(payload)`` for each task, at most ``prefetch`` tasks ahead per worker.
 
@@ -312,16 +317,17 @@ class WorkerPool:
         pool's passes. ``task_seed(payload)``, when given, names a task's own seed sequence: its
         random draws then depend on the task alone, not on the worker that runs it. A task's
         exception is raised by ``next()``, and the next ``next()`` goes on with the following
-        tasks (NOTE [ A failed task ]).
+        tasks (NOTE [ A failed task ]). ``on_deliver(worker, payload)``, when given, is called
+        just before each task's result or exception is delivered (the worker is -1 inline).
         """
         if self._closed:
             raise ConfigError("this WorkerPool is closed.")
         key = self._pass_key(epoch)
         it = iter(tasks)
         if self._workers.backend is None:
-            return PoolResults(self._imap_inline(it, prefetch, in_order, key, task_seed))
+            return PoolResults(self._imap_inline(it, prefetch, in_order, key, task_seed, on_deliver))
         return PoolResults(self._drive(self._assign(it, in_order), prefetch, in_order, key,
-                                       stop_on_exhausted=False, task_seed=task_seed))
+                                       stop_on_exhausted=False, task_seed=task_seed, on_deliver=on_deliver))
 
     def _assign(self, tasks: Iterator[Any], in_order: bool = True) -> Iterator[tuple[int, Any]]:
         k = 0
@@ -343,12 +349,14 @@ class WorkerPool:
         prefetch: int = 2,
         in_order: bool = True,
         epoch: int | None = None,
+        on_deliver: OnDeliver | None = None,
     ) -> PoolResults:
         """Ask the workers in turn for results until every one of them raised :class:`Exhausted`.
 
         Task k goes to the next worker that has not yet reported exhaustion (out of order: the
         one of them with the fewest tasks in hand), with payload ``payload_for(worker_id)``;
-        this is how each worker walks its own copy of an iterable.
+        this is how each worker walks its own copy of an iterable. ``on_deliver`` as in
+        :meth:`imap` (inline, the worker is 0).
         """
         if self._closed:
             raise ConfigError("this WorkerPool is closed.")
@@ -359,7 +367,7 @@ class WorkerPool:
             earlier.close()
         key = self._pass_key(epoch)
         if not self._active:
-            return PoolResults(self._imap_inline_until_exhausted(payload_for, key))
+            return PoolResults(self._imap_inline_until_exhausted(payload_for, key, on_deliver))
         workers = list(self._active)
         active = {w: True for w in workers}
         cycle = itertools.cycle(workers)
@@ -375,7 +383,7 @@ class WorkerPool:
                     w = self._workers.least_busy([v for v in workers if active[v]])
                 yield w, payload_for(w)
 
-        results = PoolResults(self._walk(assign(), prefetch, in_order, key, active, payload_for))
+        results = PoolResults(self._walk(assign(), prefetch, in_order, key, active, payload_for, on_deliver))
         self._walk_results = weakref.ref(results)
         return results
 
@@ -387,12 +395,14 @@ class WorkerPool:
         key: tuple[int, int],
         active: dict[int, bool],
         payload_for: Callable[[int], Any],
+        on_deliver: OnDeliver | None = None,
     ) -> Iterator[Any]:
         self._walking_iterators = True
         self._workers.walk_payload = payload_for
         self._workers.ledger.start_walk(key)  # a restarted worker walks its iterator again to here
         try:
-            yield from self._drive(assign, prefetch, in_order, key, stop_on_exhausted=True, active=active)
+            yield from self._drive(assign, prefetch, in_order, key, stop_on_exhausted=True, active=active,
+                                   on_deliver=on_deliver)
         finally:
             if self._workers.ledger.walk_key == key:  # not a later walk's (a walk ends the one before)
                 self._walking_iterators = False
@@ -419,6 +429,7 @@ class WorkerPool:
     def _imap_inline(
         self, tasks: Iterator[Any], prefetch: int, in_order: bool, key: tuple[int, int],
         task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
+        on_deliver: OnDeliver | None = None,
     ) -> Iterator[Any]:
         for task in tasks:
             payload = task.payload if isinstance(task, Pinned) else task
@@ -428,20 +439,26 @@ class WorkerPool:
                 return
             except Exception as exc:  # NOTE [ A failed task ]
                 result = Failed(exc)
+            if on_deliver is not None:
+                on_deliver(INLINE, payload)
             yield result
             if self._active:  # resized: the workers take the rest of this pass
                 yield from self._drive(self._assign(tasks, in_order), prefetch, in_order, key,
-                                       stop_on_exhausted=False, task_seed=task_seed)
+                                       stop_on_exhausted=False, task_seed=task_seed, on_deliver=on_deliver)
                 return
 
-    def _imap_inline_until_exhausted(self, payload_for: Callable[[int], Any], key: tuple[int, int]) -> Iterator[Any]:
+    def _imap_inline_until_exhausted(self, payload_for: Callable[[int], Any], key: tuple[int, int],
+                                     on_deliver: OnDeliver | None = None) -> Iterator[Any]:
         while True:
+            payload = payload_for(0)
             try:
-                result = self._call_inline(payload_for(0), key)
+                result = self._call_inline(payload, key)
             except Exhausted:
                 return
             except Exception as exc:  # NOTE [ A failed task ]: the iterator decides what follows
                 result = Failed(exc)
+            if on_deliver is not None:
+                on_deliver(0, payload)
             yield result
 
     def _drive(
@@ -454,6 +471,7 @@ class WorkerPool:
         stop_on_exhausted: bool,
         active: dict[int, bool] | None = None,
         task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
+        on_deliver: OnDeliver | None = None,
     ) -> Iterator[Any]:
         workers = self._workers
         backend = workers.ensure_backend()
@@ -500,6 +518,8 @@ class WorkerPool:
                         order.remove(seq)
                     kind, value = done.pop(seq)
                     w, payload = pending.pop(seq)
+                    if on_deliver is not None and kind != "exhausted":
+                        on_deliver(w, payload)
                     if kind == "ok":
                         yield value
                     elif kind == "exhausted":

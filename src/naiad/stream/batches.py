@@ -186,6 +186,16 @@ class StreamOptions:
             return dist.get_rank(), dist.get_world_size()
         return 0, 1
 
+    def with_topology(self) -> StreamOptions:
+        """These options with the rank and world size read now, once (see :meth:`topology`).
+
+        A pass plans with the topology it began on: a state taken after
+        ``torch.distributed.destroy_process_group()`` (as a script's last checkpoint often is)
+        still names the world size the pass was planned with, not the 1 read there.
+        """
+        rank, world_size = self.topology()
+        return replace(self, rank=rank, world_size=world_size)
+
 
 @dataclass
 class StreamCounters:
@@ -371,7 +381,7 @@ class BatchStream(Iterator[Batch]):
         state: Mapping[str, Any] | None = None,
     ) -> None:
         self.source = source
-        self.options = options
+        self.options = options = options.with_topology()  # read once: the pass's plan, state and legs
         self.epoch = epoch
         self.counters = counters if counters is not None else StreamCounters()
         self.rank, self.world_size = options.topology()

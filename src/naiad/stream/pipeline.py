@@ -64,6 +64,7 @@ class StreamPipeline:
         self.counters = counters
         self.read_ahead = read_ahead
         self._ahead_tuner: ReadAheadTuner | None = None  # the default's (NOTE [ Tuned read-ahead ])
+        self._planned: StreamOptions | None = None  # the options of the last pass, its topology read then
 
     # -- the read-ahead policy ---------------------------------------------------------------
 
@@ -144,12 +145,17 @@ class StreamPipeline:
         return None
 
     def open_pass(self, epoch: int, base_seed: int, resume: Mapping[str, Any] | None) -> StreamPass:
-        return StreamPass(BatchStream(self.source, self.options, epoch=epoch, imap=_unset, counters=self.counters,
-                                      state=resume))
+        stream = BatchStream(self.source, self.options, epoch=epoch, imap=_unset, counters=self.counters, state=resume)
+        self._planned = stream.options  # the topology is read once per pass, here
+        return StreamPass(stream)
 
     def start_state(self, epoch: int) -> dict[str, Any]:
         # The counters' ledger goes into the state: the rows skipped so far survive a resume.
-        return BatchStream(self.source, self.options, epoch=epoch, imap=_unset, counters=self.counters).get_state()
+        # After a pass, the next epoch starts on that pass's topology: a state taken once
+        # torch.distributed is torn down must not say world size 1 (the epoch's order
+        # depends on the world size, NOTE [ Block runs ] in plan.py).
+        options = self._planned or self.options
+        return BatchStream(self.source, options, epoch=epoch, imap=_unset, counters=self.counters).get_state()
 
     def check_state(self, part: Mapping[str, Any], epoch: int) -> None:
         if not isinstance(part, Mapping) or part.get("version") != STREAM_STATE_VERSION:
@@ -164,6 +170,8 @@ def _unset(tasks: Any) -> Iterator[Any]:
 
 class StreamPass:
     """One pass of a stream: its :class:`~naiad.stream.batches.BatchStream` run through the pool."""
+
+    deliveries = None  # always in plan order: the count is the position
 
     def __init__(self, stream: BatchStream) -> None:
         self.stream = stream
