@@ -12,8 +12,8 @@ fixed before the first shard is opened, from the source's schema and a peek at i
 shuffle can spill and every shard has the same columns.
 
 - Keys: the source's ``__key__``; an image folder's file path under its root without its
-  suffix (``cat/001``, as WebDataset keys a folder's files); else the row's number in the input.
-  A dot in a key's last part becomes ``_``: WebDataset cuts the key at the first dot of the
+  suffix (``cat/001``, as WebDataset keys a folder's files); else, for tar shards, the row's
+  number in the input (a table written as a table gets no key column it did not have). A dot in a key's last part becomes ``_``: WebDataset cuts the key at the first dot of the
   base name, so ``img.v2`` would read back as the key ``img``.
 - Parquet and Arrow: an image column becomes the ``{bytes, path}`` struct of ``datasets``'
   ``Image`` feature, a folder's ``label`` a ``ClassLabel`` with the class names, and the
@@ -111,6 +111,8 @@ class SampleBatches:
             in_schema = pa.schema([f for f in in_schema if f.name in columns or f.name == KEY])
         # A folder's absolute `path` names this machine's files: it makes the keys, not a column.
         self.fields = [f for f in in_schema if f.name != KEY and not (self.folder is not None and f.name == "path")]
+        # A table without keys written as a table stays without them; samples have keys.
+        self.with_key = fmt == "webdataset" or KEY in in_schema.names or self.folder is not None
         self.key_width = max(8, len(str(max(total_rows - 1, 0))))
         peek = self._peek()
         self.images = [f.name for f in self.fields if _is_binary(f.type) and _first_format(peek.get(f.name)) in IMAGE_FORMATS]
@@ -151,7 +153,9 @@ class SampleBatches:
                         "columns": list(self.images)}
 
     def _schema(self) -> pa.Schema:
-        fields = [pa.field(KEY, pa.string()) if self.fmt != "webdataset" else member_field(KEY, pa.string(), {})]
+        fields = []
+        if self.with_key:
+            fields.append(pa.field(KEY, pa.string()) if self.fmt != "webdataset" else member_field(KEY, pa.string(), {}))
         for f in self.fields:
             fields.append(self._tar_field(f) if self.fmt == "webdataset" else self._table_field(f))
         names = [f.name for f in fields]
@@ -233,8 +237,8 @@ class SampleBatches:
         if bad:
             self._bad(bad, keys, files, positions)
             keep[list(bad)] = False
-        arrays = [pa.array(keys[keep].tolist(), pa.string())]
-        for f, name in zip(self.schema.remove(0), self._from):
+        arrays = [pa.array(keys[keep].tolist(), pa.string())] if self.with_key else []
+        for f, name in zip(self.schema.remove(0) if self.with_key else self.schema, self._from):
             arrays.append(self._array(f, name, values, pixels, keep, keys, files))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema), positions[keep]
 
