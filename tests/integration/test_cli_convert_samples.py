@@ -174,6 +174,18 @@ def test_tar_shards_become_parquet_with_the_extensions_as_columns(tmp_path):
     assert [np.asarray(im).tolist() for im in ds["png"]] == [pixels(k, 5, 5, 3).tolist() for k in range(7)]
 
 
+def test_parquet_of_datasets_made_smaller_keeps_its_class_names(tmp_path):
+    images = [encode(pixels(k, 40, 60, 3), "JPEG") for k in range(5)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["x", "y"])})
+    datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in images], "label": [0, 1, 0, 1, 1]},
+                               features=features).to_parquet(str(tmp_path / "hf.parquet"))
+    out = str(tmp_path / "small.parquet")
+    assert run(str(tmp_path / "hf.parquet"), out, "--max-size", "30") == 0
+    ds = datasets.Dataset.from_parquet(out)
+    assert ds.features["label"] == datasets.ClassLabel(names=["x", "y"]) and ds["label"] == [0, 1, 0, 1, 1]
+    assert [im.size for im in ds["image"]] == [(30, 20)] * 5 and {im.format for im in ds["image"]} == {"JPEG"}
+
+
 # -- --max-size ----------------------------------------------------------------------------------
 
 
@@ -203,9 +215,9 @@ def test_max_size_shrinks_large_images_and_keeps_small_ones_as_stored(tmp_path):
 # -- --decode ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("channels", [1, 3])
-def test_decode_stores_pixels_that_naiad_reads_back_as_uint8_b_c_h_w(tmp_path, channels):
-    written = write_folder(tmp_path / "images", {"a": 7, "b": 6}, channels=channels)
+@pytest.mark.parametrize(("channels", "fmt"), [(1, "PNG"), (3, "PNG"), (3, "JPEG")])
+def test_decode_stores_pixels_that_naiad_reads_back_as_uint8_b_c_h_w(tmp_path, channels, fmt):
+    written = write_folder(tmp_path / "images", {"a": 7, "b": 6}, channels=channels, fmt=fmt)
     out = str(tmp_path / "px.parquet")
     assert run(str(tmp_path / "images"), out, "--decode") == 0
     manifest = json.loads((tmp_path / "px.manifest.json").read_text())

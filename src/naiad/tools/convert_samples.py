@@ -46,6 +46,7 @@ from naiad.media.rows import default_threads, run_rows
 from naiad.sources.base import Source
 from naiad.sources.columns import SHAPE_KEY, Columns
 from naiad.sources.images import ImageFolderSource
+from naiad.sources.parquet import ParquetSource, open_parquet
 from naiad.sources.samples import MAX_BLOCK_BYTES, MIN_BLOCK_BYTES
 from naiad.sources.webdataset import KEY, WebDatasetSource
 from naiad.tools.convert_tar import member_field
@@ -197,9 +198,22 @@ class SampleBatches:
         raise ConfigError(f"the column {name!r} holds {t} values; tar shards hold bytes, numbers and text: "
                           "leave it out with `columns`, or write Parquet.")
 
+    def _source_features(self) -> dict[str, Any]:
+        """The ``datasets`` features a Parquet source's first file declares (a ``ClassLabel``'s
+        names are kept so), or none."""
+        if not isinstance(self.source, ParquetSource):
+            return {}
+        meta = open_parquet(self.source.paths[0], self.source.storage).schema_arrow.metadata or {}
+        try:
+            features = json.loads(meta[b"huggingface"])["info"]["features"]
+        except (KeyError, TypeError, ValueError):
+            return {}
+        return features if isinstance(features, dict) else {}
+
     def _features(self, schema: pa.Schema) -> dict[str, Any]:
         """The ``datasets`` features of the output's columns (those it would not infer alike)."""
         features: dict[str, Any] = {}
+        declared = self._source_features()
         for f in schema:
             if f.name in self.images:
                 if self.decoded is None:
@@ -209,6 +223,8 @@ class SampleBatches:
                                         "length": f.type.list_size}
             elif f.name == "label" and self.folder is not None and self.folder.classes:
                 features[f.name] = {"_type": "ClassLabel", "names": list(self.folder.classes)}
+            elif isinstance(declared.get(f.name), dict) and declared[f.name].get("_type") == "ClassLabel":
+                features[f.name] = declared[f.name]
             else:
                 dtype = _VALUE_TYPES.get(str(f.type))
                 if dtype is not None:
