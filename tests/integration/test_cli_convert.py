@@ -160,13 +160,20 @@ def test_every_input_format_converts_to_parquet(tmp_path, fmt):
     assert sorted(int(v) for v in cols[key]) == list(range(65)), paths
 
 
-def test_npy_arrays_become_fixed_size_lists_that_read_back_as_arrays(tmp_path):
+@pytest.mark.parametrize("suffix", ["arrow", "parquet"])
+def test_npy_arrays_become_fixed_size_lists_that_read_back_in_their_shape(tmp_path, suffix):
     arr = np.arange(120, dtype=np.float32).reshape(20, 2, 3)
     np.save(tmp_path / "m.npy", arr)
-    assert convert(str(tmp_path / "m.npy"), str(tmp_path / "m.arrow")) == 0
-    field = naiad.read_arrow(str(tmp_path / "m.arrow")).schema().field("x")
-    assert field.type == pa.list_(pa.float32(), 6) and json.loads(field.metadata[b"naiad.shape"]) == [2, 3]
-    np.testing.assert_array_equal(read_back(str(tmp_path / "m.arrow"))["x"], arr.reshape(20, 6))
+    out = str(tmp_path / f"m.{suffix}")
+    assert convert(str(tmp_path / "m.npy"), out) == 0
+    source = naiad.read(out)
+    field = source.schema().field("x")
+    assert field.type.list_size == 6 and json.loads(field.metadata[b"naiad.shape"]) == [2, 3]
+    assert source.empty_columns()["x"].shape == (0, 2, 3)
+    np.testing.assert_array_equal(read_back(out)["x"], arr)
+    # Converted again, the shape stays in the metadata.
+    assert convert(out, str(tmp_path / "again.parquet")) == 0
+    np.testing.assert_array_equal(read_back(str(tmp_path / "again.parquet"))["x"], arr)
 
 
 def test_existing_output_needs_overwrite_and_overwrite_removes_stale_shards(tmp_path, capsys):

@@ -1,7 +1,11 @@
-"""``naiad convert SRC DST``: any file naiad reads to Parquet or Arrow IPC shards for streaming.
+"""``naiad convert SRC DST``: any file naiad reads to Parquet or Arrow IPC shards for streaming,
+and samples (an image folder, tar shards, Parquet with images) to WebDataset tar shards or to
+Parquet that Hugging Face ``datasets`` reads.
 
     naiad convert "raw/*.csv" data/train.parquet --rows-per-shard 1000000 --shuffle --seed 1
     naiad convert s3://bucket/raw/train.jsonl s3://bucket/train/ --format arrow --dtypes float32
+    naiad convert photos/ shards/train.tar --rows-per-shard 5000 --max-size 512 --shuffle
+    naiad convert fashion/ data/fashion.parquet --decode
 
 Row groups sized for block shuffling, float columns without dictionary pages, an optional
 seeded global permutation in bounded memory, a manifest of row counts and SHA-256 checksums;
@@ -18,7 +22,8 @@ from typing import Any
 from naiad.cli.argtypes import at_least
 
 NAME = "convert"
-HELP = "Convert CSV, JSONL, text, Parquet, Arrow or .npy files (local or URLs) to Parquet or Arrow shards."
+HELP = ("Convert CSV, JSONL, text, Parquet, Arrow or .npy files (local or URLs) to Parquet or Arrow shards; "
+        "image folders, tar shards or Parquet with images to WebDataset tar shards or Parquet.")
 
 _SIZE_RE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -58,12 +63,13 @@ def parse_json_object(text: str) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``naiad convert`` options to ``parser``."""
-    parser.add_argument("src", help="a file, glob or URL (s3://..., gs://...) of one format naiad reads")
-    parser.add_argument("dst", help="an output file (out/train.parquet) or folder (out/, s3://bucket/train/)")
-    parser.add_argument("--format", choices=("parquet", "arrow"), default=None,
-                        help="output format (default: from DST's suffix, else parquet)")
-    parser.add_argument("--rows-per-shard", type=at_least(1), default=None,
-                        help="rows per output file, numbered NAME-00000 (default: one file)")
+    parser.add_argument("src", help="a file, glob or URL (s3://..., gs://...) of one format naiad reads, or a folder "
+                        "of images")
+    parser.add_argument("dst", help="an output file (out/train.parquet, out/train.tar) or folder (out/, s3://bucket/train/)")
+    parser.add_argument("--format", choices=("parquet", "arrow", "webdataset"), default=None,
+                        help="output format (default: from DST's suffix, .tar is webdataset; else parquet)")
+    parser.add_argument("--rows-per-shard", "--samples-per-shard", type=at_least(1), default=None,
+                        help="rows (samples) per output file, numbered NAME-00000 (default: one file)")
     parser.add_argument("--row-group-rows", type=at_least(1), default=None,
                         help="rows per row group / record batch, the streaming block (default: 1/4096 of the "
                         "rows, between 1,024 and 65,536)")
@@ -81,6 +87,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "skipped and counted (skip)")
     parser.add_argument("--compression", default=None,
                         help="codec: snappy (Parquet's default), zstd, gzip, lz4, none (Arrow's default)")
+    parser.add_argument("--max-size", type=at_least(1), default=None, metavar="PIXELS",
+                        help="samples: images whose longer side exceeds PIXELS are made smaller and encoded again "
+                        "(JPEG stays JPEG at --quality; others become PNG)")
+    parser.add_argument("--quality", type=at_least(1), default=90, help="JPEG quality of images made smaller (default 90)")
+    parser.add_argument("--decode", action="store_true",
+                        help="samples: store images decoded, uint8 pixels naiad reads back as [B, C, H, W] "
+                        "(small images of one size; Parquet or Arrow)")
+    parser.add_argument("--mode", choices=("L", "RGB", "RGBA"), default=None,
+                        help="with --decode: the channels stored (default: from the first image)")
     parser.add_argument("--overwrite", action="store_true", help="replace shards and a manifest already at DST")
     parser.add_argument("--storage-options", type=parse_json_object, default=None, metavar="JSON",
                         help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://...", "anon": true}\'')
@@ -100,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         dtypes=args.dtypes, on_bad_rows=args.on_bad_rows, compression=args.compression,
         overwrite=args.overwrite, storage_options=args.storage_options,
         output_storage_options=args.output_storage_options, tmp_dir=args.tmp_dir,
+        max_size=args.max_size, quality=args.quality, decode=args.decode, mode=args.mode,
     )
     labels = {"convert": "converting", "scatter": "pass 1/2 scatter", "write": "pass 2/2 write"}
     progress = Progress(enabled=False if args.quiet else None, labels=labels)
@@ -111,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         size = sum(s.bytes for s in result.shards)
         rate = result.rows / result.seconds if result.seconds > 0 else 0.0
         skipped = f"; {result.bad_rows:,} bad row(s) skipped" if result.bad_rows else ""
-        print(f"naiad convert: {result.rows:,} rows -> {len(result.shards)} shard(s), {human_bytes(size)}, "
-              f"in {result.seconds:.1f} s ({rate:,.0f} rows/s){skipped}; manifest {result.manifest_path}")
+        unit = "samples" if "samples" in result.manifest else "rows"
+        print(f"naiad convert: {result.rows:,} {unit} -> {len(result.shards)} shard(s), {human_bytes(size)}, "
+              f"in {result.seconds:.1f} s ({rate:,.0f} {unit}/s){skipped}; manifest {result.manifest_path}")
     return 0

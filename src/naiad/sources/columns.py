@@ -3,6 +3,8 @@ and the checks that a file's columns and values fit the source's schema."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias, Union
 
@@ -19,6 +21,7 @@ __all__ = [
     "cast_to_schema",
     "check_columns_present",
     "concat_columns",
+    "field_shape",
     "null_column",
     "null_rows",
     "numpy_dtype",
@@ -95,16 +98,37 @@ def select_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str) 
     return pa.schema([f for f in schema if f.name in wanted])
 
 
+SHAPE_KEY = b"naiad.shape"
+"""A fixed-size list field's metadata key: its values' shape per row, as JSON (``[1, 28, 28]``)."""
+
+
+def field_shape(field: pa.Field) -> tuple[int, ...]:
+    """The shape one row of a numeric fixed-size list column has in a batch: ``(width,)``, or
+    the ``naiad.shape`` in the field's metadata when it agrees with the width (``naiad
+    convert`` writes it for ``.npy`` arrays of several axes and for ``--decode`` pixels)."""
+    width = field.type.list_size
+    raw = (field.metadata or {}).get(SHAPE_KEY)
+    if raw is not None:
+        try:
+            shape = tuple(int(n) for n in json.loads(raw))
+        except (ValueError, TypeError):
+            return (width,)
+        if shape and all(n > 0 for n in shape) and math.prod(shape) == width:
+            return shape
+    return (width,)
+
+
 def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
     """Columns as NumPy arrays (numeric, bool, fixed-size lists; bytes as object arrays) or lists
-    (everything else).
+    (everything else). A fixed-size list column is one ``(rows, width)`` array, or ``(rows,
+    *shape)`` with a ``naiad.shape`` in its field's metadata (:func:`field_shape`).
 
     Nulls in float columns become NaN; integer and bool columns must have none (the caller
     checks, because only it knows the file and line).
     """
     out: Columns = {}
-    for name, col in zip(table.column_names, table.columns):
-        t = col.type
+    for field, col in zip(table.schema, table.columns):
+        name, t = field.name, col.type
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
@@ -114,7 +138,7 @@ def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
         ):
             # e.g. an embedding column: one (rows, width) array, not a list of lists.
             flat = col.flatten().to_numpy(zero_copy_only=False)
-            out[name] = flat.reshape(len(col), t.list_size)
+            out[name] = flat.reshape(len(col), *field_shape(field))
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
             # Bytes (an image, a clip): an object array of ``bytes``, filled by Arrow in C; it
             # travels through the shuffle buffer as one and reaches the batch as a list.

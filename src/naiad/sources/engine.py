@@ -26,6 +26,7 @@ from naiad.sources.columns import (
     Columns,
     cast_to_schema,
     concat_columns,
+    field_shape,
     null_rows,
     numpy_dtype,
     row_bytes,
@@ -352,7 +353,7 @@ class BlockEngine(SourceFormat):
             if dt is None:
                 out[f.name] = []
             elif pa.types.is_fixed_size_list(f.type):
-                out[f.name] = np.zeros((0, f.type.list_size), dt)
+                out[f.name] = np.zeros((0, *field_shape(f)), dt)
             else:
                 out[f.name] = np.zeros(0, dt)
         return out

@@ -29,8 +29,17 @@ from naiad.sources.base import Source
 from naiad.sources.columns import Columns
 from naiad.sources.paths import expand_paths
 from naiad.sources.storage import Storage, is_remote
+from naiad.tools.convert_samples import (
+    SampleBatches,
+    check_sample_options,
+    estimated_row_bytes,
+    is_sample_source,
+    sample_group_rows,
+)
 from naiad.tools.convert_shuffle import BucketSpill, bucket_count
+from naiad.tools.convert_tar import TarShardSet
 from naiad.tools.convert_write import Destination, ShardInfo, ShardSet, format_of
+from naiad.tools.sample_media import is_image_folder
 
 __all__ = ["ConvertOptions", "ConvertResult", "ProgressFn", "convert", "default_row_group_rows", "to_batch"]
 
@@ -47,8 +56,9 @@ class ConvertOptions:
     """How :func:`convert` writes (every field has a default; docs/CONVERT.md).
 
     Attributes:
-        format: "parquet" or "arrow" (IPC file); None: from the destination's suffix, else Parquet.
-        rows_per_shard: rows per output file; None: one file.
+        format: "parquet", "arrow" (IPC file) or "webdataset" (tar shards of samples); None:
+            from the destination's suffix, else Parquet.
+        rows_per_shard: rows (samples) per output file; None: one file.
         row_group_rows: rows per Parquet row group or IPC record batch (the streaming block);
             None: :func:`default_row_group_rows` of the row count.
         shuffle: write the rows in a seeded global permutation.
@@ -65,9 +75,15 @@ class ConvertOptions:
         output_storage_options: fsspec options for a URL destination.
         tmp_dir: where a shuffle's temporary buckets go; None: a private folder in the
             destination's folder (local) or the system's temporary folder (URL).
+        max_size: samples: images whose longer side exceeds this many pixels are made smaller
+            and encoded again (JPEG as JPEG at ``quality``, others as PNG).
+        quality: the JPEG quality of images made smaller (1-100).
+        decode: samples: store images decoded, a uint8 ``[C, H, W]`` per row (Parquet or Arrow;
+            every image the size of the first), read back by naiad as ``[B, C, H, W]``.
+        mode: with ``decode``, "L", "RGB" or "RGBA"; None: from the first image.
     """
 
-    format: Literal["parquet", "arrow"] | None = None
+    format: Literal["parquet", "arrow", "webdataset"] | None = None
     rows_per_shard: int | None = None
     row_group_rows: int | None = None
     shuffle: bool = False
@@ -81,6 +97,10 @@ class ConvertOptions:
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
     output_storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
     tmp_dir: str | None = None
+    max_size: int | None = None
+    quality: int = 90
+    decode: bool = False
+    mode: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("rows_per_shard", "row_group_rows"):
@@ -91,6 +111,7 @@ class ConvertOptions:
             raise ConfigError(f"`memory_bytes` must be >= 1 MiB, got {self.memory_bytes}.")
         if self.on_bad_rows not in ("raise", "skip"):
             raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {self.on_bad_rows!r}.")
+        check_sample_options(self.max_size, self.quality)
 
 
 @dataclass
@@ -115,11 +136,17 @@ def default_row_group_rows(total_rows: int) -> int:
 
 def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None = None, *,
             progress: ProgressFn | None = None) -> ConvertResult:
-    """Convert ``src`` (a file, glob or URL of any format naiad reads) to shards at ``dst``.
+    """Convert ``src`` (a file, glob or URL of any format naiad reads, or a folder of images) to
+    shards at ``dst``.
 
     ``dst`` is a file name (``out/train.parquet``: that file, or ``train-00000.parquet``, ...
     with ``rows_per_shard``) or a folder (``out/``, ``s3://bucket/train/``: ``part-00000.parquet``,
     ...). A manifest (``train.manifest.json`` or ``manifest.json``) is written last.
+
+    Samples (an image folder, tar shards, a table with a column of bytes) are converted as
+    samples (NOTE [ Sample conversion ] in convert_samples.py): to tar shards the ``webdataset``
+    library reads (``.tar``, ``format="webdataset"``), or to Parquet with the images as
+    Hugging Face ``datasets``' ``Image`` feature.
 
     Raises:
         SourceError: bad input, naming the file and line or row (unless ``on_bad_rows="skip"``).
@@ -133,8 +160,18 @@ def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None =
     source = open_source(src, opts)
     fmt = format_of(dst, opts.format)
     total = len(source)  # a text source's newline scan: exact row counts before any row is written
-    schema = output_schema(source, opts.columns)
-    group_rows = opts.row_group_rows or default_row_group_rows(total)
+    samples: SampleBatches | None = None
+    if is_sample_source(source, fmt):
+        samples = SampleBatches(source, fmt, columns=opts.columns, max_size=opts.max_size, quality=opts.quality,
+                                decode=opts.decode, mode=opts.mode, on_bad_rows=opts.on_bad_rows, total_rows=total)
+        schema = samples.schema
+        group_rows = opts.row_group_rows or sample_group_rows(total, estimated_row_bytes(source, samples.decoded))
+    else:
+        if opts.max_size is not None or opts.decode:
+            raise ConfigError(f"`max_size` and `decode` apply to images; {source.paths[0]} has no column of bytes "
+                              f"(its columns: {source.schema().names}).")
+        schema = output_schema(source, opts.columns)
+        group_rows = opts.row_group_rows or default_row_group_rows(total)
     out_storage = Storage(opts.output_storage_options if opts.output_storage_options is not None else opts.storage_options)
     dest = Destination(dst, fmt, sharded=opts.rows_per_shard is not None, storage=out_storage)
     existing = dest.existing()
@@ -142,9 +179,16 @@ def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None =
         raise ConfigError(f"{dest.join(existing[0])} exists; pass --overwrite (overwrite=True) to replace "
                           f"{'it' if len(existing) == 1 else f'it and {len(existing) - 1} other file(s)'}.")
     compression = opts.compression if opts.compression is not None else ("snappy" if fmt == "parquet" else None)
-    shards = ShardSet(dest, fmt, schema, row_group_rows=group_rows, rows_per_shard=opts.rows_per_shard,
-                      compression=None if compression == "none" else compression)
-    reading = _Reading(source, schema)
+    shards: ShardSet | TarShardSet
+    if fmt == "webdataset":
+        if opts.compression not in (None, "none"):
+            raise ConfigError(f"tar shards are not compressed (their images are already); got `compression` {opts.compression!r}.")
+        compression = None
+        shards = TarShardSet(dest, schema, rows_per_shard=opts.rows_per_shard)
+    else:
+        shards = ShardSet(dest, fmt, schema, row_group_rows=group_rows, rows_per_shard=opts.rows_per_shard,
+                          compression=None if compression == "none" else compression)
+    reading = _Reading(source, schema, samples.convert if samples is not None else None)
     buckets = 0
     try:
         if opts.shuffle:
@@ -165,6 +209,9 @@ def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None =
         if name not in {s.file for s in written} and name != dest.manifest_name:
             dest.remove(dest.join(name))
     rows = sum(s.rows for s in written)
+    if samples is not None:  # images that failed to shrink or decode, after the reader's bad rows
+        reading.bad_rows += samples.bad_rows
+        reading.bad_examples = (reading.bad_examples + samples.bad_examples)[:_BAD_EXAMPLES]
     manifest = {
         "version": MANIFEST_VERSION,
         "format": fmt,
@@ -179,11 +226,14 @@ def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None =
                     **({"buckets": buckets} if opts.shuffle else {})},
         "naiad": _version(),
     }
+    if samples is not None:
+        manifest["samples"] = {"key": "__key__", "images": samples.images,
+                               **({"decoded": samples.decoded} if samples.decoded else {})}
     dest.write_json(dest.manifest_name, manifest)
     return ConvertResult(written, rows, reading.bad_rows, time.monotonic() - began, dest.join(dest.manifest_name), manifest)
 
 
-def _shuffle(reading: _Reading, shards: ShardSet, opts: ConvertOptions, dst: str, total: int,
+def _shuffle(reading: _Reading, shards: ShardSet | TarShardSet, opts: ConvertOptions, dst: str, total: int,
              progress: ProgressFn | None) -> int:
     """NOTE [ External shuffle ] in convert_shuffle.py: scatter into buckets, then gather."""
     folder = opts.tmp_dir
@@ -219,12 +269,17 @@ def _shuffle(reading: _Reading, shards: ShardSet, opts: ConvertOptions, dst: str
         os.rmdir(tmp)
 
 
+MakeBatch = Callable[[Columns, np.ndarray, str], tuple[pa.RecordBatch, np.ndarray]]
+"""A block's columns, its rows' input positions and its file -> (batch, the positions kept)."""
+
+
 class _Reading:
     """The source read block by block, as record batches of the output schema; counts skipped rows."""
 
-    def __init__(self, source: Source, schema: pa.Schema) -> None:
+    def __init__(self, source: Source, schema: pa.Schema, make: MakeBatch | None = None) -> None:
         self.source = source
         self.schema = schema
+        self.make = make or (lambda columns, positions, _: (to_batch(columns, schema), positions))
         self.rows_read = 0
         self.bad_rows = 0
         self.bad_examples: list[dict[str, Any]] = []
@@ -238,7 +293,6 @@ class _Reading:
         start = 0
         for block in self.source.blocks():
             data = self.source.read_block(block, use_threads=True)
-            batch = to_batch(data.columns, self.schema)
             pos = np.arange(start, start + block.rows, dtype=np.int64)
             if data.bad:
                 self.bad_rows += len(data.bad)
@@ -247,6 +301,7 @@ class _Reading:
                 keep = np.ones(block.rows, bool)
                 keep[[e["at"] for e in data.bad]] = False
                 pos = pos[keep]
+            batch, pos = self.make(data.columns, pos, block.path)
             start += block.rows
             self.rows_read += block.rows
             if min_bytes <= 0:
@@ -270,7 +325,13 @@ def _concat(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
 
 def open_source(src: str | Sequence[str], opts: ConvertOptions) -> Source:
     """The reader for ``src``'s suffix with the options it takes (``columns``, ``dtypes``,
-    ``on_bad_rows``); ``columns`` a reader does not take are selected after reading."""
+    ``on_bad_rows``), or ``naiad.read_images`` for a folder of images; ``columns`` a reader does
+    not take are selected after reading."""
+    if is_image_folder(src):
+        from naiad.sources.images import read_images
+
+        assert isinstance(src, (str, os.PathLike))
+        return read_images(src, on_bad_rows=opts.on_bad_rows)
     storage = Storage(opts.storage_options)
     files = expand_paths(src, storage)
     suffixes = {_suffix(f) for f in files}
@@ -303,7 +364,7 @@ def output_schema(source: Source, columns: Sequence[str] | None) -> pa.Schema:
     for f in schema:
         if columns is not None and f.name not in columns:
             continue
-        col, t, meta = empty.get(f.name), f.type, None
+        col, t, meta = empty.get(f.name), f.type, f.metadata
         if isinstance(col, np.ndarray) and col.ndim > 1 and not pa.types.is_fixed_size_list(t):
             t = pa.list_(t, math.prod(col.shape[1:]))
             if col.ndim > 2:

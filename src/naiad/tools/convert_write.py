@@ -33,23 +33,24 @@ from naiad.sources.storage import Storage, is_remote, local_path
 
 __all__ = ["FORMATS", "Destination", "ShardInfo", "ShardSet", "format_of"]
 
-OutputFormat = Literal["parquet", "arrow"]
+OutputFormat = Literal["parquet", "arrow", "webdataset"]
 
-FORMATS: dict[str, OutputFormat] = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
-"""Destination suffix -> output format."""
+FORMATS: dict[str, OutputFormat] = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
+                                    ".tar": "webdataset"}
+"""Destination suffix -> output format (``webdataset``: tar shards of samples, convert_tar.py)."""
 
-_SUFFIX: dict[OutputFormat, str] = {"parquet": ".parquet", "arrow": ".arrow"}
+_SUFFIX: dict[OutputFormat, str] = {"parquet": ".parquet", "arrow": ".arrow", "webdataset": ".tar"}
 
 
 def format_of(dst: str, fmt: str | None) -> OutputFormat:
     """The output format: ``fmt`` if given, else from ``dst``'s suffix, else Parquet (a folder)."""
     suffix = PurePosixPath(dst.rstrip("/")).suffix.lower()
     if fmt is not None:
-        if fmt not in ("parquet", "arrow"):
-            raise ConfigError(f"`format` must be 'parquet' or 'arrow', got {fmt!r}.")
+        if fmt not in _SUFFIX:
+            raise ConfigError(f"`format` must be 'parquet', 'arrow' or 'webdataset', got {fmt!r}.")
         if suffix in FORMATS and FORMATS[suffix] != fmt:
             raise ConfigError(f"the destination {dst!r} ends in {suffix} but the format is {fmt!r}; make them agree.")
-        return fmt  # type: ignore[return-value]
+        return fmt
     return FORMATS.get(suffix, "parquet")
 
 
@@ -336,6 +337,16 @@ class ShardSet:
                     self.dest.remove(tmp)
                 except (OSError, SourceError):
                     pass
+
+
+def _is_blob(t: pa.DataType) -> bool:
+    """Bytes, a struct holding bytes (an image's ``{bytes, path}``), or a fixed-size list of
+    bytes (``--decode`` pixels)."""
+    if pa.types.is_struct(t):
+        return any(_is_blob(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_fixed_size_list(t):
+        return bool(pa.types.is_uint8(t.value_type))
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
 
 
 def _is_float(t: pa.DataType) -> bool:

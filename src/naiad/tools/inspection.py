@@ -3,7 +3,9 @@
 Files and sizes, the format and its reader, the columns with the types naiad's batches will have,
 the row count, the blocks (the unit of reading and of block shuffling) and their sizes, the first
 rows, advice on what would stream better, and an estimate of a shuffled epoch's read time from
-a short timed read of random blocks through the source. docs/CONVERT.md.
+a short timed read of random blocks through the source. For samples (tar shards, an image
+folder, a table with bytes) also their keys, extensions, image sizes and formats and the decode
+time per image (inspect_samples.py). docs/CONVERT.md.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ import pyarrow as pa
 from naiad.sources import storage
 from naiad.sources.auto import _suffix, read
 from naiad.sources.base import Block, Source
+from naiad.sources.images import ImageFolderSource, read_images
+from naiad.sources.webdataset import WebDatasetSource
 from naiad.stream.batches import default_buffer_rows
 from naiad.stream.plan import GroupTask, ReadTask, group_rows, group_tasks
+from naiad.tools.inspect_samples import inspect_samples, sample_notes
+from naiad.tools.sample_media import is_image_folder, media_format
 
 __all__ = ["InspectReport", "inspect_source"]
 
@@ -46,7 +52,9 @@ class InspectReport:
         head: the first rows, as plain values.
         epoch: the timed read: ``{"blocks_read", "rows_read", "seconds", "rows_per_s",
             "epoch_s"}``; ``epoch_s`` is the estimate for every row, in one process.
-        notes: advice (few blocks, big blocks, dictionary-encoded floats...).
+        notes: advice (few blocks, big blocks, dictionary-encoded floats, large or small images...).
+        samples: for a source with bytes (tar shards, an image folder, a table of images): keys,
+            extensions, image sizes and formats, decode times (``inspect_samples``); else None.
     """
 
     source: str
@@ -61,6 +69,7 @@ class InspectReport:
     head: list[dict[str, Any]]
     epoch: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    samples: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-able data."""
@@ -103,28 +112,41 @@ class InspectReport:
                 f"({e['rows_per_s']:,.0f} rows/s); a shuffled epoch reads in about {_duration(e['epoch_s'])} in one "
                 "process (workers divide it while reading is CPU-bound)"
             )
+        if self.samples is not None:
+            lines += _samples_summary(self.samples)
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
 def inspect_source(paths: str | Sequence[str], *, storage_options: Mapping[str, Any] | None = None,
                    head_rows: int = 5, time_budget_s: float = 1.0, max_blocks: int = 256, seed: int = 0,
-                   **reader_options: Any) -> InspectReport:
-    """Inspect ``paths`` (a file, glob or URL naiad reads): see :class:`InspectReport`.
+                   images: int = 64, max_size: int = 256, **reader_options: Any) -> InspectReport:
+    """Inspect ``paths`` (a file, glob or URL naiad reads, or a folder of images): see
+    :class:`InspectReport`.
 
     The timed read takes blocks in a seeded random order (as a shuffled epoch does) until
-    ``time_budget_s`` has passed or ``max_blocks`` were read (at least one).
+    ``time_budget_s`` has passed or ``max_blocks`` were read (at least one). For samples,
+    ``images`` random images are looked at (their headers), some of them decoded for about
+    ``time_budget_s``, and images whose longer side is at least twice ``max_size`` are also
+    timed made that small (what ``naiad convert --max-size`` would do).
 
     Raises:
         SourceError: a file cannot be found or read, naming it.
         ConfigError: no reader for the files' suffix.
     """
-    source = read(paths, storage_options=storage_options, **reader_options)
-    files: list[dict[str, Any]] = [{"path": p, "bytes": storage.size(p, store=source.storage)} for p in source.paths]
+    if is_image_folder(paths):
+        assert isinstance(paths, str)
+        source: Source = read_images(paths, **reader_options)
+    else:
+        source = read(paths, storage_options=storage_options, **reader_options)
+    if isinstance(source, ImageFolderSource):
+        files: list[dict[str, Any]] = [{"path": source.root, "bytes": source.parsed_bytes()}]
+    else:
+        files = [{"path": p, "bytes": storage.size(p, store=source.storage)} for p in source.paths]
     began = time.perf_counter()
     blocks = source.blocks()
     count_s = time.perf_counter() - began
-    suffix = _suffix(source.paths[0])
+    suffix = "images" if isinstance(source, ImageFolderSource) else _suffix(source.paths[0])
     report = InspectReport(
         source=paths if isinstance(paths, str) else ", ".join(paths),
         format=suffix.lstrip("."), reader=_reader_name(source), files=files,
@@ -133,12 +155,20 @@ def inspect_source(paths: str | Sequence[str], *, storage_options: Mapping[str, 
         epoch=_timed_read(source, blocks, time_budget_s, max_blocks, seed),
     )
     report.notes = _notes(source, report, suffix)
+    report.samples = inspect_samples(source, images=images, max_size=max_size, time_budget_s=time_budget_s, seed=seed)
+    if report.samples is not None:
+        report.notes += sample_notes(report.samples)
     return report
 
 
+_READER_NAMES = {ImageFolderSource: "read_images", WebDatasetSource: "read_webdataset"}
+
+
 def _reader_name(source: Source) -> str:
-    name = type(source).__name__.removesuffix("Source").lower()
-    return f"read_{name}"
+    for kind, name in _READER_NAMES.items():
+        if isinstance(source, kind):
+            return name
+    return f"read_{type(source).__name__.removesuffix('Source').lower()}"
 
 
 def _columns(source: Source) -> list[dict[str, Any]]:
@@ -146,10 +176,11 @@ def _columns(source: Source) -> list[dict[str, Any]]:
     out = []
     for f in source.schema():
         col = empty.get(f.name)
-        if isinstance(col, np.ndarray):
+        if isinstance(col, np.ndarray) and col.dtype != object:
             dtype, kind, shape = str(col.dtype), "tensor", ["n", *col.shape[1:]]
         else:
-            dtype = "str" if pa.types.is_string(f.type) or pa.types.is_large_string(f.type) else "object"
+            text = pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            dtype = "str" if text else ("bytes" if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) else "object")
             kind, shape = "list", ["n"]
         out.append({"name": f.name, "arrow_type": str(f.type), "dtype": dtype,
                     "shape": "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")", "batch": kind})
@@ -165,7 +196,9 @@ def _stats(values: Sequence[int]) -> dict[str, int]:
 
 def _block_sizes(source: Source, blocks: list[Block], suffix: str) -> dict[str, Any]:
     nbytes: list[int] | None = None
-    if suffix in _TEXT:
+    if isinstance(source, (WebDatasetSource, ImageFolderSource)):  # byte ranges of samples
+        nbytes = [b.stop - b.start for b in blocks]
+    elif suffix in _TEXT:
         sizes = {p: storage.size(p, store=source.storage) for p in source.paths}
         nbytes = [(b.stop if b.stop >= 0 else sizes[b.path]) - b.start for b in blocks]
     elif suffix == ".parquet":
@@ -183,7 +216,13 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (bytes, bytearray)):
-        return value.decode("utf-8", "replace")
+        found = media_format(value)
+        if found is not None:
+            return f"<{found[0]}, {len(value):,} bytes>"
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"<{len(value):,} bytes>"
     return value
 
 
@@ -245,6 +284,35 @@ def _notes(source: Source, report: InspectReport, suffix: str) -> list[str]:
         notes.append("compressed text is read as one block per file (it cannot be entered in the middle); "
                      "`naiad convert` to Parquet or Arrow streams it in blocks")
     return notes
+
+
+def _samples_summary(s: dict[str, Any]) -> list[str]:
+    lines = [f"samples: {s['samples']:,} ({s['kind']})"]
+    keys = s["keys"]
+    if keys["column"]:
+        lines.append(f"  keys ({keys['column']}): {', '.join(map(repr, keys['first']))}{', ...' if keys['first'] else ''}")
+    if s["extensions"] is not None:
+        lines.append("  extensions: " + ", ".join(f"{ext or '(none)'} {n:,}" for ext, n in s["extensions"].items()))
+    for c in s["columns"]:
+        if not c["sampled"]:
+            continue
+        w, h, b = c["width"], c["height"], c["bytes"]
+        fmts = ", ".join(f"{k} {v}" for k, v in c["formats"].items())
+        text = f"  {c['name']}: {c['sampled']} sampled: {fmts}"
+        if w["max"]:
+            modes = ", ".join(f"{k} {v}" for k, v in c["modes"].items())
+            text += (f"; width {w['min']}/{w['median']}/{w['max']}, height {h['min']}/{h['median']}/{h['max']} "
+                     f"(min/median/max); modes {modes}")
+        text += f"; bytes median {b['median']:,}"
+        lines.append(text)
+        d = c["decode"]
+        if d is not None:
+            text = f"    decode: {d['ms_per_image']:.3f} ms per image on one thread ({d['images']} timed)"
+            if d.get("max_size"):
+                m = d["max_size"]
+                text += f"; made --max-size {m['max_size']}: {m['ms_per_image']:.3f} ms ({m['speedup']:.1f}x faster)"
+            lines.append(text)
+    return lines
 
 
 def _duration(seconds: float) -> str:
