@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from naiad.order.delivered import BatchRuns, DeliveryLog, WorkerCounts
 
 
