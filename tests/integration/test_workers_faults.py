@@ -22,7 +22,14 @@ from torch.utils.data import Dataset, TensorDataset
 
 import naiad
 from naiad.parallel import WorkerContext, WorkerPool
-from tests.helpers import INTERRUPTIBLE, assert_same_batches, child_pids, settle_workers, shm_entries, started
+from tests.helpers import (
+    INTERRUPTIBLE,
+    assert_same_batches,
+    child_pids,
+    settle_workers,
+    shm_entries,
+    started,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
