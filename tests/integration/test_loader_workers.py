@@ -86,7 +86,7 @@ def test_persistent_workers_keep_processes_and_order() -> None:
         rows = torch.cat([b[0] for b in epoch])
         assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, ds.tensors[0].tolist()))
     assert len(first) == len(second) == 7
-    assert not all(torch.equal(x[0], y[0]) for x, y in zip(first, second))
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(first, second, strict=True))
     del loader
     gc.collect()
 

@@ -129,7 +129,7 @@ def test_warming_the_slots_changes_no_value_and_no_order(monkeypatch, chunk):
     monkeypatch.setattr(shuffle, "_WARM_MAX_BYTES", 0)  # none
     cold = run()
     assert len(warmed) == len(cold)
-    for a, b in zip(warmed, cold):
+    for a, b in zip(warmed, cold, strict=True):
         assert a.keys() == b.keys()
         for name in a:
             assert np.array_equal(a[name], b[name]), name
