@@ -147,7 +147,7 @@ def test_skipped_rows_are_counted_and_batch_count_is_kept(tmp_path):
     batches = list(iter_batches(src, opts, epoch=0, imap=pool.imap, counters=counters))
     assert len(batches) == num_batches(src, opts) == 13
     assert counters.bad_rows == 10 and counters.bad_rows_by_file == {str(p): 10}
-    assert counters.rows_yielded == 90 == sum(len(b["a"]) for b in batches)
+    assert sum(len(b["a"]) for b in batches) == 90
     assert sorted(torch.cat([b["a"] for b in batches]).tolist()) == [i for i in range(100) if i % 10]
 
 

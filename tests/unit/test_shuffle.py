@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from naiad.errors import ConfigError, StateError
+from naiad.errors import ConfigError
 from naiad.shuffle import (
     PERMUTATION_MIN_SLOTS,
     ShuffleBuffer,
@@ -68,18 +66,6 @@ def test_quality_of_file_order_and_of_a_uniform_shuffle():
     q = shuffle_quality(np.random.default_rng(0).permutation(n))
     assert abs(q["position_correlation"]) < 0.05 and q["neighbour_share"] < 0.01
     assert q["mean_displacement"] == pytest.approx(1 / 3, abs=0.02)
-
-
-def test_buffer_state_is_json_and_restores_the_generator():
-    buf = ShuffleBuffer(8, np.random.default_rng(1))
-    buf.push({"id": np.arange(20)})
-    state = json.loads(json.dumps(buf.get_state()))
-    assert state["version"] == 1 and state["rows_in"] == 20
-    fresh = ShuffleBuffer(8, np.random.default_rng(99))
-    fresh.set_state(state)
-    assert fresh.rng.integers(1 << 30) == buf.rng.integers(1 << 30)
-    with pytest.raises(StateError, match="capacity"):
-        ShuffleBuffer(9, np.random.default_rng(0)).set_state(state)
 
 
 def test_buffer_rejects_a_capacity_below_one():

@@ -106,11 +106,6 @@ def get_worker_context() -> WorkerContext | None:
     return getattr(_local, "context", None)
 
 
-def current_epoch() -> int | None:
-    """The epoch of the task the calling worker runs, or None outside naiad's workers."""
-    return getattr(_local, "epoch", None)
-
-
 Frame = tuple["WorkerContext | None", "int | None", "np.random.Generator | None"]
 
 

@@ -292,8 +292,7 @@ class WorkerPool:
         it = iter(tasks)
         if self._workers.backend is None:
             return PoolResults(self._imap_inline(it, prefetch, in_order, key, task_seed))
-        return PoolResults(self._drive(self._assign(it, in_order), prefetch, in_order, key,
-                                       stop_on_exhausted=False, task_seed=task_seed))
+        return PoolResults(self._drive(self._assign(it, in_order), prefetch, in_order, key, task_seed=task_seed))
 
     def _assign(self, tasks: Iterator[Any], in_order: bool = True) -> Iterator[tuple[int, Any]]:
         k = 0
@@ -357,7 +356,7 @@ class WorkerPool:
         self._workers.walk_payload = payload_for
         self._workers.ledger.start_walk(key)  # a restarted worker walks its iterator again to here
         try:
-            yield from self._drive(assign, prefetch, in_order, key, stop_on_exhausted=True, active=active)
+            yield from self._drive(assign, prefetch, in_order, key, active=active)
         finally:
             self._walking_iterators = False
             self._workers.walk_payload = None
@@ -394,8 +393,7 @@ class WorkerPool:
                 result = Failed(exc)
             yield result
             if self._active:  # resized: the workers take the rest of this pass
-                yield from self._drive(self._assign(tasks, in_order), prefetch, in_order, key,
-                                       stop_on_exhausted=False, task_seed=task_seed)
+                yield from self._drive(self._assign(tasks, in_order), prefetch, in_order, key, task_seed=task_seed)
                 return
 
     def _imap_inline_until_exhausted(self, payload_for: Callable[[int], Any], key: tuple[int, int]) -> Iterator[Any]:
@@ -415,7 +413,6 @@ class WorkerPool:
         in_order: bool,
         key: tuple[int, int],
         *,
-        stop_on_exhausted: bool,
         active: dict[int, bool] | None = None,
         task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
     ) -> Iterator[Any]:

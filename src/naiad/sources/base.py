@@ -322,10 +322,6 @@ class Source(ABC):
         worker's copy: each would hold its own)."""
         self._kept = False
 
-    def set_blocks(self, blocks: list[Block]) -> None:
-        """Install a block list computed elsewhere (e.g. in parallel, or from a cache)."""
-        self._blocks = list(blocks)
-
     def __getitem__(self, index: Any) -> Any:
         # A Source is streamed by naiad.DataLoader, never indexed; reaching here means a torch
         # DataLoader was made over it (Accelerate's prepare() or a trainer rebuilt the loader).
