@@ -1,10 +1,14 @@
-"""Shared test helpers: deep comparison of batches, process accounting."""
+"""Shared test helpers: deep comparison of batches, process accounting, child processes."""
 
 from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import numpy as np
@@ -26,7 +30,7 @@ def assert_same_batch(a: Any, b: Any, path: str = "batch") -> None:
             assert_same_batch(a[k], b[k], f"{path}[{k!r}]")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), f"{path}: length {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same_batch(x, y, f"{path}[{i}]")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
@@ -35,7 +39,7 @@ def assert_same_batch(a: Any, b: Any, path: str = "batch") -> None:
 def assert_same_batches(expected: list[Any], got: list[Any]) -> None:
     """Assert two lists of batches are the same, batch by batch."""
     assert len(expected) == len(got), f"{len(got)} batches, expected {len(expected)}"
-    for i, (a, b) in enumerate(zip(expected, got)):
+    for i, (a, b) in enumerate(zip(expected, got, strict=True)):
         assert_same_batch(a, b, f"batch {i}")
 
 
@@ -70,3 +74,49 @@ def settle_workers(before_pids: set[int], before_shm: set[str], timeout_s: float
         time.sleep(0.05)
     assert not (child_pids() - before_pids), f"workers left behind: {child_pids() - before_pids}"
     assert shm_entries() <= before_shm, f"shared memory left behind: {shm_entries() - before_shm}"
+
+
+# The first line of a child script that a test interrupts with SIGINT. Python turns SIGINT into
+# KeyboardInterrupt only where it starts with SIGINT at its default; a suite run with SIGINT
+# ignored (under nohup, or as a script's `&` job, as .ci/run does) passes the ignore on to every
+# child across exec, and the child would never see the test's Ctrl-C.
+INTERRUPTIBLE = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+_CHILD_MARKER = "NAIAD_TEST_CHILD"
+
+
+@contextmanager
+def started(args: list[str], **kwargs: Any) -> Iterator[subprocess.Popen]:
+    """``subprocess.Popen(args, **kwargs)`` whose whole process tree is killed when the block
+    ends, however it ends (a failed assert, an exception, pytest-timeout's interrupt).
+
+    The child's environment (``env=``, else this process's) gets a marker of its own, which every
+    process it starts inherits: they are found by it, reparented orphans included.
+    """
+    marker = uuid.uuid4().hex
+    kwargs["env"] = {**(kwargs.get("env") or os.environ), _CHILD_MARKER: marker}
+    from tests.processes import kill, marked
+
+    with subprocess.Popen(args, **kwargs) as proc:  # on exit: its pipes closed, itself reaped
+        try:
+            yield proc
+        finally:
+            left = kill(marked(marker, _CHILD_MARKER))
+            assert not left, f"processes that SIGKILL did not end: {left}"
+
+
+def kill_tree(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL the process ``pid`` (one this process started and has not reaped) and all its
+    descendants, and wait for them to go."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with suppress(psutil.NoSuchProcess):
+            p.kill()
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    assert not alive, f"processes that SIGKILL did not end: {alive}"

@@ -6,10 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["STAGES", "LoaderStats", "StageStats", "WaitStats"]
-
-STAGES: tuple[str, ...] = ("read", "parse", "shuffle", "collate", "transfer")
-"""The pipeline's stages in order; :class:`LoaderStats` lists these first, other names after."""
+__all__ = ["LoaderStats", "StageStats", "WaitStats"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +57,9 @@ class LoaderStats:
         rows: rows in those batches.
         elapsed_s: wall time from the start of the first wait to the end of the last step.
         wait: the training loop's time blocked in ``next()``: the *exposed* loading time.
-        stages: time per stage, pipeline stages first (:data:`STAGES`), then other names.
+        stages: time per stage, by name in alphabetical order. A loader records its workers'
+            time (inline: the time each batch takes to make) as ``"read"`` for a streaming
+            source or ``"fetch"`` for a dataset, and ``"transfer"`` with ``device=``.
         workers: set by a loader: how many workers run and why (what ``num_workers="auto"``
             chose, with the settings it measured), and the workers restarted: ``restarts`` (a
             count), ``max_restarts`` and ``restart_log`` (per restart: ``worker``, ``pid``,

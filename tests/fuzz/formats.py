@@ -32,7 +32,7 @@ def _table() -> pa.Table:
 
 def csv_bytes() -> bytes:
     t = _table().to_pydict()
-    lines = ["id,x,s"] + [f'{a},{b},"{c}"' for a, b, c in zip(t["id"], t["x"], t["s"])]
+    lines = ["id,x,s"] + [f'{a},{b},"{c}"' for a, b, c in zip(t["id"], t["x"], t["s"], strict=True)]
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -24,7 +24,7 @@ def test_device_cuda_yields_the_cpu_batches_on_the_gpu(num_workers: int) -> None
     cpu = list(naiad.DataLoader(ds, batch_size=64, shuffle=True, seed=1))
     gpu = list(naiad.DataLoader(ds, batch_size=64, shuffle=True, seed=1, device="cuda", num_workers=num_workers))
     assert len(cpu) == len(gpu)
-    for (x, y), (gx, gy) in zip(cpu, gpu):
+    for (x, y), (gx, gy) in zip(cpu, gpu, strict=True):
         assert gx.is_cuda and gy.is_cuda
         # Read on the current stream right away: the loader made it wait for the copy.
         assert torch.equal(gx.cpu(), x) and torch.equal(gy.cpu(), y)
@@ -36,7 +36,7 @@ def test_pin_memory_pins_like_torch() -> None:
         assert all(t.is_pinned() for t in batch)
     expected = list(TorchDataLoader(ds, batch_size=100, pin_memory=True))
     got = list(naiad.DataLoader(ds, batch_size=100, pin_memory=True))
-    assert all(torch.equal(a, b) for e, g in zip(expected, got) for a, b in zip(e, g))
+    assert all(torch.equal(a, b) for e, g in zip(expected, got, strict=True) for a, b in zip(e, g, strict=True))
 
 
 def test_streaming_source_to_cuda(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -68,7 +68,7 @@ def test_ledger_names_every_skipped_row(tmp_path: Any, fmt: str, workers: int) -
     stats = loader.stats()
     ledger = sorted(stats.bad_row_ledger, key=lambda e: e["line"])
     assert [e["line"] for e in ledger] == [i + first_line for i in sorted(bad)]
-    for e, i in zip(ledger, sorted(bad)):
+    for e, i in zip(ledger, sorted(bad), strict=True):
         text, column, word = bad[i]
         assert e["file"] == path and e["epoch"] == 0 and word in e["reason"], e
         assert e.get("column") == column, e

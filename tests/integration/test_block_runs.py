@@ -106,4 +106,4 @@ def test_the_coverage_dry_run_plans_the_same_runs() -> None:
         loader = naiad.DataLoader(src, batch_size=64, shuffle=True, seed=3, shuffle_buffer=BIG)
         got = [ids_of(b) for b in loader]
         assert len(got) == len(planned)
-        assert all(np.array_equal(a, b) for a, b in zip(got, planned))
+        assert all(np.array_equal(a, b) for a, b in zip(got, planned, strict=True))

@@ -63,7 +63,7 @@ def test_dry_run_takes_the_default_buffer_of_the_source_not_of_its_row_numbers(t
     loader = naiad.DataLoader(naiad.read_parquet(str(path)), batch_size=4096, shuffle=True, seed=3)
     got = [ids_of(b) for b in loader]
     planned = planned_batches(naiad.read_parquet(str(path)), Topology(1, batch_size=4096), 0, seed=3)
-    assert len(got) == len(planned) and all(np.array_equal(a, b) for a, b in zip(got, planned))
+    assert len(got) == len(planned) and all(np.array_equal(a, b) for a, b in zip(got, planned, strict=True))
     assert np.median([(b.max() - b.min()) / 180_000 for b in planned]) > 0.99  # mixed whole
 
 

@@ -94,7 +94,7 @@ def test_bench_reads_a_csv_file(tmp_path, capsys):
     path = tmp_path / "data.csv"
     rng = np.random.default_rng(0)
     rows = ["a,b,name"] + [
-        f"{x:.3f},{y},r{i}" for i, (x, y) in enumerate(zip(rng.random(500), range(500)))
+        f"{x:.3f},{y},r{i}" for i, (x, y) in enumerate(zip(rng.random(500), range(500), strict=True))
     ]
     path.write_text("\n".join(rows) + "\n")
     assert main(["bench", str(path), *SMALL, "--device", "cpu", "--train"]) == 0

@@ -114,7 +114,7 @@ def test_tar_shards_from_tar_shards_keep_every_member(tmp_path):
     assert run(str(tmp_path / "in" / "a.tar"), out) == 0
     got = wds_samples([out])
     assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
-    for g, s in zip(got, samples):
+    for g, s in zip(got, samples, strict=True):
         assert g["jpg"] == s["jpg"] and int(g["cls"]) == s["cls"] and g["txt"] == s["txt"].encode()
         assert json.loads(g["json"]) == s["json"]
 
@@ -226,7 +226,7 @@ def test_decode_stores_pixels_that_naiad_reads_back_as_uint8_b_c_h_w(tmp_path, c
     source = naiad.read_parquet(out)
     cols = source.read_block(source.blocks()[0]).columns
     assert cols["image"].dtype == np.uint8 and cols["image"].shape == (13, channels, 28, 28)
-    for key, image in zip(cols["__key__"], cols["image"]):
+    for key, image in zip(cols["__key__"], cols["image"], strict=True):
         decoded = np.asarray(Image.open(io.BytesIO(written[key])))
         expected = decoded[None] if channels == 1 else decoded.transpose(2, 0, 1)
         np.testing.assert_array_equal(image, expected)  # equal to a Pillow decode
@@ -335,5 +335,5 @@ def test_a_table_of_images_without_keys_stays_without_them_and_decodes_with_a_sh
     assert source.column_names == ["image", "label"]
     cols = source.read_block(source.blocks()[0]).columns
     assert sorted(cols["label"].tolist()) == list(range(30)) and cols["label"].tolist() != list(range(30))
-    for label, image in zip(cols["label"].tolist(), cols["image"]):
+    for label, image in zip(cols["label"].tolist(), cols["image"], strict=True):
         np.testing.assert_array_equal(image, pixels(label, 6, 7, 3).transpose(2, 0, 1))

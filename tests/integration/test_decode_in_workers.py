@@ -49,7 +49,7 @@ class EncodedImages:
 
 
 def by_sample(batches: list[dict[str, Any]]) -> dict[int, torch.Tensor]:
-    return {int(k): image for b in batches for k, image in zip(b["__index__"], b["image"])}
+    return {int(k): image for b in batches for k, image in zip(b["__index__"], b["image"], strict=True)}
 
 
 def run(loader: naiad.DataLoader, epoch: int) -> list[dict[str, Any]]:
@@ -93,5 +93,5 @@ def test_a_resumed_epoch_delivers_the_same_pixels() -> None:
         resumed.close()
     assert len(first) + len(rest) == 8
     assert [b["__index__"].tolist() for b in again] == [b["__index__"].tolist() for b in rest]
-    for a, b in zip(again, rest):
+    for a, b in zip(again, rest, strict=True):
         assert torch.equal(a["image"], b["image"])

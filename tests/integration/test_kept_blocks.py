@@ -67,9 +67,9 @@ def epochs(loader: naiad.DataLoader, n: int, counter: ParseCounter | None = None
 
 def assert_same(a: list[list[dict[str, Any]]], b: list[list[dict[str, Any]]]) -> None:
     assert len(a) == len(b)
-    for ea, eb in zip(a, b):
+    for ea, eb in zip(a, b, strict=True):
         assert len(ea) == len(eb)
-        for ba, bb in zip(ea, eb):
+        for ba, bb in zip(ea, eb, strict=True):
             assert ba.keys() == bb.keys()
             for k in ba:
                 if isinstance(ba[k], np.ndarray):
@@ -178,7 +178,7 @@ def test_changing_a_batch_in_place_does_not_reach_the_kept_rows(tmp_path: Path) 
             b["x"].zero_()
         loader.set_epoch(0)
         again = list(loader)
-        assert all(a.equal(b["id"]) for a, b in zip(first, again))
+        assert all(a.equal(b["id"]) for a, b in zip(first, again, strict=True))
         for b in again:
             x, want = b["x"].numpy(), b["id"].numpy() * 0.5
             missing = b["id"].numpy() % 50 == 0
@@ -215,12 +215,12 @@ def test_a_resume_in_a_later_epoch_reads_the_kept_rows(tmp_path: Path, monkeypat
     loader.load_state_dict(state)
     resumed = [b["id"].numpy().copy() for b in loader]
     assert counter.calls == 0  # the buffer's rows and the rest of the epoch: all kept
-    assert len(resumed) == len(rest) and all(np.array_equal(a, b) for a, b in zip(resumed, rest))
+    assert len(resumed) == len(rest) and all(np.array_equal(a, b) for a, b in zip(resumed, rest, strict=True))
     # A new process's loader (here: a new source) resumes to the same rows by parsing.
     fresh = naiad.DataLoader(naiad.read_csv(path, block_bytes=4000), batch_size=256, shuffle=True, seed=5,
                              shuffle_buffer=1000)
     fresh.load_state_dict(json.loads(json.dumps(state)))
-    assert all(np.array_equal(a, b["id"].numpy()) for a, b in zip(rest, fresh))
+    assert all(np.array_equal(a, b["id"].numpy()) for a, b in zip(rest, fresh, strict=True))
     assert counter.calls > 0
 
 

@@ -52,7 +52,7 @@ def test_streaming_ranks_split_rows_exactly_once_with_equal_steps(diabetes: str)
     ]
     assert len({len(b) for b in per_rank}) == 1  # the same number of steps on every rank
     rows = np.concatenate([_row_ids(b) for b in per_rank])
-    assert len(rows) == 5003 and len(set(map(tuple, rows))) == len(set(map(tuple, _row_ids(list(naiad.DataLoader(src, batch_size=5003))))))
+    assert sorted(map(tuple, rows)) == sorted(map(tuple, _row_ids(list(naiad.DataLoader(src, batch_size=5003)))))
 
 
 def test_streaming_rejects_map_style_arguments(diabetes: str) -> None:
@@ -95,8 +95,8 @@ def test_state_dict_resumes_mid_epoch_exactly(diabetes: str, kind: str, num_work
     resumed.load_state_dict(state)
     got_rest, got_after = list(resumed), list(resumed)
     assert len(got_rest) == len(rest)
-    assert all(torch.equal(key(a), key(b)) for a, b in zip(rest, got_rest))
-    assert all(torch.equal(key(a), key(b)) for a, b in zip(after, got_after))
+    assert all(torch.equal(key(a), key(b)) for a, b in zip(rest, got_rest, strict=True))
+    assert all(torch.equal(key(a), key(b)) for a, b in zip(after, got_after, strict=True))
 
 
 def test_load_state_dict_refuses_another_seed_or_length() -> None:
@@ -150,7 +150,7 @@ def test_map_style_ranks_every_index_once_equal_steps(shuffle: bool, drop_last: 
     kwargs: dict[str, Any] = dict(batch_size=10, shuffle=shuffle, drop_last=drop_last, seed=4 if shuffle else None)
     loaders = [naiad.DataLoader(ds, rank=r, world_size=4, **kwargs) for r in range(4)]
     outs = [list(loader) for loader in loaders]
-    assert len({len(o) for o in outs}) == 1 and all(len(o) == len(loader) for o, loader in zip(outs, loaders))
+    assert len({len(o) for o in outs}) == 1 and all(len(o) == len(loader) for o, loader in zip(outs, loaders, strict=True))
     seen = torch.cat([b[0] for o in outs for b in o]).tolist()
     assert len(seen) == len(set(seen))  # never repeated
     if drop_last:
@@ -161,7 +161,7 @@ def test_map_style_ranks_every_index_once_equal_steps(shuffle: bool, drop_last: 
     if shuffle:
         assert seen != sorted(seen)
         again = [list(naiad.DataLoader(ds, rank=r, world_size=4, **kwargs)) for r in range(4)]
-        assert all(torch.equal(a[0], b[0]) for o, p in zip(outs, again) for a, b in zip(o, p))
+        assert all(torch.equal(a[0], b[0]) for o, p in zip(outs, again, strict=True) for a, b in zip(o, p, strict=True))
 
 
 def test_map_style_ranks_need_a_shared_order() -> None:
@@ -184,7 +184,7 @@ def test_map_style_ranks_resume_mid_epoch() -> None:
     resumed = make()
     resumed.load_state_dict(state)
     got = list(resumed)
-    assert len(got) == len(rest) and all(torch.equal(a[0], b[0]) for a, b in zip(rest, got))
+    assert len(got) == len(rest) and all(torch.equal(a[0], b[0]) for a, b in zip(rest, got, strict=True))
 
 
 def test_resume_after_skipped_bad_rows_is_exact(tmp_path: Any) -> None:

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 import naiad
-from tests.helpers import assert_same_batches, child_pids, shm_entries
+from tests.helpers import INTERRUPTIBLE, assert_same_batches, child_pids, shm_entries, started
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,7 +86,7 @@ def test_persistent_workers_keep_processes_and_order() -> None:
         rows = torch.cat([b[0] for b in epoch])
         assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, ds.tensors[0].tolist()))
     assert len(first) == len(second) == 7
-    assert not all(torch.equal(x[0], y[0]) for x, y in zip(first, second))
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(first, second, strict=True))
     del loader
     gc.collect()
 
@@ -235,7 +235,7 @@ def test_timeout_raises_instead_of_hanging() -> None:
     assert time.monotonic() - t0 < 3
 
 
-CTRL_C_SCRIPT = textwrap.dedent(
+CTRL_C_SCRIPT = INTERRUPTIBLE + textwrap.dedent(
     """
     import os, sys, time
     sys.path.insert(0, {root!r})
@@ -255,39 +255,34 @@ CTRL_C_SCRIPT = textwrap.dedent(
 def test_ctrl_c_stops_cleanly_without_orphans() -> None:
     import psutil
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_SCRIPT.format(root=ROOT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None
-    workers = [int(p) for p in proc.stdout.readline().split()]
-    assert len(workers) >= 2
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err
-    assert err.count("Traceback") == 1, err  # the main process's only: workers stay quiet
-    deadline = time.monotonic() + 10
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers):
-        assert time.monotonic() < deadline, "worker outlived the interrupted training process"
-        time.sleep(0.05)
+    with started([sys.executable, "-c", CTRL_C_SCRIPT.format(root=ROOT)], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True, cwd=ROOT) as proc:
+        assert proc.stdout is not None
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) >= 2
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode != 0 and "KeyboardInterrupt" in err
+        assert err.count("Traceback") == 1, err  # the main process's only: workers stay quiet
+        deadline = time.monotonic() + 10
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers):
+            assert time.monotonic() < deadline, "worker outlived the interrupted training process"
+            time.sleep(0.05)
 
 
 def test_workers_exit_when_parent_is_killed() -> None:
     import psutil
 
     script = CTRL_C_SCRIPT.format(root=ROOT)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    assert proc.stdout is not None
-    workers = [int(p) for p in proc.stdout.readline().split()]
-    proc.kill()
-    proc.wait(timeout=10)
-    deadline = time.monotonic() + 15
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers):
-        assert time.monotonic() < deadline, "orphaned worker kept running"
-        time.sleep(0.1)
+    with started([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT) as proc:
+        assert proc.stdout is not None
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers):
+            assert time.monotonic() < deadline, "orphaned worker kept running"
+            time.sleep(0.1)
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])

@@ -43,7 +43,7 @@ def test_read_ahead_changes_nothing_but_where_blocks_are_read(tmp_path: Path) ->
         assert info["num_workers"] == 0 and info.get("read_ahead", 0) == ahead
     for ahead in (1, 2, 3):
         assert len(runs[ahead]) == len(runs[0])
-        assert all(np.array_equal(a, b) for a, b in zip(runs[ahead], runs[0]))
+        assert all(np.array_equal(a, b) for a, b in zip(runs[ahead], runs[0], strict=True))
     assert seen == {threading.current_thread().name}  # the transform stays in the training thread
 
 
@@ -266,9 +266,9 @@ def test_the_default_reads_inline_when_a_cpu_bound_step_fills_the_cores(tmp_path
     assert info["read_ahead"] == 0 and "reading inline" in info["reason"], info
     inline = naiad.DataLoader(naiad.read_csv(path), batch_size=256, shuffle=True, seed=0, shuffle_buffer=8192, read_ahead=0)
     want = batches(inline)
-    assert len(first) == len(want) and all(np.array_equal(x, y) for x, y in zip(first, want))
+    assert len(first) == len(want) and all(np.array_equal(x, y) for x, y in zip(first, want, strict=True))
 
     idle, first = _run_until_decided(path, None)
     info = idle.stats().workers
     assert info["read_ahead"] == default_read_ahead() and "leaves cores free" in info["reason"], info
-    assert all(np.array_equal(x, y) for x, y in zip(first, want))
+    assert all(np.array_equal(x, y) for x, y in zip(first, want, strict=True))

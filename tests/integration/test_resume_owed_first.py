@@ -188,6 +188,6 @@ def test_a_buffer_big_enough_for_the_keyed_permutation_resumes_exactly(tmp_path,
         for k in (1, 17, len(full) // 2, len(full) - 3):
             rest = [ids_of(b) for b in iter_batches(src, opts, epoch=1, imap=pool.imap, state=_state_after(src, opts, k, pool.imap))]
             assert len(rest) == len(full) - k
-            assert all(np.array_equal(a, b) for a, b in zip(rest, full[k:])), k
+            assert all(np.array_equal(a, b) for a, b in zip(rest, full[k:], strict=True)), k
     finally:
         pool.close()

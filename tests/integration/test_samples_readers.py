@@ -403,7 +403,7 @@ def test_parquet_written_by_datasets_with_embedded_images_reads_as_bytes(tmp_pat
     src = naiad.read_parquet(tmp_path / "embedded.parquet")
     assert src.schema().field("image").type == pa.binary()
     batches = list(naiad.DataLoader(src, batch_size=4, shuffle=True, seed=0))
-    got = {int(lbl): img for b in batches for lbl, img in zip(b["label"], b["image"])}
+    got = {int(lbl): img for b in batches for lbl, img in zip(b["label"], b["image"], strict=True)}
     assert sorted(got) == list(range(9))
     for k, data in got.items():
         assert isinstance(data, bytes) and np.asarray(Image.open(io.BytesIO(data))).shape == (4 + k, 4, 3)
@@ -456,7 +456,7 @@ def test_arrow_files_with_media_structs_and_binary_columns_read_as_bytes(tmp_pat
     src = naiad.read_arrow(tmp_path / "t.arrow")
     assert src.sample_bytes() is not None
     batches = list(naiad.DataLoader(src, batch_size=4, shuffle=True, seed=1, shuffle_buffer=5))
-    got = {int(k): (img, raw) for b in batches for k, img, raw in zip(b["k"], b["image"], b["raw"])}
+    got = {int(k): (img, raw) for b in batches for k, img, raw in zip(b["k"], b["image"], b["raw"], strict=True)}
     assert sorted(got) == list(range(10))
     for k, (img, raw) in got.items():
         assert raw == bytes([k]) * k and np.asarray(Image.open(io.BytesIO(img)))[0, 0, 0] == k

@@ -142,7 +142,7 @@ def test_skipped_rows_are_counted_and_batch_count_is_kept(tmp_path):
     batches = list(iter_batches(src, opts, epoch=0, imap=pool.imap, counters=counters))
     assert len(batches) == num_batches(src, opts) == 13
     assert counters.bad_rows == 10 and counters.bad_rows_by_file == {str(p): 10}
-    assert counters.rows_yielded == 90 == sum(len(b["a"]) for b in batches)
+    assert sum(len(b["a"]) for b in batches) == 90
     assert sorted(torch.cat([b["a"] for b in batches]).tolist()) == [i for i in range(100) if i % 10]
 
 
@@ -170,7 +170,7 @@ def test_resume_mid_epoch_gives_the_same_remaining_batches(tmp_path, fmt, shuffl
     for k in sorted({0, 1, min(5, len(full)), max(len(full) - 1, 0), len(full)}):
         rest = _resumed_after(k, src, opts, 2, pool)
         assert len(rest) == len(full) - k
-        for a, b in zip(rest, full[k:]):
+        for a, b in zip(rest, full[k:], strict=True):
             assert np.array_equal(a, b)
 
 
@@ -199,10 +199,13 @@ def test_set_state_resumes_and_is_refused_once_started(tmp_path):
     head = [ids_of(next(first)) for _ in range(3)]
     resumed = iter_batches(src, opts, epoch=0, imap=pool.imap)
     resumed.set_state(first.get_state())
-    assert np.array_equal(ids_of(next(resumed)), ids_of(next(first)))
+    got = [ids_of(next(resumed))]
     with pytest.raises(StateError, match="after iteration started"):
         resumed.set_state(first.get_state())
-    assert len(head) == 3
+    got += [ids_of(b) for b in resumed]
+    rest = [ids_of(b) for b in first]
+    assert [b.tolist() for b in got] == [b.tolist() for b in rest]
+    assert sorted(np.concatenate(head + rest).tolist()) == list(range(40))
 
 
 def test_resume_rejects_another_seed_or_other_data(tmp_path):
@@ -232,13 +235,16 @@ def test_breaking_out_of_an_epoch_leaves_the_pool_usable(tmp_path):
 
 
 def test_rank_and_world_size_come_from_torch_distributed_when_initialised(tmp_path, monkeypatch):
+    # The environment (torchrun's RANK, WORLD_SIZE) is not read: as given, else torch.distributed's.
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert StreamOptions(batch_size=2).topology() == (0, 1)
     monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
     assert StreamOptions(batch_size=2).topology() == (1, 3)
     assert StreamOptions(batch_size=2, rank=0, world_size=1).topology() == (0, 1)
-    assert os.environ.get("RANK") is None or True
 
 
 @pytest.mark.timeout(120)

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from tests.conftest_stream import write_numbered
+from tests.helpers import kill_tree
 
 
 def _rank_main(rank: int, world_size: int, init_file: str, paths: list[str], out: str) -> None:
@@ -50,13 +51,15 @@ def test_ddp_ranks_take_equal_steps_and_every_row_once(tmp_path):
         ctx.Process(target=_rank_main, args=(r, 2, str(tmp_path / "init"), paths, outs[r]))
         for r in range(2)
     ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=100)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=100)
+    finally:  # a rank that hangs (or a test timeout): the ranks end, with their workers
+        for p in procs:
+            if p.pid is not None and p.exitcode is None:
+                kill_tree(p.pid)
     assert [p.exitcode for p in procs] == [0, 0]
     results = [json.load(open(o)) for o in outs]
     assert results[0]["steps"] == results[1]["steps"] == 10

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -79,7 +81,14 @@ def test_elastic_resume_reads_only_a_window_not_the_epoch_again(tmp_path):
     for _ in range(10):
         next(s)
     state = s.get_state()
-    resumed = iter_batches(src, _options(True, 0, 1, 0, 16, 20, False), epoch=0, imap=pool.imap, state=state)
+    read = []  # the rows of every read the resumed stream asks the pool for
+
+    def counting_imap(tasks: Any) -> Iterator[Any]:
+        for columns, bad in pool.imap(tasks):
+            read.append(len(next(iter(columns.values()))) if columns else 0)
+            yield columns, bad
+
+    resumed = iter_batches(src, _options(True, 0, 1, 0, 16, 20, False), epoch=0, imap=counting_imap, state=state)
     rows = sum(len(ids_of(b)) for b in resumed)
     assert rows == 500 - 2 * 160
-    assert resumed.counters.rows_read < 250
+    assert 0 < sum(read) < 250

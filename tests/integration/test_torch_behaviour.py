@@ -323,7 +323,7 @@ def test_with_a_worker_init_fn_worker_draws_equal_torchs(init: Callable[[int], N
         loader = loader_class(Draws(), batch_size=2, num_workers=2, worker_init_fn=init, persistent_workers=persistent)
         outs.append([torch.cat(list(loader)) for _ in range(2)])  # two epochs
     torch_epochs, naiad_epochs = outs
-    for a, b in zip(torch_epochs, naiad_epochs):
+    for a, b in zip(torch_epochs, naiad_epochs, strict=True):
         assert torch.equal(a, b)
     if init is seed_everything and not persistent:
         assert torch.equal(naiad_epochs[0], naiad_epochs[1])  # the user's seeds, every epoch

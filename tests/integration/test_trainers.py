@@ -30,20 +30,22 @@ RUN_TIMEOUT_S = 150
 
 @pytest.fixture
 def jobs():
+    """Launched jobs; whatever of them is still running when the test ends is killed: a job
+    that exited (a crash the test asked for) may have left ranks behind."""
     launched: list[Job] = []
     yield launched
     for job in launched:
-        if job.proc.poll() is None:
-            _kill_job(job)
+        _kill_job(job)
 
 
 def _run(jobs: list[Job], out: Path, cmd: list[str], expect: int = 0) -> str:
     out.mkdir(parents=True, exist_ok=True)
     output = out / f"run-{uuid.uuid4().hex[:6]}.out"
+    marker = uuid.uuid4().hex  # finds the job's ranks, whatever session or parent they have
     with open(output, "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(uuid.uuid4().hex), stdout=f, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(marker), stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    job = Job(proc, "", output)
+    job = Job(proc, marker, output)
     jobs.append(job)
     try:
         rc = proc.wait(timeout=RUN_TIMEOUT_S)

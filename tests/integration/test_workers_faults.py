@@ -22,7 +22,14 @@ from torch.utils.data import Dataset, TensorDataset
 
 import naiad
 from naiad.parallel import WorkerContext, WorkerPool
-from tests.helpers import assert_same_batches, child_pids, settle_workers, shm_entries
+from tests.helpers import (
+    INTERRUPTIBLE,
+    assert_same_batches,
+    child_pids,
+    settle_workers,
+    shm_entries,
+    started,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -167,7 +174,7 @@ def test_worker_local_factory_error_is_a_start_up_error() -> None:
     assert "while starting" in "\n".join(info.value.__notes__)
 
 
-CTRL_C_SCRIPT = """
+CTRL_C_SCRIPT = INTERRUPTIBLE + """
 import sys
 sys.path.insert(0, {root!r})
 from naiad.parallel import WorkerPool
@@ -195,17 +202,18 @@ def slow_factory(context: WorkerContext) -> Any:
 def test_ctrl_c_stops_threads_and_resized_pools_cleanly(mode: str, workers: int, resize: int) -> None:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = CTRL_C_SCRIPT.format(root=root, mode=mode, workers=workers, resize=resize)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "running"
-    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err and err.count("Traceback") == 1, err
-    deadline = time.monotonic() + 10
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in children):
-        assert time.monotonic() < deadline, "a worker outlived the interrupted process"
-        time.sleep(0.05)
+    with started([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 cwd=root) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode != 0 and "KeyboardInterrupt" in err and err.count("Traceback") == 1, err
+        deadline = time.monotonic() + 10
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in children):
+            assert time.monotonic() < deadline, "a worker outlived the interrupted process"
+            time.sleep(0.05)
 
 
 @pytest.mark.timeout(60)

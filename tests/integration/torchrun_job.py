@@ -54,7 +54,7 @@ def write_data(directory: str, sizes: Sequence[int]) -> list[str]:
         path = os.path.join(directory, f"part-{k:02d}.csv")
         with open(path, "w") as f:
             f.write("id," + ",".join(FEATURES) + ",label\n")
-            for i, x, y in zip(ids, feats, label):
+            for i, x, y in zip(ids, feats, label, strict=True):
                 f.write(f"{i}," + ",".join(f"{v:.6f}" for v in x) + f",{y:.6f}\n")
         paths.append(path)
     return paths

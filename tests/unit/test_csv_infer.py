@@ -36,7 +36,7 @@ def reference_types(sample: bytes, names: list[str]) -> pa.Schema:
     parse = pacsv.ParseOptions(invalid_row_handler=_skip_row)
     as_text = pacsv.read_csv(pa.py_buffer(sample), read_options=read, parse_options=parse,
                              convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names}))
-    numeric = _numeric_types(list(zip(names, as_text.columns)))
+    numeric = _numeric_types(list(zip(names, as_text.columns, strict=True)))
     others = pacsv.read_csv(pa.py_buffer(sample), read_options=read, parse_options=parse,
                             convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in numeric})).schema
     own = pacsv.read_csv(pa.py_buffer(sample), read_options=read, parse_options=parse).schema

@@ -86,7 +86,7 @@ def test_whole_clips_without_seconds_come_as_a_list_of_their_own_lengths() -> No
     clips = [ramp(n) for n in (100, 16000, 3)]
     x = naiad.decode_audio("audio")({"audio": [encode(c, rate, "FLAC") for c in clips]})["audio"]
     assert [tuple(t.shape) for t in x] == [(100,), (16000,), (3,)]
-    assert all(np.array_equal(t.numpy(), c) for t, c in zip(x, clips))
+    assert all(np.array_equal(t.numpy(), c) for t, c in zip(x, clips, strict=True))
 
 
 def test_resampling_keeps_a_tone_and_its_length() -> None:

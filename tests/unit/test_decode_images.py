@@ -147,7 +147,7 @@ def test_resize_shorter_side_without_size_keeps_each_image_its_own_size(decoder:
     out = naiad.decode_images("image", resize=256)({"image": datas})["image"]
     assert isinstance(out, list)
     assert [tuple(t.shape) for t in out] == [(3, 256, 341), (3, 640, 256), (3, 256, 256)]
-    for data, got in zip(datas, out):
+    for data, got in zip(datas, out, strict=True):
         im = Image.open(io.BytesIO(data)).convert("RGB")
         ref = torch.from_numpy(np.array(im.resize((got.shape[2], got.shape[1]), Image.BILINEAR))).permute(2, 0, 1)
         assert mean_abs_diff(got, ref) < 0.05
@@ -267,8 +267,8 @@ def test_random_crop_is_keyed_by_sample_not_batch_composition_or_threads(decoder
     other_seed = naiad.decode_images("image", crop="random", size=48, flip=True, seed=6)(
         {"image": datas, "__index__": keys, "__epoch__": 2}
     )["image"]
-    assert sum(not torch.equal(a, b) for a, b in zip(whole, other_epoch)) >= 6
-    assert sum(not torch.equal(a, b) for a, b in zip(whole, other_seed)) >= 6
+    assert sum(not torch.equal(a, b) for a, b in zip(whole, other_epoch, strict=True)) >= 6
+    assert sum(not torch.equal(a, b) for a, b in zip(whole, other_seed, strict=True)) >= 6
 
 
 def test_epoch_from_the_batch_field_or_set_epoch_agree() -> None:
@@ -305,7 +305,7 @@ def test_flip_mirrors_about_half_the_samples_keyed() -> None:
     plain = naiad.decode_images("image", resize=48, crop="center", size=48)(batch)["image"][0]
     flipped = naiad.decode_images("image", resize=48, crop="center", size=48, flip=True, seed=0)(batch)["image"]
     mirrored = [bool(torch.equal(x, plain.flip(-1))) for x in flipped]
-    assert all(m or torch.equal(x, plain) for m, x in zip(mirrored, flipped))
+    assert all(m or torch.equal(x, plain) for m, x in zip(mirrored, flipped, strict=True))
     assert 16 <= sum(mirrored) <= 48
     expected = [sample_uniforms(0, 0, k, geometry.RRC_DRAWS + 1)[geometry.RRC_DRAWS] < 0.5 for k in range(n)]
     assert mirrored == expected
@@ -359,7 +359,7 @@ def test_every_input_kind_converts_to_the_mode_as_pillow_does(decoder: str, mode
     inputs = _inputs()
     out = naiad.decode_images("image", mode=mode)({"image": list(inputs.values())})["image"]
     channels = {"RGB": 3, "L": 1, "RGBA": 4}[mode]
-    for (name, data), got in zip(inputs.items(), out):
+    for (name, data), got in zip(inputs.items(), out, strict=True):
         expected = _pillow_converted(data, mode)
         assert got.shape == (channels, 48, 64), name
         # JPEG: libjpeg-turbo converts colour spaces itself (gray as Y rather than Pillow's

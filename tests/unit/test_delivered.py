@@ -3,6 +3,8 @@ are the set delivered, and a log gives the set after any number of deliveries th
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,7 +24,7 @@ def test_batch_runs_hold_exactly_the_batches_added(order: list[int], k: int) -> 
     assert runs.prefix == prefix
     # Sorted, apart, after the prefix: the form a state stores and reads back.
     beyond = runs.beyond()
-    assert all(a < b for a, b in beyond) and all(b1 < a2 for (_, b1), (a2, _) in zip(beyond, beyond[1:]))
+    assert all(a < b for a, b in beyond) and all(b1 < a2 for (_, b1), (a2, _) in itertools.pairwise(beyond))
     assert all(a > prefix for a, _ in beyond)
     assert BatchRuns.of(prefix, beyond).runs == runs.runs
 

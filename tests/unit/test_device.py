@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 import traceback
@@ -70,7 +71,7 @@ def test_batches_come_in_source_order():
     batches = [torch.arange(3) + 10 * i for i in range(50)]
     out = list(DevicePrefetcher(batches, "cpu", depth=3))
     assert len(out) == 50
-    for got, want in zip(out, batches):
+    for got, want in zip(out, batches, strict=True):
         assert got is want  # device="cpu": no copy at all
 
 
@@ -81,7 +82,7 @@ def test_same_batches_as_the_wrapped_torch_dataloader():
     ours = list(DevicePrefetcher(loader, "cpu"))
     theirs = list(loader)
     assert len(ours) == len(theirs) == len(loader)
-    for (a, b), (c, d) in zip(ours, theirs):
+    for (a, b), (c, d) in zip(ours, theirs, strict=True):
         assert torch.equal(a, c) and torch.equal(b, d)
 
 
@@ -154,16 +155,28 @@ def test_move_to_device_walks_containers():
     assert type(out) is Pair and out.y == "s"
 
 
+def waiting_for_a_slot(thread: threading.Thread) -> bool:
+    """True while ``thread`` (a prefetch thread) waits for the consumer to free a slot: its
+    innermost frames are a semaphore's ``acquire`` called from the producer loop."""
+    frame = sys._current_frames().get(thread.ident)  # type: ignore[arg-type]
+    names = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return "acquire" in names[:3] and "_produce" in names
+
+
 @pytest.mark.timeout(30)
 def test_depth_bounds_the_batches_taken_ahead_of_the_consumer():
+    # Not "sleep, then see that nothing more was taken" (which passes whenever the thread is
+    # slow): wait until the thread is seen blocked for a slot, then count what it took.
     source = CountingSource()
     it = iter(DevicePrefetcher(source, "cpu", depth=3))
-    assert wait_until(lambda: source.taken == 3)
-    time.sleep(0.2)  # several poll periods: it must not run further ahead
+    (thread,) = prefetch_threads()
+    assert wait_until(lambda: source.taken >= 3 and waiting_for_a_slot(thread))
     assert source.taken == 3
     next(it)
-    assert wait_until(lambda: source.taken == 4)
-    time.sleep(0.2)
+    assert wait_until(lambda: source.taken >= 4 and waiting_for_a_slot(thread))
     assert source.taken == 4
     it.close()
 

@@ -26,7 +26,7 @@ class ToySource(naiad.Source):
         # No files: each part's name stands for a path (in the plan and in error messages).
         self.paths = [f"toy-part-{i}" for i in range(len(parts))]
         self.on_bad_rows = "raise"
-        self.parts = dict(zip(self.paths, parts))
+        self.parts = dict(zip(self.paths, parts, strict=True))
         self.block_rows = block_rows
         self.reads: Counter[Block] = Counter()  # this copy's calls of _read, per block
 

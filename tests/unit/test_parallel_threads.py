@@ -67,7 +67,7 @@ def test_threaded_exchange_gives_exactly_the_serial_result(monkeypatch: pytest.M
     monkeypatch.setattr(shuffle_module, "_SPLIT_MIN_VALUES", 1 << 62)
     serial = _shuffle(10, 200_000)
     assert len(threaded) == len(serial)
-    for a, b in zip(threaded, serial):
+    for a, b in zip(threaded, serial, strict=True):
         assert list(a) == list(b) == [f"c{i}" for i in range(10)]  # column order kept
         for k in a:
             assert np.array_equal(a[k], b[k])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ def test_groups_keep_the_reads_in_order_within_limits(reads: list[ReadTask], max
             assert len(t.reads) > 1 and t.rows <= max_rows
             assert sum(r.rows * 10 for r in t.reads) <= max_bytes
     # Greedy: a group ends only where the next read would take it past a bound.
-    for t, after in zip(tasks, tasks[1:]):
+    for t, after in pairwise(tasks):
         mine = t.reads if isinstance(t, GroupTask) else (t,)
         nxt = (after.reads if isinstance(after, GroupTask) else (after,))[0]
         assert sum(r.rows for r in mine) + nxt.rows > max_rows or sum(r.rows * 10 for r in (*mine, nxt)) > max_bytes

@@ -53,7 +53,7 @@ def test_members_group_into_samples_as_webdataset_groups_them(tmp_path: Path) ->
     assert (index.offsets >= 0).astype(int).tolist() == [[1, 1, 1], [1, 0, 0], [0, 1, 0]]
     data = (tmp_path / "s.tar").read_bytes()
     j = index.ext_row("jpg")
-    assert [data[o:o + n] for o, n in zip(index.offsets[j], index.sizes[j])] == [b"A" * 700, b"B", b"again"]
+    assert [data[o:o + n] for o, n in zip(index.offsets[j], index.sizes[j], strict=True)] == [b"A" * 700, b"B", b"again"]
 
 
 def test_a_stored_index_that_lies_is_walked_again(tmp_path: Path) -> None:

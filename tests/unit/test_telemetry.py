@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from naiad.errors import ConfigError
-from naiad.telemetry import STAGES, LoaderStats, Telemetry
+from naiad.telemetry import LoaderStats, Telemetry
 
 REL = 2 ** (1 / 64) - 1 + 1e-12  # the histogram's bound on a percentile's relative error
 
@@ -126,7 +126,7 @@ def test_elapsed_runs_from_the_first_wait_to_the_last_step():
     assert s.wait_fraction == pytest.approx(1.0, abs=0.1)
 
 
-def test_stages_accumulate_and_list_pipeline_stages_first():
+def test_stages_accumulate_and_list_by_name():
     tel = Telemetry()
     tel.add("zeta", 1.0)
     tel.add("transfer", 0.5, count=2)
@@ -137,11 +137,10 @@ def test_stages_accumulate_and_list_pipeline_stages_first():
     t0 = tel.begin()
     tel.end("collate", t0)
     s = tel.stats()
-    assert list(s.stages) == ["read", "collate", "transfer", "zeta"]
+    assert list(s.stages) == ["collate", "read", "transfer", "zeta"]  # by name
     assert s.stages["read"].seconds == 0.5 and s.stages["read"].count == 4
     assert s.stages["read"].mean_s == 0.125
     assert s.stages["collate"].count == 2
-    assert set(STAGES) >= {"read", "parse", "shuffle", "collate", "transfer"}
 
 
 @pytest.mark.timeout(60)

@@ -236,9 +236,8 @@ class IndexPlan:
     ``recipe`` says how a random order was drawn (see :func:`epoch_order`), for a resume.
     """
 
-    def __init__(self, batches: Iterator[Any], vectorized: bool, recipe: dict[str, Any] | None = None) -> None:
+    def __init__(self, batches: Iterator[Any], recipe: dict[str, Any] | None = None) -> None:
         self.batches = batches
-        self.vectorized = vectorized
         self.recipe = recipe
 
     def __iter__(self) -> Iterator[Any]:
@@ -260,18 +259,18 @@ def plan_batches(batch_sampler: Any, sampler: Any, auto_collation: bool) -> Inde
     """
     if auto_collation:
         if type(batch_sampler) is ShardedBatchSampler:
-            return IndexPlan(batch_sampler.batches(), True)
+            return IndexPlan(batch_sampler.batches())
         if type(batch_sampler) is BatchSampler:
             indices, recipe = _sampler_indices(batch_sampler.sampler)
             if indices is not None:
                 if batch_sampler.batch_size <= 0:
                     raise ConfigError(f"`batch_size` must be >= 1, got {batch_sampler.batch_size}.")
-                return IndexPlan(_slices(indices, batch_sampler.batch_size, batch_sampler.drop_last), True, recipe)
-        return IndexPlan(iter(batch_sampler), False)
+                return IndexPlan(_slices(indices, batch_sampler.batch_size, batch_sampler.drop_last), recipe)
+        return IndexPlan(iter(batch_sampler))
     indices, recipe = _sampler_indices(sampler)
     if indices is not None:
-        return IndexPlan(iter(indices.tolist()), True, recipe)
-    return IndexPlan(iter(sampler), False)
+        return IndexPlan(iter(indices.tolist()), recipe)
+    return IndexPlan(iter(sampler))
 
 
 def _sampler_indices(sampler: Any) -> tuple[np.ndarray | None, dict[str, Any] | None]:

@@ -327,7 +327,7 @@ class WorkerPool:
         if self._workers.backend is None:
             return PoolResults(self._imap_inline(it, prefetch, in_order, key, task_seed, on_deliver))
         return PoolResults(self._drive(self._assign(it, in_order), prefetch, in_order, key,
-                                       stop_on_exhausted=False, task_seed=task_seed, on_deliver=on_deliver))
+                                       task_seed=task_seed, on_deliver=on_deliver))
 
     def _assign(self, tasks: Iterator[Any], in_order: bool = True) -> Iterator[tuple[int, Any]]:
         k = 0
@@ -401,7 +401,7 @@ class WorkerPool:
         self._workers.walk_payload = payload_for
         self._workers.ledger.start_walk(key)  # a restarted worker walks its iterator again to here
         try:
-            yield from self._drive(assign, prefetch, in_order, key, stop_on_exhausted=True, active=active,
+            yield from self._drive(assign, prefetch, in_order, key, active=active,
                                    on_deliver=on_deliver)
         finally:
             if self._workers.ledger.walk_key == key:  # not a later walk's (a walk ends the one before)
@@ -444,7 +444,7 @@ class WorkerPool:
             yield result
             if self._active:  # resized: the workers take the rest of this pass
                 yield from self._drive(self._assign(tasks, in_order), prefetch, in_order, key,
-                                       stop_on_exhausted=False, task_seed=task_seed, on_deliver=on_deliver)
+                                       task_seed=task_seed, on_deliver=on_deliver)
                 return
 
     def _imap_inline_until_exhausted(self, payload_for: Callable[[int], Any], key: tuple[int, int],
@@ -468,7 +468,6 @@ class WorkerPool:
         in_order: bool,
         key: tuple[int, int],
         *,
-        stop_on_exhausted: bool,
         active: dict[int, bool] | None = None,
         task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
         on_deliver: OnDeliver | None = None,

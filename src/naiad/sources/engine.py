@@ -188,10 +188,6 @@ class BlockEngine(SourceFormat):
         worker's copy: each would hold its own)."""
         self._kept = False
 
-    def set_blocks(self, blocks: list[Block]) -> None:
-        """Install a block list computed elsewhere (e.g. in parallel, or from a cache)."""
-        self._blocks = list(blocks)
-
     def local_bytes(self) -> int | None:
         """The bytes of the source's files together when they are all local (a ``stat`` each,
         once), else None (a remote object's size may cost a request). What the default block

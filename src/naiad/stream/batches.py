@@ -48,10 +48,7 @@ from naiad.stream.early import EarlyReads, big_enough
 from naiad.stream.ledger import BadRowLedger, BadRowTracker
 from naiad.stream.plan import (
     TAG_BUFFER,
-    GroupTask,
     RankPlan,
-    RestoreTask,
-    Task,
     block_runs,
     group_rows,
     group_tasks,
@@ -199,20 +196,12 @@ class StreamOptions:
 
 @dataclass
 class StreamCounters:
-    """What a stream has done, for the loader's stats; updated in the calling process.
+    """What a stream records for the loader's stats; updated in the calling process.
 
     Attributes:
-        blocks_read: read tasks completed.
-        rows_read: rows that came back from the workers.
-        rows_yielded: rows in yielded batches.
-        batches: batches yielded.
         ledger: the rows skipped by ``on_bad_rows="skip"`` in yielded batches.
     """
 
-    blocks_read: int = 0
-    rows_read: int = 0
-    rows_yielded: int = 0
-    batches: int = 0
     ledger: BadRowLedger = field(default_factory=BadRowLedger)
 
     @property
@@ -224,14 +213,6 @@ class StreamCounters:
     def bad_rows_by_file(self) -> dict[str, int]:
         """Rows skipped, per file."""
         return self.ledger.by_file()
-
-    def as_dict(self) -> dict[str, Any]:
-        """The counters as plain data."""
-        return {
-            "blocks_read": self.blocks_read, "rows_read": self.rows_read,
-            "rows_yielded": self.rows_yielded, "batches": self.batches,
-            "bad_rows": self.bad_rows, "bad_rows_by_file": dict(self.bad_rows_by_file),
-        }
 
 
 # -- the calling side ------------------------------------------------------------------------
@@ -355,7 +336,7 @@ def iter_batches(
         options: batch size, shuffling, topology, transform.
         epoch: the epoch number (a new epoch is a new order).
         imap: runs ``stream.reads.make_handler_factory(source)``'s handler over tasks, results in order.
-        counters: updated as blocks arrive and batches leave.
+        counters: where the rows skipped by ``on_bad_rows="skip"`` are ledgered.
         state: a :meth:`BatchStream.get_state` to resume from, mid-epoch.
 
     Example:
@@ -538,13 +519,11 @@ class BatchStream(Iterator[Batch]):
             whole = self.source.blocks_from_metadata or any(b.stop < 0 for b in self.source.blocks())
             restoring = Restoring(plan, restore, group_rows(o.buffer_rows), int(plan.batch_sizes[self.batches_yielded]),
                                   in_steps=not whole)
-            issued: Sequence[Task | RestoreTask] = restoring.issued
             results = self.imap(restoring.tasks())
         else:
-            issued, results = early.issued, self.imap(early.tasks())
+            results = self.imap(early.tasks())
         try:
             for i, (columns, bad) in enumerate(results if early is None else early.checked(iter(results))):
-                self._count(issued[i], columns)
                 arrays = {name: as_array(col) for name, col in columns.items()}
                 if tracker is not None:  # skipped rows keep their positions until their batch
                     arrays = tracker.tag(arrays, bad)
@@ -582,18 +561,10 @@ class BatchStream(Iterator[Batch]):
             self._plan = early.resolve()
             batcher.sizes = self._plan.batch_sizes
 
-    def _count(self, task: Task | RestoreTask, columns: dict[str, Any]) -> None:
-        c = self.counters
-        c.blocks_read += len(task.reads) if isinstance(task, (RestoreTask, GroupTask)) else 1
-        c.rows_read += len(next(iter(columns.values()))) if columns else 0
-
     def _emit(self, batches: Iterable[dict[str, np.ndarray]]) -> Iterator[Batch]:
         transform = self.options.transform
         for arrays in batches:
             if self._tracker is not None:  # the batch being cut is batch number batches_yielded
                 arrays = self._tracker.untag(arrays, self.batches_yielded)
             batch = to_torch(arrays)
-            n = len(next(iter(arrays.values()))) if arrays else 0
-            self.counters.rows_yielded += n
-            self.counters.batches += 1
             yield transform(batch) if transform is not None else batch

@@ -84,7 +84,6 @@ class EarlyReads:
         self._plan = plan
         self.plan: RankPlan | None = None  # once resolved
         self.early: list[Task] = []  # the early tasks handed out
-        self.issued: list[Task] = []  # every task handed out, in order
 
     @classmethod
     def start(cls, source: Source, *, seed: int, epoch: int, shuffle: bool, max_rows: int,
@@ -101,9 +100,7 @@ class EarlyReads:
 
     def tasks(self) -> Iterator[Task]:
         """Every task of the pass, in order: early ones while the count runs, then the plan's."""
-        for task in self._tasks():
-            self.issued.append(task)
-            yield task
+        yield from self._tasks()
 
     def _tasks(self) -> Iterator[Task]:
         pending: list[ReadTask] = []

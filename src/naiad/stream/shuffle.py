@@ -55,11 +55,10 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
-from naiad.errors import ConfigError, StateError
+from naiad.errors import ConfigError
 from naiad.parallel.threads import run_beside
 from naiad.sources.columns import as_array
 from naiad.stream.permutation import Permutation
@@ -186,8 +185,6 @@ class ShuffleBuffer:
         self.rng = rng if isinstance(rng, np.random.Generator) else None
         self.draws = 0  # draws made: the next exchange's key
         self.size = 0
-        self.rows_in = 0
-        self.rows_out = 0
         self.slots: ArrayColumns | None = None
         self._rows: ArrayColumns = {}
         # Slot i holds physical row view[i] of `slots` (None: row i); set by whole-buffer exchanges.
@@ -215,7 +212,6 @@ class ShuffleBuffer:
             self._allocate(columns)
         slots = self.slots
         assert slots is not None  # allocated just above
-        self.rows_in += n
         pos = 0
         if self.size < self.capacity_rows:
             take = min(self.capacity_rows - self.size, n)
@@ -248,7 +244,6 @@ class ShuffleBuffer:
                 both = {**mine, **theirs}
                 out.append({name: both[name] for name in names})
             pos += m
-            self.rows_out += m
         return out
 
     def _draw(self, m: int) -> Draw:
@@ -327,7 +322,6 @@ class ShuffleBuffer:
             return iter(())
         n, slots, view = self.size, self.slots, self._view
         piece = order_pieces(n, self._next_key())
-        self.rows_out += n
         self.size = 0
         self._view = None
         self.slots = None  # the chunks still read the old arrays; new rows would get new ones
@@ -365,31 +359,6 @@ class ShuffleBuffer:
                 else:
                     self.slots[k][slots] = v
         self.size = n
-
-    def get_state(self) -> dict[str, Any]:
-        """Rows in and out, and the draws' position (JSON-able); not the buffered rows."""
-        return {
-            "version": 1,
-            "capacity_rows": self.capacity_rows,
-            "rows_in": self.rows_in,
-            "rows_out": self.rows_out,
-            "draws": self.draws,
-            "rng": None if self.rng is None else self.rng.bit_generator.state,
-        }
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore counters and generator of an *empty* buffer (the rows are replayed by the caller)."""
-        if state.get("version") != 1:
-            raise StateError(f"shuffle buffer state version {state.get('version')!r} is not 1.")
-        if state["capacity_rows"] != self.capacity_rows:
-            raise StateError(
-                f"shuffle buffer capacity: stored {state['capacity_rows']}, current {self.capacity_rows}."
-            )
-        self.rows_in = state["rows_in"]
-        self.rows_out = state["rows_out"]
-        self.draws = state.get("draws", 0)
-        if self.rng is not None and state.get("rng") is not None:
-            self.rng.bit_generator.state = state["rng"]
 
 
 def shuffle_quality(order: np.ndarray) -> dict[str, float]:
