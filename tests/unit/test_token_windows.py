@@ -103,6 +103,7 @@ def test_position_and_document_ids_match_a_plain_python_reference(tmp_path):
 def test_the_loader_gathers_whole_batches_and_torch_collates_the_same(tmp_path):
     ds = naiad.read_tokens(write_bin(tmp_path / "t.bin", np.arange(500) % 7), seq_len=10, eos_id=6)
     assert choose_fetch(ds, None, True) == "gather"  # one call per batch, no per-sample collate
+    assert naiad.DataLoader(ds, batch_size=8).fetch_strategy == "gather"
     ours = list(naiad.DataLoader(ds, batch_size=8, shuffle=True, seed=0))
     gen = torch.Generator()
     order = naiad.dataset.sampling.epoch_permutation(len(ds), 0, 0)
