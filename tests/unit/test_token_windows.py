@@ -274,3 +274,39 @@ def test_by_samples_and_length_and_bad_mixtures(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=message):
             naiad.mix(*args, **kw)
+
+
+def test_mix_under_torch_s_dataloader_reads_the_epoch_set_on_it(tmp_path):
+    m = naiad.mix(three_sources(tmp_path), [1, 1, 2], seed=2, length=2000)
+    ours = [b["input_ids"] for b in naiad.DataLoader(m, batch_size=25)]  # epoch 0, in order
+    m.set_epoch(1)
+    theirs_1 = [b["input_ids"] for b in torch.utils.data.DataLoader(m, batch_size=25)]
+    m.set_epoch(0)
+    theirs_0 = [b["input_ids"] for b in torch.utils.data.DataLoader(m, batch_size=25)]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs_0)) and len(ours) == len(theirs_0) == 20
+    assert not all(torch.equal(a, b) for a, b in zip(ours, theirs_1))
+
+
+def test_mix_stats_refuses_a_position_it_cannot_count_from(tmp_path):
+    srcs = three_sources(tmp_path)
+    m = naiad.mix(srcs, [1, 1, 1], length=400)
+    assert m.stats(naiad.DataLoader(m, batch_size=10, shuffle=True, seed=0)).tokens == 0
+    for loader, message in [
+        (naiad.DataLoader(srcs[0], batch_size=10, shuffle=True, seed=0), "a state of a dataset of 1000 positions"),
+        (naiad.DataLoader(m, batch_size=10, shuffle=True), "without `seed=`"),
+    ]:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(ConfigError, match=message):
+            m.stats(loader)
+    with pytest.raises(ConfigError, match="resumable state_dict"):
+        m.stats({"epoch": 0})
+
+
+def test_files_of_other_dtypes_share_a_batch(tmp_path):
+    """uint64 beside int32 has no common integer dtype in NumPy (it says float64): int64."""
+    np.save(tmp_path / "a.npy", np.arange(50, dtype=np.uint64))
+    np.save(tmp_path / "b.npy", 100 + np.arange(50, dtype=np.int32))
+    ds = naiad.read_tokens([str(tmp_path / "a.npy"), str(tmp_path / "b.npy")], seq_len=8)
+    assert ds.window_tokens(np.array([0, 6])).dtype == np.int64
+    assert all_windows(ds) == windows_of(np.arange(50), 8) + windows_of(100 + np.arange(50), 8)

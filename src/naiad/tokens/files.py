@@ -193,14 +193,22 @@ class TokenReader:
         return fd
 
     def read(self, file_ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
-        """``out[j] = tokens[starts[j] : starts[j] + length]`` of file ``file_ids[j]``, int64
-        ``[len(starts), length]``; one read per row, grouped by file."""
-        out = np.empty((len(starts), length), np.int64)
-        for i in np.unique(file_ids).tolist():
-            rows = np.flatnonzero(file_ids == i)
+        """``out[j] = tokens[starts[j] : starts[j] + length]`` of file ``file_ids[j]``, as
+        ``[len(starts), length]`` in the files' dtype (their common integer dtype when the rows
+        come from files of several); one read per row, grouped by file. Rows from one file are
+        read straight into the result: the only copy is the read's."""
+        ids = np.unique(file_ids).tolist()
+        dtypes = {self.files[i].dtype for i in ids}
+        common = np.result_type(*dtypes) if dtypes else np.dtype(np.int64)
+        if common.kind not in "iu":  # uint64 beside a signed dtype: NumPy's answer is float64
+            common = np.dtype(np.int64)
+        out = np.empty((len(starts), length), common)
+        for i in ids:
             f = self.files[i]
-            buf = np.empty((len(rows), length), f.dtype)
-            offsets = (f.offset + starts[rows] * f.dtype.itemsize).tolist()
+            whole = len(ids) == 1 and f.dtype == common
+            rows = None if whole else np.flatnonzero(file_ids == i)
+            buf = out if rows is None else np.empty((len(rows), length), f.dtype)
+            offsets = (f.offset + (starts if rows is None else starts[rows]) * f.dtype.itemsize).tolist()
             nbytes = length * f.dtype.itemsize
             if self._local[i]:
                 fd = self._fd(i)
@@ -210,8 +218,9 @@ class TokenReader:
                         raise SourceError(f"read {got} of {nbytes} bytes at offset {off}: the file shrank after it "
                                           "was opened.", path=f.path)
             else:
-                view = buf.view(np.uint8).reshape(len(rows), nbytes)
+                view = buf.view(np.uint8).reshape(len(buf), nbytes)
                 for j, off in enumerate(offsets):
                     view[j] = np.frombuffer(storage.read_range(f.path, off, off + nbytes, store=self.store), np.uint8)
-            out[rows] = buf
+            if not whole:
+                out[rows] = buf
         return out

@@ -135,7 +135,7 @@ class TokenWindows(Dataset):
                 f"{len(self)} windows, {self.dropped_tokens} tokens dropped at files' ends)")
 
     def window_tokens(self, indices: np.ndarray) -> np.ndarray:
-        """The windows ``indices`` as int64 ``[len(indices), seq_len + 1]``."""
+        """The windows ``indices`` as ``[len(indices), seq_len + 1]``, in the files' dtype."""
         idx = np.asarray(indices, np.int64).reshape(-1)
         n = len(self)
         if len(idx) and (int(idx.min()) < -n or int(idx.max()) >= n):
@@ -163,7 +163,7 @@ class TokenWindows(Dataset):
 
 def window_batch(windows: np.ndarray, eos_id: int | None) -> dict[str, torch.Tensor]:
     """``{"input_ids", "labels"}`` (and, with ``eos_id``, ``"position_ids"``, ``"document_ids"``)
-    from int64 windows ``[B, seq_len + 1]``."""
+    from integer windows ``[B, seq_len + 1]``, as int64."""
     inputs = windows[:, :-1].astype(np.int64)  # astype of a strided view: a contiguous copy
     batch = {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(windows[:, 1:].astype(np.int64))}
     if eos_id is not None:
