@@ -24,6 +24,7 @@ from naiad.sources import (
 )
 from naiad.stream.batching import pack_xy
 from naiad.telemetry import LoaderStats, Telemetry
+from naiad.tokens import mix, read_tokens
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "decode_audio",
     "decode_images",
     "images",
+    "mix",
     "pack_xy",
     "read",
     "read_arrow",
@@ -49,6 +51,7 @@ __all__ = [
     "read_npy",
     "read_parquet",
     "read_text",
+    "read_tokens",
     "read_webdataset",
     "testing",
     "worker_rng",

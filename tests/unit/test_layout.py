@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sources",),
     ("order",),
     ("pipeline", "dataset", "stream"),
+    ("tokens",),
     ("epoch", "checkpoint", "arguments", "loader"),
     ("testing", "tools"),
     ("cli", "__main__", "__init__"),
@@ -105,8 +106,8 @@ def test_public_names_unchanged() -> None:
     assert sorted(naiad.__all__) == sorted([
         "ArrayDataset", "AutoTuner", "ConfigError", "DataLoader", "DevicePrefetcher", "LoaderStats",
         "NaiadError", "Source", "SourceError", "StateError", "Telemetry", "WorkerError",
-        "WorkerLocal", "__version__", "columnar", "decode_audio", "decode_images", "images", "pack_xy", "read",
-        "read_arrow", "read_csv", "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text",
+        "WorkerLocal", "__version__", "columnar", "decode_audio", "decode_images", "images", "mix", "pack_xy", "read",
+        "read_arrow", "read_csv", "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text", "read_tokens",
         "read_webdataset", "testing", "worker_rng",
     ])
     for name in naiad.__all__:

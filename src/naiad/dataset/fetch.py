@@ -3,9 +3,10 @@
 Three strategies, chosen once per loader (:func:`choose_fetch`), fastest first:
 
 ``gather``    the dataset is data naiad can index as a whole (a tensor, a numeric NumPy array,
-              a ``TensorDataset``, an :class:`ArrayDataset`, or a ``Subset`` of one) and the
-              collate function is torch's default: one vectorized index per column and batch,
-              giving exactly the batch ``default_collate`` would build sample by sample.
+              a ``TensorDataset``, an :class:`ArrayDataset`, a dataset whose class defines
+              ``gather_batch(indices)``, or a ``Subset`` of one) and the collate function is
+              torch's default: one vectorized index per column and batch, giving exactly the
+              batch ``default_collate`` would build sample by sample.
 ``getitems``  the dataset defines ``__getitems__`` (torch's batched protocol): one call per
               batch, then ``collate_fn`` on the list it returns.
 ``items``     anything else: ``dataset[i]`` per index, then ``collate_fn`` (torch's own path).
@@ -137,11 +138,25 @@ def _gatherable(dataset: Any) -> bool:
     kind = type(dataset)
     if kind is TensorDataset:
         return all(t.ndim >= 1 and t.layout == torch.strided for t in dataset.tensors)
-    if kind is ArrayDataset:
+    if kind is ArrayDataset or _batch_gatherer(dataset) is not None:
         return True
     if kind is Subset:
         return _gatherable(dataset.dataset)
     return False
+
+
+def _batch_gatherer(dataset: Any) -> Callable[[np.ndarray], Any] | None:
+    """``dataset.gather_batch`` when its class defines one (looked up on the class, so a proxy
+    that answers every attribute is not mistaken for one), else None.
+
+    The protocol: ``gather_batch(indices)`` takes a 1-D int64 array and returns the batch that
+    ``default_collate`` would build from ``[dataset[i] for i in indices]``, in one call (token
+    windows read a whole batch with one gather: naiad.tokens).
+    """
+    if not callable(getattr(type(dataset), "gather_batch", None)):
+        return None
+    method: Callable[[np.ndarray], Any] = dataset.gather_batch
+    return method
 
 
 def _compile_gather(dataset: Any) -> Callable[[np.ndarray], Any]:
@@ -159,6 +174,9 @@ def _compile_gather(dataset: Any) -> Callable[[np.ndarray], Any]:
             keys = dataset.keys
             return lambda idx: {k: g(idx) for k, g in zip(keys, columns)}
         return lambda idx: [g(idx) for g in columns]
+    batch_gather = _batch_gatherer(dataset)
+    if batch_gather is not None:
+        return batch_gather
     if kind is Subset:
         base = np.asarray(dataset.indices, dtype=np.int64)
         inner = _compile_gather(dataset.dataset)

@@ -1,0 +1,226 @@
+"""Token files: what a file holds (layout, dtype, where token 0 is, how many tokens), and reading
+windows of tokens out of many files at once.
+
+Three layouts, told apart by their first bytes, not their names:
+
+``npy``    a NumPy ``.npy`` file of a 1-D integer array (OLMo's arrays, ``np.save``).
+``shard``  modded-nanogpt's shards: a header of 256 int32 (magic 20240520, version 1, the token
+           count, then zeros), then the count's uint16 tokens.
+``bin``    a flat array of tokens and nothing else (nanoGPT's ``train.bin``): uint16 unless
+           ``dtype=`` says otherwise.
+
+NOTE [ Reading windows with pread ]
+A window is ``seq_len + 1`` tokens at a known offset, so a batch is ``B`` small reads at scattered
+offsets. A memory map reads them with one fancy index, but every page it touches stays mapped in
+the process and counts in its resident memory until the map is dropped: a worker's RSS grows to
+the size of the file it has read (nanoGPT#287), which on a shared machine looks like a leak and
+can trip a memory limit. ``os.preadv`` into one preallocated array reads the same bytes from the
+page cache at the same speed or better (bench/RESULTS.md, "Token windows") and the worker's
+resident memory stays the size of a batch, epoch after epoch. Each process opens its own file
+descriptors on first use (a forked worker never shares its parent's offsets or descriptors:
+``pread`` has no offset, but the descriptor table is the process's). A URL is read with one range
+request per window through the source's Storage (NOTE [ Remote files in workers ]).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from naiad.errors import ConfigError, SourceError
+from naiad.sources import storage
+from naiad.sources.storage import Storage
+
+__all__ = ["HEADER_BYTES", "HEADER_MAGIC", "HEADER_VERSION", "TokenFile", "TokenReader", "inspect_token_file", "token_dtype"]
+
+HEADER_MAGIC = 20240520
+HEADER_VERSION = 1
+HEADER_BYTES = 256 * 4
+_NPY_MAGIC = b"\x93NUMPY"
+# The most a .npy header takes (NumPy pads it to 64 bytes; a 1-D array's is about 128): what
+# is read to tell the layout and parse the header.
+_HEAD_BYTES = 1 << 16
+
+
+def token_dtype(dtype: Any, what: str = "`dtype`") -> np.dtype:
+    """``dtype`` as a NumPy integer dtype, or a ConfigError."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise ConfigError(f"{what} must be a NumPy integer dtype such as np.uint16, got {dtype!r}.") from None
+    if dt.kind not in "iu":
+        raise ConfigError(f"{what} must be an integer dtype (tokens are integers), got {dt}.")
+    return dt
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """One token file: where its tokens are and what they are.
+
+    Attributes:
+        path: the file or URL.
+        layout: ``"bin"``, ``"shard"`` or ``"npy"`` (see the module's docstring).
+        dtype: the tokens' dtype in the file.
+        offset: the byte offset of token 0.
+        tokens: how many tokens the file holds.
+    """
+
+    path: str
+    layout: str
+    dtype: np.dtype
+    offset: int
+    tokens: int
+
+
+def inspect_token_file(path: str, dtype: np.dtype | None, store: Storage | None) -> TokenFile:
+    """Read the head of ``path`` and say what it holds.
+
+    Raises:
+        SourceError: naming the file and the problem: a ``.npy`` that does not hold a 1-D integer
+            array, a shard header whose version or token count does not fit the file, a flat
+            file whose size is not a whole number of tokens.
+    """
+    try:
+        size = storage.size(path, store=store)
+    except FileNotFoundError:
+        raise SourceError("file not found.", path=path) from None
+    head = storage.read_range(path, 0, min(size, _HEAD_BYTES), store=store)
+    if head.startswith(_NPY_MAGIC):
+        return _npy(path, head, size, dtype)
+    if size >= HEADER_BYTES and int(np.frombuffer(head, "<i4", count=1)[0]) == HEADER_MAGIC:
+        return _shard(path, head, size, dtype)
+    dt = dtype if dtype is not None else np.dtype(np.uint16)
+    if size % dt.itemsize:
+        raise SourceError(
+            f"{size} bytes is not a whole number of {dt} tokens ({dt.itemsize} bytes each): the file is "
+            f"truncated, or its tokens are not {dt} (set `dtype=` to the dtype it was written with).", path=path)
+    return TokenFile(path, "bin", dt, 0, size // dt.itemsize)
+
+
+def _npy(path: str, head: bytes, size: int, dtype: np.dtype | None) -> TokenFile:
+    f = io.BytesIO(head)
+    try:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _fortran, dt = read(f)
+    except Exception as exc:  # a damaged header fails in many ways; all are this file's
+        raise SourceError(f"not a readable .npy header ({type(exc).__name__}: {exc}).", path=path) from None
+    if dt.hasobject or dt.kind not in "iu":
+        raise SourceError(f"a token array must hold integers, this .npy holds {dt}; convert it with "
+                          "arr.astype(np.uint16) (or the integer dtype your vocabulary needs) and save it again.",
+                          path=path)
+    if len(shape) != 1:
+        raise SourceError(f"a token array must be 1-D, this .npy has shape {tuple(shape)}; save arr.reshape(-1).",
+                          path=path)
+    if dtype is not None and dtype != dt:
+        raise SourceError(f"`dtype` is {dtype}, but this .npy holds {dt}; leave `dtype` unset for .npy files "
+                          "(their header names the dtype).", path=path)
+    offset, count = f.tell(), int(shape[0])
+    if size != offset + count * dt.itemsize:
+        raise SourceError(f"the .npy header says {count} tokens of {dt} ({count * dt.itemsize} bytes), the file "
+                          f"has {size - offset} bytes after its header: it is truncated or was changed.", path=path)
+    return TokenFile(path, "npy", dt, offset, count)
+
+
+def _shard(path: str, head: bytes, size: int, dtype: np.dtype | None) -> TokenFile:
+    header = np.frombuffer(head, "<i4", count=3)
+    version, count = int(header[1]), int(header[2])
+    if version != HEADER_VERSION:
+        raise SourceError(f"token shard header: version {version}, expected {HEADER_VERSION} (magic {HEADER_MAGIC}, "
+                          "version, token count, then uint16 tokens, as modded-nanogpt writes).", path=path)
+    if count < 0 or size != HEADER_BYTES + 2 * count:
+        raise SourceError(f"token shard header: says {count} tokens ({2 * count} bytes after the {HEADER_BYTES}-byte "
+                          f"header), the file has {size - HEADER_BYTES}: it is truncated or its header is wrong.",
+                          path=path)
+    if dtype is not None and dtype != np.dtype(np.uint16):
+        raise SourceError(f"`dtype` is {dtype}, but a token shard (magic {HEADER_MAGIC}) holds uint16 tokens; "
+                          "leave `dtype` unset.", path=path)
+    return TokenFile(path, "shard", np.dtype(np.uint16), HEADER_BYTES, count)
+
+
+class TokenReader:
+    """Reads runs of tokens at scattered offsets of many files into one int64 array
+    (NOTE [ Reading windows with pread ]).
+
+    Plain data when pickled (paths, layouts, the Storage); descriptors are opened per process.
+    """
+
+    def __init__(self, files: list[TokenFile], store: Storage) -> None:
+        self.files = files
+        self.store = store
+        self._local = [not storage.is_remote(f.path) for f in files]
+        self._fds: dict[int, int] = {}
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fds"], state["_pid"], state["_lock"] = {}, -1, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", -1) == os.getpid():
+            for fd in self._fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _fd(self, i: int) -> int:
+        if self._pid != os.getpid():  # a forked child: its own descriptors, never the parent's
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._fds, self._pid = {}, os.getpid()
+        fd = self._fds.get(i)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(i)
+                if fd is None:
+                    try:
+                        fd = os.open(storage.local_path(self.files[i].path), os.O_RDONLY)
+                    except OSError as exc:
+                        raise SourceError(f"cannot open: {exc.strerror}.", path=self.files[i].path) from None
+                    self._fds[i] = fd
+        return fd
+
+    def read(self, file_ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+        """``out[j] = tokens[starts[j] : starts[j] + length]`` of file ``file_ids[j]``, as
+        ``[len(starts), length]`` in the files' dtype (their common integer dtype when the rows
+        come from files of several); one read per row, grouped by file. Rows from one file are
+        read straight into the result: the only copy is the read's."""
+        ids = np.unique(file_ids).tolist()
+        dtypes = {self.files[i].dtype for i in ids}
+        common = np.result_type(*dtypes) if dtypes else np.dtype(np.int64)
+        if common.kind not in "iu":  # uint64 beside a signed dtype: NumPy's answer is float64
+            common = np.dtype(np.int64)
+        out = np.empty((len(starts), length), common)
+        for i in ids:
+            f = self.files[i]
+            whole = len(ids) == 1 and f.dtype == common
+            rows = None if whole else np.flatnonzero(file_ids == i)
+            buf = out if rows is None else np.empty((len(rows), length), f.dtype)
+            offsets = (f.offset + (starts if rows is None else starts[rows]) * f.dtype.itemsize).tolist()
+            nbytes = length * f.dtype.itemsize
+            if self._local[i]:
+                fd = self._fd(i)
+                for j, off in enumerate(offsets):
+                    got = os.preadv(fd, [buf[j]], off)
+                    if got != nbytes:
+                        raise SourceError(f"read {got} of {nbytes} bytes at offset {off}: the file shrank after it "
+                                          "was opened.", path=f.path)
+            else:
+                view = buf.view(np.uint8).reshape(len(buf), nbytes)
+                for j, off in enumerate(offsets):
+                    view[j] = np.frombuffer(storage.read_range(f.path, off, off + nbytes, store=self.store), np.uint8)
+            if not whole:
+                out[rows] = buf
+        return out

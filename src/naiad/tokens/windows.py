@@ -1,0 +1,193 @@
+"""Token files as a map-style dataset of fixed-length windows (:func:`read_tokens`).
+
+NOTE [ Token windows ]
+A file of ``n`` tokens holds ``(n - 1) // seq_len`` windows; window ``i`` is tokens
+``[i * seq_len, i * seq_len + seq_len + 1)``, so consecutive windows share one token and a
+window's inputs (its first ``seq_len`` tokens) and labels (its last ``seq_len``) come from one
+read. Windows never cross a file's end; the tokens after a file's last window (fewer than a
+window) are dropped, and counted (:attr:`TokenWindows.dropped_tokens`). The windows of all files
+are numbered one after another, so the dataset is random access: a window is a file, an offset
+and a length, found with one ``searchsorted``.
+
+That makes the token files a map-style dataset, and naiad's map pipeline does the rest: the
+epoch's order is a permutation of the window numbers keyed by ``(seed, epoch)`` (``seed=``), no
+shuffle buffer; ranks take contiguous ranges of it and workers whole batches, so every window is
+delivered exactly once per epoch across ranks and workers, with equal steps per rank; a resume
+skips what was delivered, and on another world size the new ranks split what no old rank
+delivered (NOTE [ Elastic resume ]). The class defines ``gather_batch``, so the loader reads a
+whole batch with one call and no per-sample collation (dataset/fetch.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from naiad.errors import ConfigError
+from naiad.sources.cache import CacheDir
+from naiad.sources.paths import PathLike, expand_paths
+from naiad.sources.retries import RetryPolicy
+from naiad.sources.storage import Storage
+from naiad.tokens.files import TokenFile, TokenReader, inspect_token_file, token_dtype
+
+__all__ = ["TokenWindows", "document_ids", "position_ids", "read_tokens", "window_batch"]
+
+
+def read_tokens(
+    paths: PathLike,
+    *,
+    seq_len: int,
+    dtype: Any = None,
+    eos_id: int | None = None,
+    storage_options: Mapping[str, Any] | Storage | None = None,
+    retry: RetryPolicy | None = None,
+    cache_dir: CacheDir = None,
+    cache_bytes: int | None = None,
+) -> TokenWindows:
+    """Token files as a dataset of ``seq_len``-token training windows (NOTE [ Token windows ]).
+
+    Reads nanoGPT's flat ``.bin`` files (uint16 unless ``dtype=`` says otherwise), ``.npy`` files
+    of a 1-D integer array, and modded-nanogpt's shards (a 256-int32 header: magic 20240520,
+    version 1, the token count; then uint16 tokens), local or at URLs. Give it to
+    :class:`naiad.DataLoader` with ``shuffle=True, seed=...``: every window once per epoch across
+    ranks and workers, in an order that is a function of ``(seed, epoch)``, resumable exactly and
+    on another world size. docs/TOKENS.md.
+
+    A batch is ``{"input_ids": int64 [B, seq_len], "labels": int64 [B, seq_len]}``; with
+    ``eos_id``, also ``"position_ids"`` (0, 1, 2, ... restarting after each ``eos_id`` token) and
+    ``"document_ids"`` (0 for the window's first document, +1 after each ``eos_id``), so that
+    attention can be kept inside documents.
+
+    Args:
+        paths: files, globs, folders or URLs (``s3://bucket/shard_*.bin``), in that order.
+        seq_len: tokens per training sequence (a window reads ``seq_len + 1``).
+        dtype: the tokens' dtype in flat files (default uint16); ``.npy`` files and shards carry
+            their own.
+        eos_id: the token that ends a document; None: no position or document ids.
+        storage_options: for URLs: options of the fsspec filesystem (docs/STORAGE.md).
+        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
+        cache_dir: for URLs: a folder where fetched ranges are kept on local disk ("auto":
+            naiad's user cache folder); None: no cache.
+        cache_bytes: the cache's bound in bytes (None: half the disk's free space).
+
+    Raises:
+        ConfigError: a bad argument (``seq_len`` < 1, a dtype that is not an integer one).
+        SourceError: a file that is missing or does not hold what it should, naming the file
+            and the problem: a ``.npy`` of floats or of more than one axis, a flat file whose
+            size is not a whole number of tokens, a shard header whose magic, version or count
+            does not fit the file.
+
+    Example:
+        >>> tokens = naiad.read_tokens("data/openwebtext/train.bin", seq_len=1024)  # doctest: +SKIP
+        >>> loader = naiad.DataLoader(tokens, batch_size=12, shuffle=True, seed=0, num_workers=2)  # doctest: +SKIP
+        >>> batch = next(iter(loader))  # doctest: +SKIP
+        >>> batch["input_ids"].shape, batch["labels"].shape  # doctest: +SKIP
+        (torch.Size([12, 1024]), torch.Size([12, 1024]))
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise ConfigError(f"`seq_len` must be an int >= 1, got {seq_len!r}.")
+    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))):
+        raise ConfigError(f"`eos_id` must be an int token id or None, got {eos_id!r}.")
+    dt = token_dtype(dtype) if dtype is not None else None
+    store = Storage.of(storage_options, retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+    files = [inspect_token_file(p, dt, store) for p in expand_paths(paths, store)]
+    return TokenWindows(files, int(seq_len), None if eos_id is None else int(eos_id), store)
+
+
+class TokenWindows(Dataset):
+    """Windows of ``seq_len + 1`` tokens over token files, random access (see :func:`read_tokens`).
+
+    Attributes:
+        files: the files, in order, with their layout, dtype and token count.
+        seq_len: tokens per sequence.
+        eos_id: the end-of-document token, or None.
+        windows_per_file: each file's window count.
+        dropped_tokens: tokens after each file's last window (fewer than a window), in all.
+    """
+
+    def __init__(self, files: Sequence[TokenFile], seq_len: int, eos_id: int | None, store: Storage) -> None:
+        self.files = list(files)
+        self.seq_len = seq_len
+        self.eos_id = eos_id
+        counts = np.array([f.tokens for f in self.files], np.int64)
+        self.windows_per_file = np.where(counts > seq_len, (counts - 1) // seq_len, 0)
+        covered = np.where(self.windows_per_file > 0, self.windows_per_file * seq_len + 1, 0)
+        self.dropped_per_file = counts - covered
+        self.dropped_tokens = int(self.dropped_per_file.sum())
+        self.total_tokens = int(counts.sum())
+        self._ends = np.cumsum(self.windows_per_file)
+        self._reader = TokenReader(self.files, store)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    @property
+    def tokens_per_window(self) -> int:
+        """Training tokens per window (``seq_len``; its inputs, and as many labels)."""
+        return self.seq_len
+
+    def __repr__(self) -> str:
+        return (f"TokenWindows({len(self.files)} file(s), {self.total_tokens} tokens, seq_len={self.seq_len}: "
+                f"{len(self)} windows, {self.dropped_tokens} tokens dropped at files' ends)")
+
+    def window_tokens(self, indices: np.ndarray) -> np.ndarray:
+        """The windows ``indices`` as ``[len(indices), seq_len + 1]``, in the files' dtype."""
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        n = len(self)
+        if len(idx) and (int(idx.min()) < -n or int(idx.max()) >= n):
+            bad = idx[(idx < -n) | (idx >= n)][0]
+            raise IndexError(f"window index {int(bad)} is out of range for {n} windows.")
+        idx = np.where(idx < 0, idx + n, idx)
+        file_ids = np.searchsorted(self._ends, idx, side="right")
+        first = np.concatenate(([0], self._ends[:-1]))[file_ids]
+        return self._reader.read(file_ids, (idx - first) * self.seq_len, self.seq_len + 1)
+
+    def gather_batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        """The batch of windows ``indices``: what ``default_collate`` makes of their samples."""
+        return window_batch(self.window_tokens(indices), self.eos_id)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        batch = self.gather_batch(np.array([index], np.int64))
+        return {k: v[0] for k, v in batch.items()}
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        # torch's DataLoader contract: a list of samples for collate_fn (naiad's loader calls
+        # gather_batch instead, one batch at a time).
+        batch = self.gather_batch(np.asarray(indices, np.int64))
+        return [{k: v[j] for k, v in batch.items()} for j in range(len(indices))]
+
+
+def window_batch(windows: np.ndarray, eos_id: int | None) -> dict[str, torch.Tensor]:
+    """``{"input_ids", "labels"}`` (and, with ``eos_id``, ``"position_ids"``, ``"document_ids"``)
+    from integer windows ``[B, seq_len + 1]``, as int64."""
+    inputs = windows[:, :-1].astype(np.int64)  # astype of a strided view: a contiguous copy
+    batch = {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(windows[:, 1:].astype(np.int64))}
+    if eos_id is not None:
+        batch["position_ids"] = torch.from_numpy(position_ids(inputs, eos_id))
+        batch["document_ids"] = torch.from_numpy(document_ids(inputs, eos_id))
+    return batch
+
+
+def position_ids(inputs: np.ndarray, eos_id: int) -> np.ndarray:
+    """Each token's position in its document: 0, 1, 2, ... from the window's start and again
+    after each ``eos_id`` (the end-of-document token keeps its document's position). Vectorized:
+    the position of a token is its index less the index of its document's first token, the
+    running maximum of the indices where a document starts."""
+    b, length = inputs.shape
+    index = np.broadcast_to(np.arange(length, dtype=np.int64), (b, length))
+    starts = np.zeros((b, length), bool)
+    starts[:, 0] = True
+    starts[:, 1:] = inputs[:, :-1] == eos_id
+    first: np.ndarray = np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+    return index - first
+
+
+def document_ids(inputs: np.ndarray, eos_id: int) -> np.ndarray:
+    """Each token's document within the window: 0 for the first, +1 after each ``eos_id``."""
+    ends = inputs == eos_id
+    doc: np.ndarray = np.cumsum(ends, axis=1, dtype=np.int64) - ends
+    return doc
