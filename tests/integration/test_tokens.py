@@ -249,7 +249,7 @@ def test_token_files_read_from_an_s3_url_equal_the_local_ones(s3, tmp_path):
     assert [f.layout for f in remote.files] == ["bin", "npy", "shard"] and len(remote) == len(local)
     loaders = [naiad.DataLoader(ds, batch_size=8, shuffle=True, seed=0, num_workers=2) for ds in (remote, local)]
     try:
-        for a, b in zip(*loaders):
+        for a, b in zip(*loaders, strict=True):
             assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
     finally:
         for loader in loaders:

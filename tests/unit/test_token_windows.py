@@ -63,7 +63,7 @@ def test_bin_npy_and_shard_give_every_window_of_each_file(tmp_path, seq_len):
     assert all_windows(ds) == expected  # in order, none across a file's end
     assert len(ds) == sum((n - 1) // seq_len for n in (1000, 333, 129))
     kept = [len(windows_of(x, seq_len)) * seq_len + 1 for x in (a, b, c)]
-    assert ds.dropped_tokens == sum(n - k for n, k in zip((1000, 333, 129), kept))
+    assert ds.dropped_tokens == sum(n - k for n, k in zip((1000, 333, 129), kept, strict=True))
     u32 = naiad.read_tokens(write_bin(tmp_path / "d.bin", d, np.uint32), seq_len=seq_len, dtype=np.uint32)
     assert all_windows(u32) == windows_of(d.astype(np.int64), seq_len)
 
@@ -94,7 +94,7 @@ def test_position_and_document_ids_match_a_plain_python_reference(tmp_path):
     ds = naiad.read_tokens(write_bin(tmp_path / "t.bin", tokens), seq_len=32, eos_id=0)
     batch = ds.gather_batch(np.arange(len(ds)))
     assert set(batch) == {"input_ids", "labels", "position_ids", "document_ids"}
-    for row, pos, doc in zip(batch["input_ids"].tolist(), batch["position_ids"].tolist(), batch["document_ids"].tolist()):
+    for row, pos, doc in zip(batch["input_ids"].tolist(), batch["position_ids"].tolist(), batch["document_ids"].tolist(), strict=True):
         assert (pos, doc) == reference_ids(row, 0)
     assert all(v.dtype == torch.int64 and v.shape == (len(ds), 32) for v in batch.values())
     assert int(batch["position_ids"].max()) > 32 - 5  # the long document runs on
@@ -109,7 +109,7 @@ def test_the_loader_gathers_whole_batches_and_torch_collates_the_same(tmp_path):
     order = naiad.dataset.sampling.epoch_permutation(len(ds), 0, 0)
     theirs = list(torch.utils.data.DataLoader(ds, batch_size=8, sampler=order.tolist(), generator=gen))
     assert len(ours) == len(theirs) == 7
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert {k: v.tolist() for k, v in ds[3].items()} == {k: v[3].tolist() for k, v in ds.gather_batch(np.arange(4)).items()}
 
@@ -283,8 +283,8 @@ def test_mix_under_torch_s_dataloader_reads_the_epoch_set_on_it(tmp_path):
     theirs_1 = [b["input_ids"] for b in torch.utils.data.DataLoader(m, batch_size=25)]
     m.set_epoch(0)
     theirs_0 = [b["input_ids"] for b in torch.utils.data.DataLoader(m, batch_size=25)]
-    assert all(torch.equal(a, b) for a, b in zip(ours, theirs_0)) and len(ours) == len(theirs_0) == 20
-    assert not all(torch.equal(a, b) for a, b in zip(ours, theirs_1))
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs_0, strict=True)) and len(ours) == len(theirs_0) == 20
+    assert not all(torch.equal(a, b) for a, b in zip(ours, theirs_1, strict=True))
 
 
 def test_mix_stats_refuses_a_position_it_cannot_count_from(tmp_path):
