@@ -24,7 +24,7 @@ from naiad.sources import (
 )
 from naiad.stream.batching import pack_xy
 from naiad.telemetry import LoaderStats, Telemetry
-from naiad.tokens import mix, read_tokens
+from naiad.tokens import mix, read_tokens, tokenize
 
 __version__ = "0.1.0"
 
@@ -54,6 +54,7 @@ __all__ = [
     "read_tokens",
     "read_webdataset",
     "testing",
+    "tokenize",
     "worker_rng",
     "ConfigError",
     "NaiadError",

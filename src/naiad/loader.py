@@ -186,7 +186,11 @@ class DataLoader(TorchDataLoader[T_co]):
         self._stream_counters = StreamCounters()
         self._pipeline: Pipeline
         if args.stream_options is not None:
-            self._pipeline = StreamPipeline(dataset, args.stream_options, self._stream_counters, read_ahead)
+            # A transform may do its heavy part where the source is read, in the workers, by
+            # wrapping the source (naiad.tokenize: NOTE [ Tokenizing in the workers ]).
+            wrap = getattr(transform, "wrap_source", None)
+            source = wrap(dataset) if callable(wrap) else dataset
+            self._pipeline = StreamPipeline(source, args.stream_options, self._stream_counters, read_ahead)
         elif isinstance(dataset, IterableDataset):
             self._pipeline = IterablePipeline(
                 dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last, self.num_workers,

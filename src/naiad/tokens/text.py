@@ -1,0 +1,428 @@
+"""Raw text as packed training windows: :func:`tokenize`, a transform of any text source.
+
+NOTE [ Packing per batch ]
+Packing turns N documents into a number of windows that is only known once they are tokenized,
+and a window may hold the end of one document and the start of the next. Where the packing state
+lives decides what a resume can promise. naiad packs *within each batch of documents*: a batch of
+B documents (the loader's ``batch_size`` counts documents) becomes its own stream
+
+    EOS, doc_1, EOS, doc_2, EOS, ..., doc_B, EOS
+
+cut into windows of ``seq_len + 1`` tokens that share one token (as ``read_tokens`` cuts a file),
+the last window padded (input EOS, label -100). Nothing is carried from one batch to the next, so
+the windows are a pure function of the batch's documents, and the batch's documents are a pure
+function of the plan: an exact resume delivers the same windows, an elastic one packs each of the
+new batches from its own documents, every document once, and the loader's state stays what it is
+for the text source (no carry to record). The leading EOS makes every token of every document,
+and each document's closing EOS, a label exactly once (a stream's first token is never a label).
+The price is the padding of one window per batch, on average half a window: measured in
+docs/TOKENS.md ("Packing and its padding"); larger batches of documents make it smaller. The
+number of windows per batch varies with the documents' lengths. Packing across batches instead
+would give fixed shapes but needs the carry (the tail of the previous batch, which depends on
+every batch before it on that rank) in the state, and cannot hand a carry over to a new world
+size.
+
+NOTE [ Tokenizing in the workers ]
+The tokenizer runs where the source is read: :class:`TokenizedSource` wraps a text source, and
+its reads (the workers' tasks, or the read-ahead threads with ``num_workers=0``) return, per
+document, its token ids with the EOS after them, as bytes (uint16 when the vocabulary fits, else
+uint32): one small value per row that crosses processes cheaply. ``naiad.DataLoader`` wraps the
+source when the transform is a :class:`Tokenize` (``Tokenize.wrap_source``); the transform, in
+the training process, then only packs (NumPy over the batch). Rows are still documents, so the
+plan, the shuffle buffer, resume and elastic resume are the text source's, unchanged. The
+tokenizer is loaded once per process (kept on the transform, never pickled: workers rebuild it
+from its JSON at their first batch); ``encode_batch`` is parallel in Rust and releases the GIL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from naiad.errors import ConfigError, SourceError
+from naiad.sources.base import Block, BlockData, GroupPart, Source
+from naiad.sources.columns import Columns
+from naiad.sources.lines import LineBlocks
+from naiad.tokens.windows import document_ids, position_ids
+
+__all__ = ["TOKENS_COLUMN", "TokenizedSource", "Tokenize", "load_tokenizer", "pack_windows", "tokenize"]
+
+TOKENS_COLUMN = "__tokens__"
+"""The column a :class:`TokenizedSource` reads: each document's token ids and its EOS, as bytes."""
+
+_INSTALL = "pip install 'naiad[text]'"
+_EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[EOS]")
+IGNORE_INDEX = -100
+
+
+def load_tokenizer(tokenizer: Any) -> Any:
+    """A ``tokenizers.Tokenizer`` from itself or a path to a ``tokenizer.json``.
+
+    Raises:
+        ConfigError: tokenizers is not installed, the path does not exist, the file is not a
+            tokenizer, or ``tokenizer`` is something else.
+    """
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise ConfigError(f"naiad.tokenize needs the `tokenizers` package, which is not installed: {_INSTALL}.") from exc
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
+        if not os.path.isfile(path):
+            raise ConfigError(f"`tokenizer` must be a tokenizers.Tokenizer or the path of a tokenizer.json; "
+                              f"{path!r} does not exist.")
+        try:
+            return Tokenizer.from_file(path)
+        except Exception as exc:  # the Rust side raises its own Exception type
+            raise ConfigError(f"`tokenizer`: {path!r} is not a tokenizer.json that tokenizers can load "
+                              f"({type(exc).__name__}: {exc}).") from None
+    raise ConfigError(f"`tokenizer` must be a tokenizers.Tokenizer or the path of a tokenizer.json, "
+                      f"got {type(tokenizer).__name__}.")
+
+
+def _eos_of(tok: Any, eos_id: int | None) -> int:
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    if eos_id is not None:
+        if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)) or not 0 <= eos_id < vocab:
+            raise ConfigError(f"`eos_id` must be a token id of the tokenizer (0 to {vocab - 1}), got {eos_id!r}.")
+        return int(eos_id)
+    for name in _EOS_NAMES:
+        found = tok.token_to_id(name)
+        if found is not None:
+            return int(found)
+    raise ConfigError(f"the tokenizer has none of the end-of-document tokens naiad looks for ({', '.join(_EOS_NAMES)}); "
+                      "pass `eos_id=` (the id of the token that separates documents).")
+
+
+class Tokenize:
+    """The transform made by :func:`tokenize`: a batch of documents to packed windows.
+
+    Picklable: it carries the tokenizer as its JSON and loads it once per process, at first use.
+    Called on a batch whose ``column`` holds text, it tokenizes and packs; on a batch a
+    :class:`TokenizedSource` read (tokenized in the workers), it only packs.
+
+    Attributes:
+        column: the text column.
+        seq_len: tokens per training sequence (a window holds ``seq_len + 1``).
+        pack: True: a batch's documents share windows; False: each document its own windows.
+        eos_id: the end-of-document token put after every document.
+        dtype: uint16 when the vocabulary fits, else uint32 (how tokens travel and are stored).
+    """
+
+    def __init__(self, tokenizer: Any, column: str, seq_len: int, pack: bool, eos_id: int | None) -> None:
+        tok = load_tokenizer(tokenizer)
+        self.column = column
+        self.seq_len = seq_len
+        self.pack = pack
+        self.eos_id = _eos_of(tok, eos_id)
+        self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
+        self.dtype = np.dtype(np.uint16 if self.vocab_size <= 1 << 16 else np.uint32)
+        self._json = tok.to_str()
+        self._tok: Any = tok
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tok"], state["_lock"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"Tokenize(column={self.column!r}, seq_len={self.seq_len}, pack={self.pack}, eos_id={self.eos_id}, "
+                f"vocab={self.vocab_size})")
+
+    @property
+    def tokenizer(self) -> Any:
+        """This process's tokenizer: loaded from its JSON once per process, never per batch."""
+        if self._tok is None:
+            with self._lock:
+                if self._tok is None:
+                    from tokenizers import Tokenizer
+
+                    self._tok = Tokenizer.from_str(self._json)
+        return self._tok
+
+    # -- the two halves: tokenize (in the workers), pack (anywhere) ----------------------------
+
+    def encode(self, texts: Sequence[Any] | np.ndarray, where: Callable[[int], tuple[str, str]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``texts`` tokenized: one flat array of every document's ids each followed by EOS (in
+        :attr:`dtype`), and each document's length in it (EOS included).
+
+        Raises:
+            SourceError: a document that is not a string or that the tokenizer refuses, named by
+                ``where(i)`` (its file and line or row) when given, else by its index.
+        """
+        texts = texts.tolist() if isinstance(texts, np.ndarray) else list(texts)
+        tok = self.tokenizer
+        fast = getattr(tok, "encode_batch_fast", None)  # tokenizers >= 0.20: no offsets computed
+        try:
+            encodings = (fast or tok.encode_batch)(texts, add_special_tokens=False)
+        except Exception as exc:  # TypeError for a non-string, the Rust side's own Exception otherwise
+            raise self._failure(texts, where, exc) from None
+        ids = [e.ids for e in encodings]
+        lens = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        n = int(lens.sum())
+        out = np.empty(n + len(ids), self.dtype)
+        ends = np.cumsum(lens + 1)
+        body = np.ones(len(out), bool)
+        body[ends - 1] = False
+        out[~body] = self.eos_id
+        out[body] = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=n)
+        return out, lens + 1
+
+    def _failure(self, texts: list[Any], where: Callable[[int], tuple[str, str]] | None, exc: BaseException) -> SourceError:
+        bad, reason = None, f"{type(exc).__name__}: {exc}"
+        for i, text in enumerate(texts):  # the error path only: find the document
+            if not isinstance(text, str):
+                bad, reason = i, f"`{self.column}` is {type(text).__name__} {text!r:.60}, not a string"
+                break
+        if bad is None:
+            for i, text in enumerate(texts):
+                try:
+                    self.tokenizer.encode(text, add_special_tokens=False)
+                except Exception as one:
+                    bad, reason = i, f"the tokenizer failed: {type(one).__name__}: {one}"
+                    break
+        if bad is None:
+            return SourceError(f"the tokenizer failed on a batch of {len(texts)} documents: {reason}.")
+        if where is None:
+            return SourceError(f"document {bad} of the batch: {reason}.")
+        path, place = where(bad)
+        return SourceError(f"{place}: {reason}; tokenize only text (drop or fix the document).", path=path)
+
+    def documents(self, texts: Sequence[Any] | np.ndarray, where: Callable[[int], tuple[str, str]] | None = None) -> list[bytes]:
+        """Each document's ids and EOS as bytes (what :class:`TokenizedSource` reads)."""
+        flat, lens = self.encode(texts, where)
+        raw, size = flat.tobytes(), flat.dtype.itemsize
+        ends = (np.cumsum(lens) * size).tolist()
+        return [raw[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+    def pack_documents(self, pieces: Sequence[bytes]) -> dict[str, torch.Tensor]:
+        """Windows from documents tokenized by :meth:`documents` (NOTE [ Packing per batch ])."""
+        flat = np.frombuffer(b"".join(pieces), self.dtype)
+        lens = np.fromiter(map(len, pieces), np.int64, count=len(pieces)) // self.dtype.itemsize
+        return pack_windows(flat, lens, self.seq_len, self.eos_id, pack=self.pack)
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """A batch of documents (``batch[column]``: text; or read tokenized) as windows."""
+        if TOKENS_COLUMN in batch:
+            return self.pack_documents(batch[TOKENS_COLUMN])
+        if self.column not in batch:
+            raise ConfigError(f"naiad.tokenize(column={self.column!r}): the batch has no such column; it has "
+                              f"{sorted(batch)}. Pass the text column's name as `column=`.")
+        flat, lens = self.encode(batch[self.column])
+        return pack_windows(flat, lens, self.seq_len, self.eos_id, pack=self.pack)
+
+    def wrap_source(self, source: Any) -> Any:
+        """``source`` read tokenized (a :class:`TokenizedSource`) when it is a text
+        :class:`~naiad.Source`; anything else as it is. ``naiad.DataLoader`` calls it, so the
+        tokenizer runs in the workers (NOTE [ Tokenizing in the workers ])."""
+        if not isinstance(source, Source) or isinstance(source, TokenizedSource):
+            return source
+        return TokenizedSource(source, self)
+
+
+def pack_windows(flat: np.ndarray, lens: np.ndarray, seq_len: int, eos_id: int, *, pack: bool = True) -> dict[str, torch.Tensor]:
+    """Documents (``flat``: each one's ids and its EOS, ``lens`` long) as training windows.
+
+    ``pack=True``: one stream ``EOS, doc_1, EOS, ..., doc_B, EOS``; ``pack=False``: one stream
+    ``EOS, doc, EOS`` per document. Each stream is cut into windows of ``seq_len + 1`` tokens that
+    share one token, its last window padded with EOS inputs and -100 labels (NOTE [ Packing per
+    batch ]). Vectorized: the windows are gathered with one fancy index.
+
+    Returns:
+        ``input_ids``, ``labels``, ``position_ids``, ``document_ids``: int64 ``[W, seq_len]``.
+    """
+    lens = np.asarray(lens, np.int64)
+    if pack:
+        streams = np.concatenate(([eos_id], flat)).astype(np.int64, copy=False)
+        seg_lens = np.array([len(streams)] if len(lens) else [], np.int64)
+    else:
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1])) if len(lens) else np.zeros(0, np.int64)
+        streams = np.insert(flat.astype(np.int64), starts, eos_id)
+        seg_lens = lens + 1
+    seg_ends = np.cumsum(seg_lens)
+    seg_starts = seg_ends - seg_lens
+    per_seg = np.maximum((seg_lens - 1 + seq_len - 1) // seq_len, 0)
+    seg_of = np.repeat(np.arange(len(seg_lens)), per_seg)
+    k = np.arange(len(seg_of)) - np.repeat(np.cumsum(per_seg) - per_seg, per_seg)
+    index = (seg_starts[seg_of] + k * seq_len)[:, None] + np.arange(seq_len + 1)
+    valid = index < seg_ends[seg_of][:, None]
+    windows = np.where(valid, streams[np.minimum(index, max(len(streams) - 1, 0))] if len(streams) else eos_id, eos_id)
+    inputs = np.ascontiguousarray(windows[:, :-1])
+    labels = np.where(valid[:, 1:], windows[:, 1:], IGNORE_INDEX)
+    return {
+        "input_ids": torch.from_numpy(inputs),
+        "labels": torch.from_numpy(np.ascontiguousarray(labels)),
+        "position_ids": torch.from_numpy(position_ids(inputs, eos_id)),
+        "document_ids": torch.from_numpy(document_ids(inputs, eos_id)),
+    }
+
+
+def tokenize(tokenizer: Any, column: str = "text", *, seq_len: int, pack: bool = True, eos_id: int | None = None) -> Tokenize:
+    """Tokenize a text source's documents in the workers and pack them into training windows.
+
+    Give it as the ``transform=`` of a :class:`naiad.DataLoader` over any text source
+    (``naiad.read_jsonl``, ``read_parquet``, ``read_text``): the loader reads the source
+    tokenized, in its workers (NOTE [ Tokenizing in the workers ]), and the transform packs each
+    batch of documents into windows (NOTE [ Packing per batch ]). ``batch_size`` counts
+    documents; a batch is ``{"input_ids", "labels", "position_ids", "document_ids"}``, int64
+    ``[W, seq_len]``, as :func:`naiad.read_tokens` gives with ``eos_id``, where ``W`` is the
+    number of windows the batch's documents fill; the last window of each batch is padded (label
+    -100), so every token of every document is a label once per epoch. Every document once per
+    epoch across ranks and workers; exact and elastic resume as for the text source.
+    docs/TOKENS.md, "Raw text".
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer`` or the path of a ``tokenizer.json``.
+        column: the text column.
+        seq_len: tokens per training sequence.
+        pack: True: a batch's documents share windows; False: every document starts a window.
+        eos_id: the token put after every document; None: the tokenizer's own end-of-text
+            token (``<|endoftext|>``, ``</s>``, ...).
+
+    Raises:
+        ConfigError: tokenizers not installed, a tokenizer path that does not exist or does not
+            load, a bad ``seq_len``, no end-of-document token.
+
+    Example:
+        >>> docs = naiad.read_jsonl("corpus/*.jsonl")  # doctest: +SKIP
+        >>> loader = naiad.DataLoader(docs, batch_size=64, shuffle=True, seed=0, num_workers=2,
+        ...                           transform=naiad.tokenize("tokenizer.json", seq_len=1024))  # doctest: +SKIP
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise ConfigError(f"`seq_len` must be an int >= 1, got {seq_len!r}.")
+    if not isinstance(column, str):
+        raise ConfigError(f"`column` must be the text column's name, got {column!r}.")
+    return Tokenize(tokenizer, column, int(seq_len), bool(pack), eos_id)
+
+
+class TokenizedSource(Source):
+    """A text source read tokenized: its rows, blocks and plan are the text source's; each read
+    returns one column, :data:`TOKENS_COLUMN`, each document's ids and EOS as bytes (NOTE [
+    Tokenizing in the workers ]). Everything but the reads is the wrapped source's.
+
+    Raises:
+        ConfigError: at construction, when the source has no such text column.
+    """
+
+    def __init__(self, inner: Source, tokenize: Tokenize) -> None:  # noqa: D107 - no Source.__init__: the inner's options
+        names = inner.column_names
+        if tokenize.column not in names:
+            raise ConfigError(f"naiad.tokenize(column={tokenize.column!r}): the source has no such column; it has "
+                              f"{names}. Pass the text column's name as `column=`.")
+        self.inner = inner
+        self.tokenize = tokenize
+        self.paths = inner.paths
+        self.storage = inner.storage
+        self.on_bad_rows = inner.on_bad_rows
+        self.max_bad_rows = inner.max_bad_rows
+        self.blocks_from_metadata = inner.blocks_from_metadata  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"TokenizedSource({self.inner!r}, {self.tokenize!r})"
+
+    # -- the contract: the inner's ------------------------------------------------------------
+
+    def _read_schema(self) -> pa.Schema:
+        return pa.schema([(TOKENS_COLUMN, pa.binary())])
+
+    def _file_blocks(self, path: str) -> list[Block]:
+        return self.inner._file_blocks(path)
+
+    def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
+        return self.read_block(block, lo, hi, use_threads=use_threads)
+
+    def blocks(self) -> list[Block]:
+        return self.inner.blocks()
+
+    def count_beside(self) -> None:
+        self.inner.count_beside()
+
+    def counted(self) -> bool:
+        return self.inner.counted()
+
+    def early_blocks(self) -> list[Block] | None:
+        return self.inner.early_blocks()
+
+    def early_rows(self, block: Block) -> int:
+        return self.inner.early_rows(block)
+
+    def prepare(self) -> None:
+        self.inner.prepare()
+
+    def keep_nothing(self) -> None:
+        self.inner.keep_nothing()
+
+    def local_bytes(self) -> int | None:
+        return self.inner.local_bytes()
+
+    def known_rows(self) -> int | None:
+        return self.inner.known_rows()
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def sample_bytes(self) -> int | None:
+        return self.inner.sample_bytes()
+
+    def parsed_bytes(self) -> int:
+        return self.inner.parsed_bytes()
+
+    # -- the reads: the inner's, tokenized ----------------------------------------------------
+
+    def read_block(self, block: Block, lo: int = 0, hi: int | None = None, *, use_threads: bool = False) -> BlockData:
+        data = self.inner.read_block(block, lo, hi, use_threads=use_threads)
+        hi = block.rows if hi is None else hi
+        return self._tokenized(data, lambda: [(block, r) for r in range(lo, hi)])
+
+    def read_group(self, parts: Sequence[GroupPart], *, use_threads: bool = False) -> BlockData:
+        data = self.inner.read_group(parts, use_threads=use_threads)
+        return self._tokenized(data, lambda: [(b, int(r)) for b, lo, hi, take in parts
+                                              for r in (range(lo, hi) if take is None else lo + np.asarray(take))])
+
+    def read_rows(self, block: Block, rows: np.ndarray, *, use_threads: bool = False) -> BlockData:
+        return self.read_rows_many([(block, rows)], use_threads=use_threads)
+
+    def read_rows_many(self, parts: Sequence[tuple[Block, np.ndarray]], *, use_threads: bool = False) -> BlockData:
+        data = self.inner.read_rows_many(parts, use_threads=use_threads)
+        return self._tokenized(data, lambda: [(b, int(r)) for b, rows in parts for r in rows])
+
+    def empty_columns(self) -> Columns:
+        return {TOKENS_COLUMN: []}
+
+    def _tokenized(self, data: BlockData, asked: Callable[[], list[tuple[Block, int]]]) -> BlockData:
+        def where(i: int) -> tuple[str, str]:
+            skipped = {int(e["at"]) for e in data.bad}
+            rows = [r for j, r in enumerate(asked()) if j not in skipped]
+            block, row = rows[i]
+            if isinstance(self.inner, LineBlocks):  # a block's first line is 1-based; one row a line
+                return block.path, f"line {block.first_line + row}"
+            return block.path, f"row {block.first_line + row}"  # columnar: the block's first row, 0-based
+
+        texts = data.columns[self.tokenize.column]
+        return BlockData({TOKENS_COLUMN: self.tokenize.documents(texts, where)}, data.bad)
+
+
+def iter_documents(tokenize_: Tokenize, source: Source) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Every document of ``source`` in file order, tokenized a block at a time: ``(flat, lens)``
+    as :meth:`Tokenize.encode` returns (for ``naiad convert --tokenize``)."""
+    wrapped = TokenizedSource(source, tokenize_)
+    for block in source.blocks():
+        pieces = wrapped.read_block(block).columns[TOKENS_COLUMN]
+        flat = np.frombuffer(b"".join(pieces), tokenize_.dtype)
+        lens = np.fromiter(map(len, pieces), np.int64, count=len(pieces)) // tokenize_.dtype.itemsize
+        yield flat, lens
