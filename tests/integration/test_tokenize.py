@@ -251,3 +251,16 @@ def test_tokenize_reads_a_batch_that_holds_text_or_tokens(corpus):
     copy = pickle.loads(pickle.dumps(t))
     assert copy._tok is None  # the tokenizer travels as JSON, loaded once where it runs
     assert_same([copy({"text": texts})], [direct])
+
+
+def test_a_null_document_in_parquet_is_named_by_its_row(corpus, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts: list[str | None] = list(corpus["docs"][:50])
+    texts[31] = None
+    pq.write_table(pa.table({"text": pa.array(texts, pa.string())}), tmp_path / "t.parquet", row_group_size=20)
+    t = naiad.tokenize(corpus["tokenizer"], seq_len=SEQ)
+    loader = naiad.DataLoader(naiad.read_parquet(str(tmp_path / "t.parquet")), batch_size=10, transform=t)
+    with pytest.raises(naiad.SourceError, match=r"t.parquet: row 31: `text` is NoneType"):
+        list(loader)

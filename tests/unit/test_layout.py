@@ -108,7 +108,7 @@ def test_public_names_unchanged() -> None:
         "NaiadError", "Source", "SourceError", "StateError", "Telemetry", "WorkerError",
         "WorkerLocal", "__version__", "columnar", "decode_audio", "decode_images", "images", "mix", "pack_xy", "read",
         "read_arrow", "read_csv", "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text", "read_tokens",
-        "read_webdataset", "testing", "worker_rng",
+        "read_webdataset", "testing", "tokenize", "worker_rng",
     ])
     for name in naiad.__all__:
         assert getattr(naiad, name) is not None, name

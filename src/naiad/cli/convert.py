@@ -6,10 +6,12 @@ Parquet that Hugging Face ``datasets`` reads.
     naiad convert s3://bucket/raw/train.jsonl s3://bucket/train/ --format arrow --dtypes float32
     naiad convert photos/ shards/train.tar --rows-per-shard 5000 --max-size 512 --shuffle
     naiad convert fashion/ data/fashion.parquet --decode
+    naiad convert "corpus/*.jsonl" tokens/ --tokenize tokenizer.json --tokens-per-shard 100000000
 
 Row groups sized for block shuffling, float columns without dictionary pages, an optional
 seeded global permutation in bounded memory, a manifest of row counts and SHA-256 checksums;
-every shard appears only once whole. docs/CONVERT.md.
+every shard appears only once whole. With ``--tokenize``, text becomes token shards that
+``naiad.read_tokens`` reads (NOTE [ Token shards ] in tools/convert_tokens.py). docs/CONVERT.md.
 """
 
 from __future__ import annotations
@@ -96,6 +98,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(small images of one size; Parquet or Arrow)")
     parser.add_argument("--mode", choices=("L", "RGB", "RGBA"), default=None,
                         help="with --decode: the channels stored (default: from the first image)")
+    parser.add_argument("--tokenize", default=None, metavar="TOKENIZER_JSON",
+                        help="text: tokenize each document with this tokenizer.json and write token shards "
+                        "(.npy, uint16 or uint32, document offsets, a manifest) that naiad.read_tokens reads; DST "
+                        "is a folder")
+    parser.add_argument("--text-column", default="text", help="with --tokenize: the text column (default text)")
+    parser.add_argument("--eos-id", type=at_least(0), default=None,
+                        help="with --tokenize: the end-of-document token (default: the tokenizer's <|endoftext|>, "
+                        "</s>, ...)")
+    parser.add_argument("--tokens-per-shard", type=at_least(1), default=None,
+                        help="with --tokenize: tokens per shard, cut at a document's end (default: one shard)")
     parser.add_argument("--overwrite", action="store_true", help="replace shards and a manifest already at DST")
     parser.add_argument("--storage-options", type=parse_json_object, default=None, metavar="JSON",
                         help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://...", "anon": true}\'')
@@ -108,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``naiad convert``; prints one summary line."""
     from naiad.tools.convert import ConvertOptions, convert
     from naiad.tools.progress import Progress, human_bytes
+
+    if args.tokenize is not None:
+        return _run_tokenize(args)
 
     options = ConvertOptions(
         format=args.format, rows_per_shard=args.rows_per_shard, row_group_rows=args.row_group_rows,
@@ -130,4 +145,27 @@ def run(args: argparse.Namespace) -> int:
         unit = "samples" if "samples" in result.manifest else "rows"
         print(f"naiad convert: {result.rows:,} {unit} -> {len(result.shards)} shard(s), {human_bytes(size)}, "
               f"in {result.seconds:.1f} s ({rate:,.0f} {unit}/s){skipped}; manifest {result.manifest_path}")
+    return 0
+
+
+def _run_tokenize(args: argparse.Namespace) -> int:
+    from naiad.tokens.text import tokenize
+    from naiad.tools.convert import ConvertOptions, open_source
+    from naiad.tools.convert_tokens import convert_tokens
+    from naiad.tools.progress import Progress, human_bytes
+
+    t = tokenize(args.tokenize, args.text_column, seq_len=1, eos_id=args.eos_id)
+    source = open_source(args.src, ConvertOptions(on_bad_rows=args.on_bad_rows, storage_options=args.storage_options))
+    progress = Progress(enabled=False if args.quiet else None, labels={"convert": "tokenizing"})
+    try:
+        manifest = convert_tokens(source, args.dst, t, tokens_per_shard=args.tokens_per_shard,
+                                  overwrite=args.overwrite, tokenizer_path=args.tokenize, progress=progress)
+    finally:
+        progress.close()
+    if not args.quiet:
+        size = sum(s["bytes"] for s in manifest["shards"])
+        rate = manifest["tokens"] / manifest["seconds"] if manifest["seconds"] > 0 else 0.0
+        print(f"naiad convert: {manifest['documents']:,} documents -> {manifest['tokens']:,} {manifest['dtype']} tokens "
+              f"in {len(manifest['shards'])} shard(s), {human_bytes(size)}, in {manifest['seconds']:.1f} s "
+              f"({rate:,.0f} tokens/s); manifest {args.dst.rstrip('/')}/manifest.json")
     return 0

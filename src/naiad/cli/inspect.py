@@ -7,6 +7,7 @@ the decode time per image, with what would stream faster.
     naiad inspect s3://bucket/train.csv --storage-options '{"anon": true}' --json
     naiad inspect "shards/train-{0000..0099}.tar"
     naiad inspect photos/
+    naiad inspect tokens/ --seq-len 1024            # token files: tokens, documents, windows
 
 docs/CONVERT.md.
 """
@@ -37,14 +38,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="samples: how many random images to look at (headers; some decoded) (default 64)")
     parser.add_argument("--max-size", type=at_least(1), default=256, metavar="PIXELS",
                         help="samples: the size to time large images at, as `naiad convert --max-size` (default 256)")
+    parser.add_argument("--seq-len", type=at_least(1), default=None,
+                        help="read SOURCE as token files (naiad.read_tokens) and count its windows of this length "
+                        "(token files are found without it from a .bin suffix or a token manifest; then 1024)")
+    parser.add_argument("--dtype", default=None, help="token files: the dtype of flat .bin files (default uint16)")
+    parser.add_argument("--eos-id", type=at_least(0), default=None,
+                        help="token files: the end-of-document token, to count documents (default: the manifest's)")
     parser.add_argument("--storage-options", type=parse_json_object, default=None, metavar="JSON",
                         help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://...", "anon": true}\'')
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``naiad inspect``."""
+    from naiad.tools.inspect_tokens import inspect_tokens, looks_like_tokens
     from naiad.tools.inspection import inspect_source
 
+    if args.seq_len is not None or args.dtype is not None or args.eos_id is not None or looks_like_tokens(args.source):
+        tokens = inspect_tokens(args.source, seq_len=args.seq_len or 1024, dtype=args.dtype, eos_id=args.eos_id,
+                                storage_options=args.storage_options)
+        print(tokens.to_json() if args.json else tokens.summary())
+        return 0
     report = inspect_source(args.source, storage_options=args.storage_options, head_rows=args.rows,
                             time_budget_s=args.time_budget, max_blocks=max(1, args.max_blocks), images=args.images,
                             max_size=args.max_size)

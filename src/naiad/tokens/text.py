@@ -157,7 +157,7 @@ class Tokenize:
 
     # -- the two halves: tokenize (in the workers), pack (anywhere) ----------------------------
 
-    def encode(self, texts: Sequence[Any] | np.ndarray, where: Callable[[int], tuple[str, str]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, texts: Sequence[Any] | np.ndarray, where: Callable[[int], tuple[str, int | None, str]] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``texts`` tokenized: one flat array of every document's ids each followed by EOS (in
         :attr:`dtype`), and each document's length in it (EOS included).
 
@@ -183,7 +183,7 @@ class Tokenize:
         out[body] = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=n)
         return out, lens + 1
 
-    def _failure(self, texts: list[Any], where: Callable[[int], tuple[str, str]] | None, exc: BaseException) -> SourceError:
+    def _failure(self, texts: list[Any], where: Callable[[int], tuple[str, int | None, str]] | None, exc: BaseException) -> SourceError:
         bad, reason = None, f"{type(exc).__name__}: {exc}"
         for i, text in enumerate(texts):  # the error path only: find the document
             if not isinstance(text, str):
@@ -200,10 +200,10 @@ class Tokenize:
             return SourceError(f"the tokenizer failed on a batch of {len(texts)} documents: {reason}.")
         if where is None:
             return SourceError(f"document {bad} of the batch: {reason}.")
-        path, place = where(bad)
-        return SourceError(f"{place}: {reason}; tokenize only text (drop or fix the document).", path=path)
+        path, line, place = where(bad)
+        return SourceError(f"{place}{reason}; tokenize only text (drop or fix the document).", path=path, line=line)
 
-    def documents(self, texts: Sequence[Any] | np.ndarray, where: Callable[[int], tuple[str, str]] | None = None) -> list[bytes]:
+    def documents(self, texts: Sequence[Any] | np.ndarray, where: Callable[[int], tuple[str, int | None, str]] | None = None) -> list[bytes]:
         """Each document's ids and EOS as bytes (what :class:`TokenizedSource` reads)."""
         flat, lens = self.encode(texts, where)
         raw, size = flat.tobytes(), flat.dtype.itemsize
@@ -405,13 +405,13 @@ class TokenizedSource(Source):
         return {TOKENS_COLUMN: []}
 
     def _tokenized(self, data: BlockData, asked: Callable[[], list[tuple[Block, int]]]) -> BlockData:
-        def where(i: int) -> tuple[str, str]:
+        def where(i: int) -> tuple[str, int | None, str]:
             skipped = {int(e["at"]) for e in data.bad}
             rows = [r for j, r in enumerate(asked()) if j not in skipped]
             block, row = rows[i]
             if isinstance(self.inner, LineBlocks):  # a block's first line is 1-based; one row a line
-                return block.path, f"line {block.first_line + row}"
-            return block.path, f"row {block.first_line + row}"  # columnar: the block's first row, 0-based
+                return block.path, block.first_line + row, ""
+            return block.path, None, f"row {block.first_line + row}: "  # columnar: the block's first row, 0-based
 
         texts = data.columns[self.tokenize.column]
         return BlockData({TOKENS_COLUMN: self.tokenize.documents(texts, where)}, data.bad)
