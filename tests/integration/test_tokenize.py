@@ -6,6 +6,7 @@ padding, and the errors (a tokenizer path that does not exist, a document that i
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 
 import numpy as np
@@ -264,3 +265,36 @@ def test_a_null_document_in_parquet_is_named_by_its_row(corpus, tmp_path):
     loader = naiad.DataLoader(naiad.read_parquet(str(tmp_path / "t.parquet")), batch_size=10, transform=t)
     with pytest.raises(naiad.SourceError, match=r"t.parquet: row 31: `text` is NoneType"):
         list(loader)
+
+
+class CountingTokenize(naiad.tokens.Tokenize):
+    """Records, in a file, each process's loads of the tokenizer."""
+
+    log = ""
+
+    @property
+    def tokenizer(self):
+        if self._tok is None:
+            with open(self.log, "a") as f:
+                f.write(f"{os.getpid()}\n")
+        return super().tokenizer
+
+
+@pytest.mark.timeout(180)
+def test_the_tokenizer_is_loaded_once_per_worker_process_not_per_batch(corpus, tmp_path):
+    t = CountingTokenize(corpus["tokenizer"], "text", SEQ, True, None)
+    t.log = str(tmp_path / "loads.txt")
+    docs = naiad.read_jsonl([str(p) for p in corpus["jsonl"]], block_bytes=4096)  # dozens of read tasks
+    loader = naiad.DataLoader(docs, batch_size=4, num_workers=2, worker_mode="process",
+                              transform=t, persistent_workers=True, multiprocessing_context="spawn")
+    try:
+        for _ in range(2):  # two epochs, about 150 batches
+            assert sum(1 for _ in loader) == len(loader)
+    finally:
+        loader.close()
+    loads = (tmp_path / "loads.txt").read_text().split()
+    # Spawned workers unpickle the transform without its tokenizer: each loads it once, for all its
+    # tasks (dozens, over two epochs).
+    assert len(docs.blocks()) > 20
+    assert 1 <= len(loads) <= 2 and len(set(loads)) == len(loads)
+    assert str(os.getpid()) not in loads  # the training process kept the one it loaded
