@@ -57,7 +57,9 @@ class LoaderOptions:
         worker_mode: "process" or "thread".
         device: where batches go (None: stay on the CPU).
         device_prefetch: batches copied ahead to ``device``.
-        transform: called on every batch in the training process.
+        transform: called on every batch in the training process. One with a ``wrap_source``
+            method (:func:`naiad.tokenize`) also wraps a streaming source, so that its heavy
+            part runs where the source is read, in the workers.
         shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
         rank: the rank a map-style dataset is sharded for (None: not sharded).
         world_size: the number of ranks it is sharded over.

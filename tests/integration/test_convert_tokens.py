@@ -138,3 +138,16 @@ def test_convert_errors_name_the_problem(corpus, tmp_path, capsys):
         from naiad.tools.convert_tokens import convert_tokens
 
         convert_tokens(naiad.read_jsonl(src), "s3://bucket/out/", naiad.tokenize(corpus["tokenizer"], seq_len=8))
+
+
+def test_convert_with_on_bad_rows_skip_counts_the_skipped_documents(corpus, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"text": d}) for d in corpus["docs"][:30]]
+    lines[11] = json.dumps({"text": None})
+    lines[17] = "{not json"
+    bad.write_text("\n".join(lines) + "\n")
+    manifest = convert(capsys, str(bad), tmp_path / "out", corpus["tokenizer"], "--on-bad-rows", "skip")
+    assert manifest["documents"] == 28 and manifest["bad_rows"] == 2
+    assert sorted(e["line"] for e in manifest["bad_row_examples"]) == [12, 18]
+    good = [t for i, d in enumerate(corpus["expected"][:30]) if i not in (11, 17) for t in d]
+    assert np.load(tmp_path / "out" / "tokens-00000.npy").tolist() == good

@@ -298,3 +298,21 @@ def test_the_tokenizer_is_loaded_once_per_worker_process_not_per_batch(corpus, t
     assert len(docs.blocks()) > 20
     assert 1 <= len(loads) <= 2 and len(set(loads)) == len(loads)
     assert str(os.getpid()) not in loads  # the training process kept the one it loaded
+
+
+@pytest.mark.timeout(120)
+def test_with_on_bad_rows_skip_a_document_that_is_not_text_is_skipped_and_counted(corpus, tmp_path):
+    p = tmp_path / "bad.jsonl"
+    docs = corpus["docs"][:60]
+    lines = [json.dumps({"text": d}) for d in docs]
+    lines[22] = json.dumps({"text": None})
+    lines[41] = json.dumps({"text": None})
+    p.write_text("\n".join(lines) + "\n")
+    t = naiad.tokenize(corpus["tokenizer"], seq_len=SEQ)
+    loader = naiad.DataLoader(naiad.read_jsonl(str(p), on_bad_rows="skip"), batch_size=8, shuffle=True, seed=0,
+                              num_workers=2, worker_mode="process", transform=t)
+    batches = run(loader)
+    good = [e for i, e in enumerate(corpus["expected"][:60]) if i not in (22, 41)]
+    assert Counter(documents_of(batches, corpus["eos"])) == Counter(good)
+    assert loader.bad_rows == {str(p): 2}
+    assert [(e["line"], e["column"]) for e in loader.stats().bad_row_ledger] == [(23, "text"), (42, "text")]

@@ -47,7 +47,7 @@ import pyarrow as pa
 import torch
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.base import Block, BlockData, GroupPart, Source
+from naiad.sources.base import Block, BlockData, GroupPart, Source, bad_entry
 from naiad.sources.columns import Columns
 from naiad.sources.lines import LineBlocks
 from naiad.tokens.windows import document_ids, position_ids
@@ -183,25 +183,30 @@ class Tokenize:
         out[body] = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=n)
         return out, lens + 1
 
-    def _failure(self, texts: list[Any], where: Callable[[int], tuple[str, int | None, str]] | None, exc: BaseException) -> SourceError:
-        bad, reason = None, f"{type(exc).__name__}: {exc}"
-        for i, text in enumerate(texts):  # the error path only: find the document
+    def failures(self, texts: Sequence[Any]) -> list[tuple[int, str]]:
+        """Every document of ``texts`` the tokenizer cannot take, with why: not a string, or
+        refused by the tokenizer (the error path only: one document at a time)."""
+        out: list[tuple[int, str]] = []
+        for i, text in enumerate(texts):
             if not isinstance(text, str):
-                bad, reason = i, f"`{self.column}` is {type(text).__name__} {text!r:.60}, not a string"
-                break
-        if bad is None:
-            for i, text in enumerate(texts):
-                try:
-                    self.tokenizer.encode(text, add_special_tokens=False)
-                except Exception as one:
-                    bad, reason = i, f"the tokenizer failed: {type(one).__name__}: {one}"
-                    break
-        if bad is None:
-            return SourceError(f"the tokenizer failed on a batch of {len(texts)} documents: {reason}.")
+                out.append((i, f"`{self.column}` is {type(text).__name__} {text!r:.60}, not a string"))
+                continue
+            try:
+                self.tokenizer.encode(text, add_special_tokens=False)
+            except Exception as one:  # the Rust side raises its own Exception type
+                out.append((i, f"the tokenizer failed: {type(one).__name__}: {one}"))
+        return out
+
+    def _failure(self, texts: list[Any], where: Callable[[int], tuple[str, int | None, str]] | None, exc: BaseException) -> SourceError:
+        found = self.failures(texts)
+        if not found:
+            return SourceError(f"the tokenizer failed on a batch of {len(texts)} documents: {type(exc).__name__}: {exc}.")
+        bad, reason = found[0]
         if where is None:
             return SourceError(f"document {bad} of the batch: {reason}.")
         path, line, place = where(bad)
-        return SourceError(f"{place}{reason}; tokenize only text (drop or fix the document).", path=path, line=line)
+        return SourceError(f"{place}{reason}; tokenize only text (drop or fix the document, or read with "
+                           "on_bad_rows='skip').", path=path, line=line)
 
     def documents(self, texts: Sequence[Any] | np.ndarray, where: Callable[[int], tuple[str, int | None, str]] | None = None) -> list[bytes]:
         """Each document's ids and EOS as bytes (what :class:`TokenizedSource` reads)."""
@@ -405,24 +410,47 @@ class TokenizedSource(Source):
         return {TOKENS_COLUMN: []}
 
     def _tokenized(self, data: BlockData, asked: Callable[[], list[tuple[Block, int]]]) -> BlockData:
-        def where(i: int) -> tuple[str, int | None, str]:
+        def kept() -> list[tuple[int, Block, int]]:  # the rows returned: (position asked, block, row)
             skipped = {int(e["at"]) for e in data.bad}
-            rows = [r for j, r in enumerate(asked()) if j not in skipped]
-            block, row = rows[i]
+            return [(j, b, r) for j, (b, r) in enumerate(asked()) if j not in skipped]
+
+        def where(i: int) -> tuple[str, int | None, str]:
+            _, block, row = kept()[i]
             if isinstance(self.inner, LineBlocks):  # a block's first line is 1-based; one row a line
                 return block.path, block.first_line + row, ""
             return block.path, None, f"row {block.first_line + row}: "  # columnar: the block's first row, 0-based
 
         texts = data.columns[self.tokenize.column]
-        return BlockData({TOKENS_COLUMN: self.tokenize.documents(texts, where)}, data.bad)
+        try:
+            return BlockData({TOKENS_COLUMN: self.tokenize.documents(texts, where)}, data.bad)
+        except SourceError:
+            if self.on_bad_rows != "skip":
+                raise
+        # on_bad_rows="skip": the documents the tokenizer cannot take are skipped as bad rows,
+        # each keeping its position (NOTE [ Bad rows keep their positions ]).
+        texts = texts.tolist() if isinstance(texts, np.ndarray) else list(texts)
+        found = dict(self.tokenize.failures(texts))
+        rows = kept()
+        bad = list(data.bad)
+        for i, reason in found.items():
+            at, block, row = rows[i]
+            line = block.first_line + row
+            text_format = isinstance(self.inner, LineBlocks)
+            bad.append(bad_entry(at, block.path, reason, line=line if text_format else None,
+                                 row=None if text_format else line, column=self.tokenize.column))
+        bad.sort(key=lambda e: int(e["at"]))
+        good = [t for i, t in enumerate(texts) if i not in found]
+        return BlockData({TOKENS_COLUMN: self.tokenize.documents(good, where) if good else []}, tuple(bad))
 
 
-def iter_documents(tokenize_: Tokenize, source: Source) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Every document of ``source`` in file order, tokenized a block at a time: ``(flat, lens)``
-    as :meth:`Tokenize.encode` returns (for ``naiad convert --tokenize``)."""
+def iter_documents(tokenize_: Tokenize, source: Source) -> Iterator[tuple[np.ndarray, np.ndarray, tuple[dict[str, Any], ...]]]:
+    """Every document of ``source`` in file order, tokenized a block at a time: ``(flat, lens,
+    bad)``, ``flat`` and ``lens`` as :meth:`Tokenize.encode` returns them, ``bad`` the rows skipped
+    (``on_bad_rows="skip"``; for ``naiad convert --tokenize``)."""
     wrapped = TokenizedSource(source, tokenize_)
     for block in source.blocks():
-        pieces = wrapped.read_block(block).columns[TOKENS_COLUMN]
+        data = wrapped.read_block(block, use_threads=True)
+        pieces = data.columns[TOKENS_COLUMN]
         flat = np.frombuffer(b"".join(pieces), tokenize_.dtype)
         lens = np.fromiter(map(len, pieces), np.int64, count=len(pieces)) // tokenize_.dtype.itemsize
-        yield flat, lens
+        yield flat, lens, data.bad

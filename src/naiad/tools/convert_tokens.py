@@ -118,8 +118,12 @@ def convert_tokens(source: Source, dst: str, tokenize: Tokenize, *, tokens_per_s
         shards.append(TokenShard(name, len(tokens), len(doc_lens), size, sha, f"{OFFSETS}/{name}", osha))
         pending, lens, held = [], [], 0
 
-    for flat, doc_lens in iter_documents(tokenize, source):
-        rows += len(doc_lens)
+    bad_rows = 0
+    bad_examples: list[dict[str, Any]] = []
+    for flat, doc_lens, bad in iter_documents(tokenize, source):
+        rows += len(doc_lens) + len(bad)
+        bad_rows += len(bad)
+        bad_examples += [{k: v for k, v in e.items() if k != "at"} for e in bad[:max(0, 20 - len(bad_examples))]]
         if tokens_per_shard is None:
             pending.append(flat)
             lens.append(doc_lens)
@@ -156,6 +160,8 @@ def convert_tokens(source: Source, dst: str, tokenize: Tokenize, *, tokens_per_s
         "eos_id": tokenize.eos_id,
         "tokens": sum(s.tokens for s in shards),
         "documents": sum(s.documents for s in shards),
+        "bad_rows": bad_rows,
+        "bad_row_examples": bad_examples,
         "shards": [s.as_dict() for s in shards],
         "tokenizer": {"path": tokenizer_path, "sha256": hashlib.sha256(tok_json).hexdigest(),
                       "vocab_size": tokenize.vocab_size, "column": tokenize.column},
