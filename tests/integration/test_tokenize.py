@@ -94,11 +94,12 @@ def test_every_documents_tokens_once_per_epoch_across_two_ranks_of_two_workers(c
 
 
 @pytest.mark.timeout(300)
-def test_windows_equal_tokenizing_the_plain_batches_in_this_process(corpus):
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_windows_equal_tokenizing_the_plain_batches_in_this_process(corpus, mode):
     # The loader splits the work (tokens in the workers, packing here); the transform applied to
-    # the untokenized batches here gives the same windows.
+    # the untokenized batches here gives the same windows. Thread workers share one tokenizer.
     t = naiad.tokenize(corpus["tokenizer"], seq_len=SEQ)
-    kw = dict(batch_size=10, shuffle=True, seed=1, shuffle_buffer=50, num_workers=2, worker_mode="process")
+    kw = dict(batch_size=10, shuffle=True, seed=1, shuffle_buffer=50, num_workers=2, worker_mode=mode)
     split = run(naiad.DataLoader(source(corpus, "jsonl"), transform=t, **kw))
     plain = [t(b) for b in run_plain(naiad.DataLoader(source(corpus, "jsonl"), **kw))]
     assert_same(split, plain)
