@@ -128,7 +128,6 @@ class Tokenize:
         self.dtype = np.dtype(np.uint16 if self.vocab_size <= 1 << 16 else np.uint32)
         self._json = tok.to_str()
         self._tok: Any = tok
-        self._pid = os.getpid()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
