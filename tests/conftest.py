@@ -22,6 +22,11 @@ if "NAIAD_CACHE_DIR" not in os.environ:
 # Every process the run starts inherits this marker (.ci/run sets its own): what is still alive
 # at the end of the session is found by it, orphans included.
 os.environ.setdefault(MARKER, f"pytest-{uuid.uuid4().hex}")
+# And this session's own marker, always new: a pytest that a test starts (the device check's
+# collection, say) inherits the run's marker but checks only what it started itself, never its
+# siblings of the outer run (their multiprocessing helpers included).
+SESSION = "NAIAD_TEST_SESSION"
+os.environ[SESSION] = f"session-{uuid.uuid4().hex}"
 
 # multiprocessing's helpers that this interpreter started live as long as it, and end with it.
 _INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -36,12 +41,12 @@ def _leftovers(wait_s: float) -> list[int]:
     while ancestor:
         exclude.add(ancestor)
         ancestor = parent(ancestor)
-    for pid in marked(os.environ[MARKER], exclude=exclude):
+    for pid in marked(os.environ[SESSION], SESSION, exclude=exclude):
         # The forkserver's own children (workers) have its command line too: only the helpers
         # started by this process itself are passed over.
         if parent(pid) == me and any(h in command(pid) for h in _INTERPRETER_HELPERS):
             exclude.add(pid)
-    return wait_gone(os.environ[MARKER], wait_s, exclude=exclude)
+    return wait_gone(os.environ[SESSION], wait_s, SESSION, exclude=exclude)
 
 
 @pytest.hookimpl(trylast=True)
