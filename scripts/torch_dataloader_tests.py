@@ -52,9 +52,12 @@ tree's, whatever is installed.
   reports what it ran.
 
 ``--loader both`` runs torch's DataLoader, then naiad's, and lists every test whose outcome
-differs. Exit status: 0 when every run collected the file and ran to the end (test failures
-are results, listed, not errors of the script); 1 when a run could not (collection or import
-error, a missing helper package, time limit, a run that ended early).
+differs; ``--loader naiad --baseline RESULTS.json`` compares with the torch run saved by an
+earlier ``--json`` instead of running it again. Exit status: 0 when every run collected the
+file and ran to the end (test failures are results, listed, not errors of the script); 1 when
+a run could not (collection or import error, a missing helper package, its time limit, a run
+that ended early), printed as ``FAILED: ...`` with the reason; a run that was cut short still
+lists the outcomes of the tests it ran.
 """
 
 from __future__ import annotations
@@ -154,7 +157,11 @@ OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 
 
 class RunError(Exception):
-    """A run that could not collect the test file or did not run to its end."""
+    """A run that could not collect the test file or did not run to its end, with what it ran."""
+
+    def __init__(self, message: str, results: dict[str, dict[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.results = results or {}
 
 
 def explain_import_error(error: str, torch_version: str) -> str:
@@ -351,12 +358,12 @@ def run(test_file: Path, loader: str, args: argparse.Namespace, workdir: Path) -
     if timed_out:
         raise RunError(
             f"{loader}: the run passed its time limit of {args.run_timeout} s after "
-            f"{len(results)} of {collected} tests and was killed. Log tail:\n{tail}"
+            f"{len(results)} of {collected} tests and was killed. Log tail:\n{tail}", results
         )
     if rc not in (0, 1) or collected is None or len(results) < collected:
         raise RunError(
             f"{loader}: the run did not end normally (pytest exit status {rc}, "
-            f"{len(results)} of {collected} tests reported). Log tail:\n{tail}"
+            f"{len(results)} of {collected} tests reported). Log tail:\n{tail}", results
         )
     return results
 
@@ -376,20 +383,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", help="pytest -k expression")
     parser.add_argument("--json", type=Path, help="write every test's outcome here (after each run)")
     parser.add_argument("--keep", type=Path, help="copy each run's directory (log, outcomes) here")
+    parser.add_argument(
+        "--baseline", type=Path,
+        help="with --loader naiad: compare with the torch run in this --json file instead of rerunning it",
+    )
     args = parser.parse_args(argv)
     if not args.test_file.is_file():
         parser.error(f"no file {args.test_file}; see this script's docstring for how to get it.")
     loaders = ("torch", "naiad") if args.loader == "both" else (args.loader,)
     results: dict[str, dict[str, dict[str, str]]] = {}
-    try:
-        with tempfile.TemporaryDirectory(prefix="naiad-torch-tests-") as tmp:
-            for loader in loaders:
+    if args.baseline is not None:
+        if args.loader != "naiad":
+            parser.error("--baseline goes with --loader naiad")
+        results["torch"] = json.loads(args.baseline.read_text())["torch"]
+        loaders = ("torch", "naiad")
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="naiad-torch-tests-") as tmp:
+        for loader in loaders:
+            if loader in results:
+                continue
+            try:
                 results[loader] = run(args.test_file, loader, args, Path(tmp))
-                if args.json is not None:
-                    args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
-    except RunError as exc:
-        print(f"\nFAILED: {exc}", file=sys.stderr)
-        return 1
+            except RunError as exc:
+                # Loud, and the exit status says so; what the run did get through is still listed.
+                print(f"\nFAILED: {exc}", file=sys.stderr)
+                problems.append(str(exc).splitlines()[0])
+                if not exc.results:
+                    return 1  # nothing ran: a collection or environment error
+                results[loader] = exc.results
+            if args.json is not None:
+                args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
     for loader in loaders:
         print(f"{loader}: {summary(results[loader])}")
     if len(loaders) == 2:
@@ -411,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nnot passing with {loader}'s DataLoader ({len(failing)}):")
             for name, r in failing:
                 print(f"  {name}: {r['outcome']}: {r['message'][:300]}")
+    if problems:
+        print("\nFAILED (the lists above are of what ran):\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
     return 0
 
 
