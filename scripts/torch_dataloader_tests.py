@@ -13,6 +13,9 @@ torch; print(torch.__version__, torch.version.git_version)"`` names the release 
     git clone --filter=blob:none --no-checkout https://github.com/pytorch/pytorch /tmp/pytorch
     git -C /tmp/pytorch show v2.13.0:test/test_dataloader.py > /tmp/test_dataloader.py
 
+(docs/ARCHITECTURE.md, "torch's own test suite", names the file the last recorded run used, with
+its sha256, where the release's own copy could not be had.)
+
 A file from another torch may import names the installed torch lacks (newer files import
 ``HardwareClassification`` from ``torch.testing._internal.common_utils``, which torch 2.13
 does not have). The script then stops before running anything and says which name and why;
@@ -417,10 +420,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{loader}: {summary(results[loader])}")
     if len(loaders) == 2:
         torch_results, naiad_results = results["torch"], results["naiad"]
-        differ = sorted(
-            name for name in set(torch_results) | set(naiad_results)
-            if torch_results.get(name, {}).get("outcome") != naiad_results.get(name, {}).get("outcome")
-        )
+        both = set(torch_results) & set(naiad_results)
+        only = sorted(set(torch_results) ^ set(naiad_results))
+        if only:  # a run cut short, or a baseline run with another -k
+            print(f"{len(only)} test(s) ran with one loader only; not compared: {', '.join(only[:5])}"
+                  + (" ..." if len(only) > 5 else ""))
+        differ = sorted(n for n in both if torch_results[n]["outcome"] != naiad_results[n]["outcome"])
         print(f"\n{len(differ)} test(s) with another outcome under naiad:")
         for name in differ:
             t, n = torch_results.get(name, {}), naiad_results.get(name, {})
