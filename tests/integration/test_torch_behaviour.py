@@ -524,6 +524,39 @@ def test_an_unpicklable_argument_names_itself_and_the_fixes() -> None:
         assert words in hint, words
 
 
+@pytest.mark.timeout(120)
+def test_an_unpicklable_worker_init_fn_under_forkserver_warns_as_torch_does() -> None:
+    # torch's test_worker_init_fn_forkserver: a local worker_init_fn cannot reach a forkserver
+    # worker; torch raises the pickling error and warns first with words its tests look for.
+    from multiprocessing import forkserver, resource_tracker
+
+    def local_init_fn(worker_id: int) -> None:  # local: does not pickle
+        torch.manual_seed(12345)
+
+    forkserver.ensure_running()  # started once per process: not a worker
+    resource_tracker.ensure_running()
+    before, shm = child_pids(), shm_entries()
+    raised = []
+    for loader_class in LOADERS:
+        loader = loader_class(
+            FailsAt(4, ()), batch_size=2, num_workers=2, worker_init_fn=local_init_fn,
+            multiprocessing_context="forkserver",
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(Exception) as info:
+                next(iter(loader))
+        raised.append(type(info.value))
+        opening = "Got pickle error when attempting to start a worker Process"
+        messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        assert any(m.startswith(opening) for m in messages), (loader_class, messages)
+        del loader, info
+    assert raised[0] is raised[1]
+    naiad_warning = next(m for m in messages if m.startswith("Got pickle error"))
+    assert "`worker_init_fn`" in naiad_warning and "forkserver" in naiad_warning
+    settle_workers(before, shm)
+
+
 class BreaksWhenUnpickled(Dataset):
     def __init__(self) -> None:
         self.rows = 4

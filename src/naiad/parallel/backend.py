@@ -15,6 +15,7 @@ import queue
 import signal
 import time
 import traceback
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -245,11 +246,18 @@ class ProcessBackend:
         try:
             p.start()
         except (TypeError, AttributeError, pickle.PicklingError) as exc:
-            # spawn and forkserver pickle what the worker needs; torch warns here too.
+            # spawn and forkserver pickle what the worker needs. torch warns here with these
+            # opening words (its own tests look for them); the note names the argument.
             reader.close()
             writer.close()
             tq.close()
-            add_note(exc, _unpicklable_hint(w, self._mp, self._factory, self._init, self._prepare))
+            hint = _unpicklable_hint(w, self._mp, self._factory, self._init, self._prepare)
+            warnings.warn(
+                f"Got pickle error when attempting to start a worker Process. {hint}",
+                UserWarning,
+                stacklevel=2,
+            )
+            add_note(exc, hint)
             raise
         writer.close()  # the child holds the only write end: EOF on its death
         if w < len(self.procs):
