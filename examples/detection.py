@@ -99,18 +99,25 @@ class ToDetection:
 
 
 class BoxColourModel(torch.nn.Module):
-    """A stand-in for a detection model's training call: ``model(images, targets)`` returns a
-    dict of losses. It classifies each target box by the mean normalised colour inside it."""
+    """A stand-in for a detection model's training call: ``model(images, targets)`` with float
+    images in [0, 1] returns a dict of losses. Like torchvision's detection models it normalises
+    the images itself (ImageNet's mean and std); it classifies each target box by the mean
+    colour inside it."""
+
+    mean: torch.Tensor  # buffers: they go to the device with the model
+    std: torch.Tensor
 
     def __init__(self, classes: int = len(CLASSES)) -> None:
         super().__init__()
         self.classifier = torch.nn.Linear(3, classes)
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).reshape(3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).reshape(3, 1, 1))
 
-    def forward(self, images: tuple[torch.Tensor, ...], targets: tuple[dict[str, torch.Tensor], ...]) -> dict[str, torch.Tensor]:
+    def forward(self, images: list[torch.Tensor], targets: tuple[dict[str, torch.Tensor], ...]) -> dict[str, torch.Tensor]:
         """``{"loss_classifier": cross-entropy of the boxes' classes}``."""
         features, labels = [], []
         for image, target in zip(images, targets, strict=True):
-            x = naiad.images.normalize(image, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # where it lives
+            x = (image - self.mean) / self.std
             for x0, y0, x1, y1 in target["boxes"].round().long().tolist():
                 features.append(x[:, y0:y1, x0:x1].mean(dim=(1, 2)))
             labels.append(target["labels"])
@@ -161,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             for images, targets in loader:
                 if epoch == 0 and batches == 0:
                     print(describe(images, targets))
-                loss_dict = model(images, targets)  # as torchvision's detection models train
+                # uint8 crossed to the device (a quarter of float32's bytes); floats in [0, 1] made there.
+                floats = [image.float().div_(255) for image in images]
+                loss_dict = model(floats, targets)  # as torchvision's detection models train
                 losses = sum(loss_dict.values())
                 optimizer.zero_grad()
                 losses.backward()
