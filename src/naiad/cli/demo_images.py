@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
+from naiad.parallel.threads import usable_cores
+
 __all__ = ["FashionModel", "ImageFolderDataset", "ImageRunResult", "format_image_table", "run_images"]
 
 # What the image mode's options default to: the tutorial's batch size; not its lr of 1e-3, which
@@ -198,6 +200,19 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[
         return float(loss), float((logits.argmax(1) == y).float().mean())
 
 
+def warm_up(test: tuple[torch.Tensor, torch.Tensor], batch_size: int, steps: int = 5) -> None:
+    """A few training steps of a throwaway model, untimed: torch's first steps (its thread pool,
+    its kernels' first calls) are slower, and the first loader timed would pay for them."""
+    model = FashionModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    x, y = test[0][:batch_size], test[1][:batch_size]
+    for _ in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
 def check_coverage(epochs: list[list[str]], expected: Sequence[str]) -> str:
     """Empty when each epoch holds every key of ``expected`` exactly once; else what differs."""
     want = np.sort(np.asarray(expected, dtype=object).astype(str))
@@ -347,6 +362,20 @@ def run_images(args: argparse.Namespace) -> int:
     made_s = time.perf_counter() - t0
     tar, parquet, convert_s = converted(root, args.seed)
     test = load_split(root / "test")
+    # The model's threads leave a core to the loaders: torch's intra-op pool spins at its
+    # barriers, and on a machine with no core to spare each step waits for the busiest thread
+    # (measured here, 2 cores: 8 ms a step on one thread, 100 ms on two while a loader decoded).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(threads, usable_cores() - 1)))
+    try:
+        return _compare(args, root, tar, parquet, test, made_s, convert_s)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(args: argparse.Namespace, root: Path, tar: Path, parquet: Path, test: tuple[torch.Tensor, torch.Tensor],
+             made_s: float, convert_s: float) -> int:
+    """Train with each loader, print the table; 1 when a loader missed or repeated an image."""
     runs, keys = make_runs(args, root, tar, parquet)
     print(f"naiad demo images: built-in FashionMNIST-shaped data at {root} "
           f"(made in {made_s:.1f}s or cached; converted in {convert_s:.1f}s or cached)")
@@ -354,7 +383,8 @@ def run_images(args: argparse.Namespace) -> int:
     print(f"  naiad convert {root / 'train'} {parquet} --decode --mode L --shuffle --seed {args.seed}")
     print(f"{len(keys):,} training and {len(test[1]):,} test images, 28x28 grayscale PNG, 10 classes; "
           f"batch {args.batch_size}, shuffle, {args.epochs} epoch(s), num_workers={args.num_workers}, "
-          f"SGD lr {args.lr}, {os.cpu_count()} CPU cores")
+          f"SGD lr {args.lr}, {usable_cores()} CPU cores, the model on {torch.get_num_threads()} thread(s)")
+    warm_up(test, args.batch_size)
     torch.manual_seed(args.seed)
     before_loss, before_accuracy = evaluate(FashionModel(), *test)
     print(f"before training: test loss {before_loss:.4f}, accuracy {100 * before_accuracy:.1f}%\n")
