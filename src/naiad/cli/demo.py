@@ -4,6 +4,9 @@ With no arguments it makes (once, in the cache) a diabetes-shaped CSV of 1M rows
 memory, and trains the tutorial's network (Linear 8->6->4->1 with sigmoids, BCE loss, SGD) for a
 few epochs with each loader over the same ``TensorDataset``, the same seed and the same model
 initialisation. The only difference between the two runs is the loader class.
+
+``naiad demo images`` trains the FashionMNIST tutorial's network from an image folder instead
+(``cli/demo_images.py``).
 """
 
 from __future__ import annotations
@@ -18,23 +21,35 @@ from typing import Any
 import numpy as np
 import torch
 
+from naiad.cli.argtypes import at_least
+
 NAME = "demo"
-HELP = "Train the diabetes tutorial's model with torch's DataLoader and with naiad's; compare."
+HELP = ("Train the diabetes tutorial's model (or, with `images`, the FashionMNIST tutorial's) with torch's "
+        "DataLoader and with naiad's; compare.")
+
+# The CSV mode's defaults; `naiad demo images` has its own (cli/demo_images.py, DEFAULTS).
+_CSV_DEFAULTS = {"rows": 1_000_000, "epochs": 2, "batch_size": 128, "num_workers": 0, "lr": 0.1}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``naiad demo`` options to ``parser``."""
+    """Add the ``naiad demo [images]`` options to ``parser``."""
+    parser.add_argument("mode", nargs="?", choices=("images",), default=None,
+                        help="images: the FashionMNIST tutorial from an image folder, tar shards and decoded "
+                        "Parquet (default: the diabetes tutorial from a CSV)")
     parser.add_argument("--csv", help="your own CSV file (default: the built-in diabetes-shaped data)")
     parser.add_argument(
         "--features",
         help="comma-separated feature columns of --csv (default: every column but the label)",
     )
     parser.add_argument("--label", help="the 0/1 label column of --csv (default: the last column)")
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of built-in data (default 1M)")
-    parser.add_argument("--epochs", type=int, default=2, help="training epochs per loader (default 2)")
-    parser.add_argument("--batch-size", type=int, default=128, help="batch size (default 128)")
-    parser.add_argument("--num-workers", type=int, default=0, help="loader workers (default 0)")
-    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    parser.add_argument("--rows", type=int, default=None, help="rows of built-in data (default 1M)")
+    parser.add_argument("--images", type=at_least(10), default=None,
+                        help="images: training images of the built-in data (default 6,000)")
+    parser.add_argument("--epochs", type=int, default=None, help="training epochs per loader (default 2)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="batch size (default 128; images: 64)")
+    parser.add_argument("--num-workers", "--workers", type=int, default=None, help="loader workers (default 0)")
+    parser.add_argument("--lr", type=float, default=None, help="SGD learning rate (default 0.1; images: 0.05)")
     parser.add_argument("--seed", type=int, default=0, help="model and shuffle seed (default 0)")
 
 
@@ -175,9 +190,37 @@ def format_table(results: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def resolve_mode(args: argparse.Namespace) -> None:
+    """Fill the options left unset with the mode's defaults; refuse options of the other mode."""
+    from naiad.errors import ConfigError
+
+    if args.mode == "images":
+        from naiad.cli.demo_images import DEFAULTS
+
+        for option in ("csv", "features", "label", "rows"):
+            if getattr(args, option) is not None:
+                raise ConfigError(f"`--{option}` is an option of the CSV demo, not of `naiad demo images`; "
+                                  "drop it, or run `naiad demo` without `images`.")
+        defaults = DEFAULTS
+    else:
+        if args.images is not None:
+            raise ConfigError(f"`--images` sets the images of `naiad demo images`, got {args.images} without "
+                              "`images`; run `naiad demo images --images N`, or give `--rows` for the CSV demo.")
+        defaults = _CSV_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; returns the exit status."""
+    """Run the demo (``images``: the image demo); returns the exit status."""
     import torch.utils.data as tud
+
+    resolve_mode(args)
+    if args.mode == "images":
+        from naiad.cli.demo_images import run_images
+
+        return run_images(args)
 
     import naiad
     from naiad.cli.demo_data import diabetes_csv

@@ -1,13 +1,20 @@
-"""Built-in data: a diabetes-shaped CSV made on first use and cached.
+"""Built-in data: a diabetes-shaped CSV and a FashionMNIST-shaped image folder, made on first use
+and cached.
 
-The columns follow the Pima diabetes table of the classic PyTorch tutorial (8 numeric features
-and a 0/1 ``Outcome``); the values are synthetic, drawn with plausible ranges, and the label
-depends on the features through a logistic model, so a small network can learn it.
+The CSV's columns follow the Pima diabetes table of the classic PyTorch tutorial (8 numeric
+features and a 0/1 ``Outcome``); the values are synthetic, drawn with plausible ranges, and the
+label depends on the features through a logistic model, so a small network can learn it.
+
+The image folder has FashionMNIST's shape (28x28 grayscale PNGs, 10 classes, one sub-folder per
+class as torchvision's ``ImageFolder`` reads them); nothing can be downloaded, so each class is a
+simple shape (a disc, a ring, a cross...) drawn at a random place, size and brightness, with
+noise: a small network learns them in a few hundred steps.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,7 +24,7 @@ import pyarrow.csv as pacsv
 
 from naiad.sources.cache import user_cache_dir
 
-__all__ = ["DIABETES_COLUMNS", "diabetes_csv", "make_diabetes_table"]
+__all__ = ["DIABETES_COLUMNS", "FASHION_CLASSES", "diabetes_csv", "fashion_folder", "fashion_pixels", "make_diabetes_table"]
 
 DIABETES_COLUMNS = (
     "Pregnancies",
@@ -89,4 +96,87 @@ def diabetes_csv(rows: int = 1_000_000, path: str | os.PathLike[str] | None = No
         os.replace(tmp, target)  # atomic: a reader never sees half a file
     finally:
         tmp.unlink(missing_ok=True)
+    return target
+
+
+FASHION_CLASSES = ("checker", "cross", "diagonal", "disc", "hbar", "ring", "square", "stripes", "triangle", "vbar")
+"""The shapes of the built-in image classes, in label order (sorted, as ``ImageFolder`` numbers them)."""
+
+
+def fashion_pixels(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """28x28 grayscale images, ``uint8 [N, 28, 28]``, of the shapes ``labels`` name (0-9).
+
+    Each image is its class's shape (``FASHION_CLASSES``) centred within 2 pixels of the middle,
+    of radius 8-11 pixels and brightness 0.7-1, plus Gaussian noise of 0.15: learnable, but not
+    at a glance by one pixel.
+    """
+    n = len(labels)
+    yy, xx = np.mgrid[0:28, 0:28].astype(np.float32)
+    cx = (13.5 + rng.uniform(-2, 2, n)).astype(np.float32)[:, None, None]
+    cy = (13.5 + rng.uniform(-2, 2, n)).astype(np.float32)[:, None, None]
+    r = rng.uniform(8, 11, n).astype(np.float32)[:, None, None]
+    dx, dy = xx - cx, yy - cy
+    d = np.sqrt(dx * dx + dy * dy)
+    inside = d < r
+    shapes = np.stack([  # the classes of FASHION_CLASSES, [10, N, 28, 28]
+        (np.abs(dx) < r) & (np.abs(dy) < r) & ((np.floor(xx / 5) + np.floor(yy / 5)) % 2 == 0),  # checker
+        ((np.abs(dx) < 3) | (np.abs(dy) < 3)) & inside,  # cross
+        (np.abs(dx - dy) < 4) & inside,  # diagonal
+        inside,  # disc
+        (np.abs(dy) < 4) & (np.abs(dx) < r),  # hbar
+        inside & (d > r - 4),  # ring
+        (np.abs(dx) < 0.8 * r) & (np.abs(dy) < 0.8 * r),  # square
+        inside & (np.floor(yy / 4) % 2 == 0),  # stripes
+        (dy > -0.6 * r) & (dy < 0.8 * r) & (np.abs(dx) < 0.7 * (dy + 0.6 * r)),  # triangle
+        (np.abs(dx) < 4) & (np.abs(dy) < r),  # vbar
+    ])
+    shape = shapes[labels, np.arange(n)].astype(np.float32)
+    brightness = rng.uniform(0.7, 1.0, n).astype(np.float32)[:, None, None]
+    img = shape * brightness + rng.normal(0, 0.15, (n, 28, 28)).astype(np.float32)
+    return (np.clip(img, 0, 1) * 255).round().astype(np.uint8)
+
+
+def _write_split(root: Path, images: int, rng: np.random.Generator) -> None:
+    """``images`` PNGs under ``root/<class>/<number>.png``, the classes in turn."""
+    from PIL import Image
+
+    for name in FASHION_CLASSES:
+        (root / name).mkdir(parents=True)
+    chunk = 4096  # bounded memory: the shape masks are [10, chunk, 28, 28]
+    for start in range(0, images, chunk):
+        labels = np.arange(start, min(images, start + chunk)) % len(FASHION_CLASSES)
+        for i, (label, pixels) in enumerate(zip(labels, fashion_pixels(labels, rng), strict=True)):
+            Image.fromarray(pixels, "L").save(root / FASHION_CLASSES[label] / f"{start + i:06d}.png")
+
+
+def fashion_folder(images: int = 6000, test_images: int = 1000, seed: int = 0) -> Path:
+    """A FashionMNIST-shaped image folder, made once in the cache and reused: its path.
+
+    ``<path>/train`` holds ``images`` 28x28 grayscale PNGs and ``<path>/test`` ``test_images``,
+    each in one sub-folder per class (``FASHION_CLASSES``), as ``naiad.read_images`` and
+    torchvision's ``ImageFolder`` read them. Needs Pillow (``naiad[images]``).
+
+    Example:
+        >>> root = fashion_folder(images=2000)  # doctest: +SKIP
+        >>> sorted(p.name for p in (root / "train").iterdir())[:3]  # doctest: +SKIP
+        ['checker', 'cross', 'diagonal']
+    """
+    target = user_cache_dir() / f"fashion-{images}-{test_images}-{seed}"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Made under a fresh private name and renamed into place: a reader never sees half a folder.
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        rng = np.random.default_rng(seed)
+        _write_split(tmp / "train", images, rng)
+        _write_split(tmp / "test", test_images, rng)
+        os.chmod(tmp, 0o755)  # synthetic data: readable like any folder once in place
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.exists():  # not a concurrent maker that got there first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
