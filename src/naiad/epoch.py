@@ -119,6 +119,7 @@ class EpochIterator:
         self._pin = pin
         self._record_steps = record_steps
         self._worker_s = pool.stage_seconds.get("worker", 0.0)
+        self._decode_s = pool.stage_seconds.get("decode", 0.0)
         self._stage_s, self._stage_n = 0.0, 0
         self._batches: Iterator[Any] = run.batches(pool, prefetch=prefetch, in_order=in_order)
         if tuner is not None:
@@ -210,12 +211,19 @@ class EpochIterator:
         """Hand the stage time gathered since the last flush to the telemetry."""
         if self._stage_n == 0:
             return
+        # A worker-side transform's time (NOTE [ Decode in the workers ]) is its own stage.
+        decode_s = self._pool.stage_seconds.get("decode", 0.0)
+        decode, self._decode_s = decode_s - self._decode_s, decode_s
         if self._pool.num_workers == 0:
             seconds = self._stage_s
         else:  # measured in the workers, summed by the pool
             worker_s = self._pool.stage_seconds.get("worker", 0.0)
             seconds, self._worker_s = worker_s - self._worker_s, worker_s
+        if self._stage == "fetch":  # decoded inside the fetch's task: not fetch time
+            seconds = max(0.0, seconds - decode)
         self._telemetry.add(self._stage, seconds, self._stage_n)
+        if decode > 0:
+            self._telemetry.add("decode", decode, self._stage_n)
         self._stage_s, self._stage_n = 0.0, 0
 
     def close(self) -> None:

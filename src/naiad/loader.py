@@ -37,7 +37,7 @@ from naiad.device.prefetch import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
-from naiad.pipeline import LazyPass, Pipeline, PipelinePass
+from naiad.pipeline import LazyPass, Pipeline, PipelinePass, worker_side
 from naiad.stream.batches import StreamCounters
 from naiad.stream.pipeline import StreamPipeline
 from naiad.telemetry import LoaderStats, Telemetry
@@ -187,12 +187,15 @@ class DataLoader(TorchDataLoader[T_co]):
         self._tuner = args.tuner
         self._stream_counters = StreamCounters()
         self._pipeline: Pipeline
+        # NOTE [ Decode in the workers ]: a worker-side transform goes to the pipeline.
+        in_workers = transform if worker_side(transform) else None
         if args.stream_options is not None:
             # A transform may do its heavy part where the source is read, in the workers, by
             # wrapping the source (naiad.tokenize: NOTE [ Tokenizing in the workers ]).
             wrap = getattr(transform, "wrap_source", None)
             source = wrap(dataset) if callable(wrap) else dataset
-            self._pipeline = StreamPipeline(source, args.stream_options, self._stream_counters, read_ahead)
+            self._pipeline = StreamPipeline(source, args.stream_options, self._stream_counters, read_ahead,
+                                            batch_transform=in_workers)
         elif isinstance(dataset, IterableDataset):
             self._pipeline = IterablePipeline(
                 dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last, self.num_workers,
@@ -201,7 +204,7 @@ class DataLoader(TorchDataLoader[T_co]):
             strategy = choose_fetch(dataset, collate_fn, self._auto_collation)
             self._pipeline = MapPipeline(
                 dataset, self.collate_fn, self._auto_collation, strategy, self.batch_sampler, self.sampler,
-                0 if args.rank is None else int(args.rank),
+                0 if args.rank is None else int(args.rank), batch_transform=in_workers,
             )
         for sampler in self._seeded_samplers():
             sampler.listener = weakref.WeakMethod(self._on_set_epoch)
@@ -409,7 +412,8 @@ class DataLoader(TorchDataLoader[T_co]):
         self._last_pass = None
         inner = EpochIterator(
             pending, epoch, pool, owns_pool=owns_pool, telemetry=self._telemetry, stage=self._pipeline.stage,
-            prefetch=self.prefetch_factor or 2, transform=self.transform,
+            prefetch=self.prefetch_factor or 2,
+            transform=self.transform if self._pipeline.batch_transform is None else None,
             # Inline (no workers, none tuned in), batches leave in plan order whatever in_order says.
             in_order=self.in_order or (self.num_workers == 0 and tuner is None),
             pin=pin_memory_enabled(self.pin_memory), record_steps=self.device is None, tuner=tuner,

@@ -15,6 +15,31 @@ which one they drive; they talk to it through two small protocols:
   records which of them it delivered (NOTE [ Out-of-order delivery ] in delivered.py). The plan (which tasks, in which order, for which rank) is a pure function of the
   pipeline's inputs and the position, computed in the training process.
 
+NOTE [ Decode in the workers ]
+A batch transform that declares ``runs_in_workers = True`` (``naiad.decode_images``,
+``naiad.decode_audio``) is a worker-side transform: given as the loader's ``transform=``, the
+pipeline applies it, not the loop (:func:`worker_side`; ``Pipeline.batch_transform`` is the one a
+pipeline took). Every other callable is applied as before, in the loop's process by epoch.py.
+
+* Map-style: inside the worker, right after the fetch (dataset/worker.py), on the worker's
+  share of the decode threads; the batch gets its dataset indices as the transform's key column
+  (``__index__``) when the fetch gave none, and the pool's task carries the epoch and base seed.
+* Stream: its batches are cut after the shuffle buffer in the loop's process, so the transform
+  runs on a small ordered stage of threads a few batches ahead of the loop (NOTE [ Ordered
+  stage ] in parallel/ahead.py), not in the read pool: the pool's tasks are reads *before* the
+  shuffle buffer (decoded pixels would sit in the buffer and a resume would decode its held
+  rows again), and the decoders release the GIL, so threads of the loop's process decode in
+  parallel. Each batch carries ``__index__`` (the sample's row number in the source, read beside
+  its columns and moved by the shuffle buffer like any column: stable across epochs, ranks,
+  workers and resumes) and ``__epoch__``; the stage runs under the pass's base seed, so random
+  crops are keyed by (seed, epoch, sample). A sample that does not decode is a ledger entry with
+  the reader's ``on_bad_rows="skip"`` (the batch keeps the others), else a ``DecodeError``
+  naming the shard or file and the key, which ends the pass as a read error does.
+* IterableDataset: its batches have no position, so the transform runs in the loop's process
+  as before (the decode itself still on the decode threads).
+
+Its time is the telemetry stage ``"decode"``, apart from ``fetch`` and ``read``.
+
 A loader state is ``{"version", "kind", "epoch", "batches_yielded", "base_seed",
 "pipeline": {...}}``: the pipeline's part holds what its plan needs (topology, legs) and what
 must match to resume (its data's fingerprint, the seed), and :func:`check_fields` compares it
@@ -31,10 +56,18 @@ from naiad.order.delivered import DeliveryLog
 from naiad.parallel import DeferredResults, HandlerFactory, WorkerPool
 from naiad.parallel.read_ahead import ReadAheadTuner
 
-__all__ = ["STATE_VERSION", "LazyPass", "Pipeline", "PipelinePass", "ReadsNothingAhead", "check_fields"]
+__all__ = [
+    "STATE_VERSION", "LazyPass", "Pipeline", "PipelinePass", "ReadsNothingAhead", "check_fields", "worker_side",
+]
 
 STATE_VERSION = 2
 """Version of the loader state; 2 added the kind, the base seed and elastic legs."""
+
+
+def worker_side(transform: Callable[[Any], Any] | None) -> bool:
+    """Whether ``transform`` is a worker-side batch transform (NOTE [ Decode in the workers ]):
+    it says so with ``runs_in_workers = True``."""
+    return transform is not None and getattr(transform, "runs_in_workers", False) is True
 
 
 class PipelinePass(Protocol):
@@ -83,6 +116,10 @@ class Pipeline(Protocol):
     sharded_by_loader: bool
     """Whether the loader's ``rank``/``world_size`` shard it (map-style); a stream is sharded by
     torch.distributed, an IterableDataset by the user."""
+
+    batch_transform: Callable[[Any], Any] | None
+    """The worker-side transform this pipeline applies itself (NOTE [ Decode in the workers ]);
+    None: the loop's process applies the loader's transform, if any."""
 
     warns_past_length: bool
     """Whether torch warns when a pass yields more batches than ``len(loader)`` (an

@@ -33,6 +33,7 @@ class IterablePipeline(ReadsNothingAhead):
     strategy = "iterable"
     sharded_by_loader = False
     warns_past_length = True
+    batch_transform: Callable[[Any], Any] | None = None  # no position to key a sample by: applied in the loop
 
     def __init__(
         self, dataset: Any, collate_fn: Callable[[Any], Any], auto_collation: bool, batch_size: int | None,

@@ -163,7 +163,9 @@ class MapPipeline(ReadsNothingAhead):
         batch_sampler: Any,
         sampler: Any,
         rank: int,
+        batch_transform: Callable[[Any], Any] | None = None,
     ) -> None:
+        self.batch_transform = batch_transform  # applied in the workers (NOTE [ Decode in the workers ])
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.auto_collation = auto_collation
@@ -173,7 +175,8 @@ class MapPipeline(ReadsNothingAhead):
         self.rank = rank
 
     def handler_factory(self) -> HandlerFactory:
-        return functools.partial(map_handler_factory, self.dataset, self.collate_fn, self.auto_collation, self.strategy)
+        return functools.partial(map_handler_factory, self.dataset, self.collate_fn, self.auto_collation, self.strategy,
+                                 transform=self.batch_transform)
 
     def describe_task(self, task: Any) -> str:
         return describe_map_task(task)

@@ -18,16 +18,18 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from naiad.dataset.fetch import ArrayDataset, FetchStrategy, describe_indices, make_fetch
 from naiad.errors import ConfigError
 from naiad.parallel import Exhausted, WorkerContext
-from naiad.parallel.context import epoch_seed_sequence
+from naiad.parallel.context import epoch_seed_sequence, report_stage
 
 __all__ = [
     "WorkerLocal",
@@ -268,7 +270,10 @@ def map_handler_factory(
     auto_collation: bool,
     strategy: FetchStrategy | None,
     context: WorkerContext,
+    transform: Callable[[Any], Any] | None = None,
 ) -> Callable[[Any], Any]:
+    """Build, in a worker, ``handle((batch_number, indices)) -> batch``: the fetch, then the
+    worker-side ``transform`` when given (NOTE [ Decode in the workers ] in pipeline.py)."""
     if context.mode == "process":
         _set_torch_worker_info(context, dataset)  # again: a pool made without prepare_worker
     if isinstance(dataset, WorkerLocal):
@@ -278,11 +283,29 @@ def map_handler_factory(
             _set_torch_worker_info(context, dataset)
         strategy = None  # the fastest way for what was built, not for the wrapper
     fetch = make_fetch(dataset, collate_fn, auto_collation, strategy)
+    if transform is None:
 
-    def handle(task: tuple[int, Any]) -> Any:
-        return fetch(task[1])
+        def handle(task: tuple[int, Any]) -> Any:
+            return fetch(task[1])
 
-    return handle
+        return handle
+
+    key = getattr(transform, "key", None)
+
+    def handle_and_transform(task: tuple[int, Any]) -> Any:
+        # NOTE [ Decode in the workers ]: the batch transform right after the fetch, in the worker;
+        # the dataset indices are the samples' keys (the pool's task gives the epoch and seed).
+        batch = fetch(task[1])
+        if isinstance(batch, Mapping) and isinstance(key, str) and key not in batch:
+            indices = np.asarray(task[1], dtype=np.int64).reshape(-1)
+            batch = {**batch, key: torch.from_numpy(indices)}
+        t0 = time.perf_counter()
+        try:
+            return transform(batch)
+        finally:
+            report_stage("decode", time.perf_counter() - t0)
+
+    return handle_and_transform
 
 
 def iterable_handler_factory(

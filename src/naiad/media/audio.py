@@ -82,6 +82,14 @@ class DecodeAudio:
         self.threads = threads
         self.epoch = 0
 
+    runs_in_workers = True
+    """A worker-side batch transform (NOTE [ Decode in the workers ] in pipeline.py)."""
+
+    @property
+    def keyed(self) -> bool:
+        """Whether it draws per-sample randomness (a random crop) from the key column."""
+        return self.options.crop == "random"
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch random crops use when the batch carries none and no naiad worker runs this."""
         self.epoch = int(epoch)

@@ -138,6 +138,16 @@ class DecodeImages:
         self.threads = threads
         self.epoch = 0
 
+    runs_in_workers = True
+    """A worker-side batch transform: given as the loader's ``transform=``, it runs in the
+    workers (map-style) or on the stream's decode stage, never on the training loop's thread
+    (NOTE [ Decode in the workers ] in pipeline.py)."""
+
+    @property
+    def keyed(self) -> bool:
+        """Whether it draws per-sample randomness (a random crop or flip) from the key column."""
+        return self.options.random
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch random draws use when the batch carries none and no naiad worker runs this."""
         self.epoch = int(epoch)

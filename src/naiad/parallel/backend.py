@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from naiad.parallel.context import WorkerContext, enter, seed_globals, task_seed_sequence
+from naiad.parallel.context import (
+    WorkerContext,
+    enter,
+    seed_globals,
+    take_stages,
+    task_seed_sequence,
+)
 from naiad.parallel.transport import pack
 
 __all__ = ["Exhausted", "RemoteError", "add_note"]
@@ -93,6 +99,7 @@ def worker_seed(base_seed: int, worker_id: int) -> int:
 def run_task(handler: Callable[[Any], Any], seq: int, payload: Any) -> tuple:
     """Run one task; the message that answers it."""
     t0, c0 = time.perf_counter(), time.thread_time()
+    take_stages()  # a failed task's leftovers are not this one's
     try:
         result = handler(payload)
     except Exhausted:
@@ -101,7 +108,9 @@ def run_task(handler: Callable[[Any], Any], seq: int, payload: Any) -> tuple:
         return ("error", seq, RemoteError(exc), {})
     # Wall and CPU time: a thread's CPU time is what the read-ahead tuner weighs against the
     # rest of the process (NOTE [ Tuned read-ahead ]).
-    return ("ok", seq, result, {"worker": time.perf_counter() - t0, "worker_cpu": time.thread_time() - c0})
+    stages = {"worker": time.perf_counter() - t0, "worker_cpu": time.thread_time() - c0}
+    stages.update(take_stages())  # parts of the task the handler timed apart (report_stage)
+    return ("ok", seq, result, stages)
 
 
 # --------------------------------------------------------------------------------------------

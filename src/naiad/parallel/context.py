@@ -111,6 +111,23 @@ def current_epoch() -> int | None:
     return getattr(_local, "epoch", None)
 
 
+def report_stage(stage: str, seconds: float) -> None:
+    """Count ``seconds`` of the calling thread's current task as ``stage`` (e.g. "decode"):
+    the pool sends it back with the task's result, and the loader's telemetry shows the stage
+    apart from the rest of the worker's time."""
+    stages = getattr(_local, "stages", None)
+    if stages is None:
+        stages = _local.stages = {}
+    stages[stage] = stages.get(stage, 0.0) + seconds
+
+
+def take_stages() -> dict[str, float]:
+    """The stage seconds :func:`report_stage` gathered on the calling thread since the last take."""
+    stages = getattr(_local, "stages", None)
+    _local.stages = None
+    return stages or {}
+
+
 Frame = tuple["WorkerContext | None", "int | None", "np.random.Generator | None"]
 
 

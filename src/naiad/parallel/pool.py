@@ -77,7 +77,14 @@ from naiad.parallel.backend import (
     add_note,
     worker_seed,
 )
-from naiad.parallel.context import WorkerContext, enter, get_worker_context, leave, worker_rng
+from naiad.parallel.context import (
+    WorkerContext,
+    enter,
+    get_worker_context,
+    leave,
+    take_stages,
+    worker_rng,
+)
 from naiad.parallel.restart import RestartBudget
 from naiad.parallel.results import DeferredResults, Failed, PoolResults
 from naiad.parallel.thread_backend import ThreadBackend
@@ -425,6 +432,9 @@ class WorkerPool:
             raise
         finally:
             self._inline_rng, self._inline_rng_key = leave(previous), key
+            seconds = self._workers.stage_seconds
+            for stage, s in take_stages().items():  # parts the handler timed apart (report_stage)
+                seconds[stage] = seconds.get(stage, 0.0) + s
 
     def _imap_inline(
         self, tasks: Iterator[Any], prefetch: int, in_order: bool, key: tuple[int, int],

@@ -148,6 +148,9 @@ class StreamOptions:
         rank: this process's rank (None: from torch.distributed when initialised, else 0).
         world_size: number of ranks (None: from torch.distributed when initialised, else 1).
         transform: called on every whole batch dict (after conversion to tensors).
+        index_column: when set, every batch carries this int64 column, each sample's row number
+            in the source (its blocks in source order), read beside its columns, and
+            ``__epoch__`` (NOTE [ Decode in the workers ] in pipeline.py).
     """
 
     batch_size: int = 1
@@ -158,6 +161,7 @@ class StreamOptions:
     rank: int | None = None
     world_size: int | None = None
     transform: Callable[[Batch], Any] | None = None
+    index_column: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -487,6 +491,8 @@ class BatchStream(Iterator[Batch]):
         """Reads planned before the rows are counted: a fresh pass on one rank (NOTE [ Early reads ])."""
         if self._plan is not None or self.batches_yielded or self.legs or self.world_size != 1:
             return None
+        if self.options.index_column is not None:
+            return None  # a row's number needs every block's count before the first read
         o = self.options
         return EarlyReads.start(self.source, seed=o.seed, epoch=self.epoch, shuffle=o.shuffle,
                                 max_rows=group_rows(current_leg(o).buffer_rows), plan=lambda: self.plan)
@@ -566,5 +572,10 @@ class BatchStream(Iterator[Batch]):
         for arrays in batches:
             if self._tracker is not None:  # the batch being cut is batch number batches_yielded
                 arrays = self._tracker.untag(arrays, self.batches_yielded)
+            index = self.options.index_column
+            if index is not None and index not in arrays:  # an empty batch (every row skipped)
+                arrays = {**arrays, index: np.zeros(0, np.int64)}
             batch = to_torch(arrays)
+            if index is not None:
+                batch["__epoch__"] = self.epoch
             yield transform(batch) if transform is not None else batch

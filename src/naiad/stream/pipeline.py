@@ -9,7 +9,7 @@ runs (NOTE [ Tuned read-ahead ] in parallel/read_ahead.py). The loader asks; it 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from naiad.stream.batches import (
     default_buffer_rows,
     num_batches,
 )
+from naiad.stream.decode import DecodeAhead
 from naiad.stream.plan import GroupTask, RestoreTask, group_rows
 from naiad.stream.reads import make_handler_factory
 
@@ -55,9 +56,14 @@ class StreamPipeline:
     warns_past_length = False
 
     def __init__(self, source: Source, options: StreamOptions, counters: StreamCounters,
-                 read_ahead: int | None = None) -> None:
-        """``read_ahead``: the user's read-ahead threads (None: the default, tuned)."""
+                 read_ahead: int | None = None, batch_transform: Callable[[Any], Any] | None = None) -> None:
+        """``read_ahead``: the user's read-ahead threads (None: the default, tuned);
+        ``batch_transform``: a worker-side transform (NOTE [ Decode in the workers ]), run on
+        the pass's decode stage, its batches carrying their samples' row numbers."""
         self.source = source
+        self.batch_transform = batch_transform
+        if batch_transform is not None and options.index_column is None:
+            options = replace(options, index_column=str(getattr(batch_transform, "key", None) or "__index__"))
         if options.shuffle and options.shuffle_buffer is None:
             options = replace(options, shuffle_buffer=default_buffer_rows(source))
         self.options = options
@@ -104,7 +110,7 @@ class StreamPipeline:
     # -- passes ------------------------------------------------------------------------------
 
     def handler_factory(self) -> HandlerFactory:
-        return make_handler_factory(self.source)
+        return make_handler_factory(self.source, self.options.index_column)
 
     def describe_task(self, task: Any) -> str:
         if isinstance(task, RestoreTask):
@@ -147,7 +153,7 @@ class StreamPipeline:
     def open_pass(self, epoch: int, base_seed: int, resume: Mapping[str, Any] | None) -> StreamPass:
         stream = BatchStream(self.source, self.options, epoch=epoch, imap=_unset, counters=self.counters, state=resume)
         self._planned = stream.options  # the topology is read once per pass, here
-        return StreamPass(stream)
+        return StreamPass(stream, self.batch_transform, base_seed)
 
     def start_state(self, epoch: int) -> dict[str, Any]:
         # The counters' ledger goes into the state: the rows skipped so far survive a resume.
@@ -173,15 +179,22 @@ class StreamPass:
 
     deliveries = None  # always in plan order: the count is the position
 
-    def __init__(self, stream: BatchStream) -> None:
+    def __init__(self, stream: BatchStream, transform: Callable[[Any], Any] | None = None, base_seed: int = 0) -> None:
         self.stream = stream
         self.start = stream.batches_yielded
+        self.transform = transform
+        self.base_seed = base_seed
 
     def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
         # Block reads run no user code: no per-task seeding, and always in plan order (the
         # shuffle buffer needs its chunks in order, whatever `in_order` says).
         self.stream.imap = functools.partial(pool.imap, prefetch=prefetch, in_order=True, epoch=self.stream.epoch)
-        return self.stream
+        index = self.stream.options.index_column
+        if self.transform is None or index is None:
+            return self.stream
+        # NOTE [ Decode in the workers ]: the decode a few batches ahead, on threads, in order.
+        return DecodeAhead(self.stream, self.transform, index_column=index, base_seed=self.base_seed,
+                           depth=prefetch, stage_seconds=pool.stage_seconds)
 
     def state(self, delivered: int) -> dict[str, Any]:
         return self.stream.get_state(batches_yielded=self.start + delivered)

@@ -12,31 +12,78 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from naiad.parallel import HandlerFactory, WorkerContext
 from naiad.sources.base import Source
 from naiad.stream.plan import GroupTask, RestoreTask, Task
 
-__all__ = ["make_handler_factory", "read_task"]
+__all__ = ["RowNumbers", "make_handler_factory", "read_task"]
 
 
-def make_handler_factory(source: Source) -> HandlerFactory:
+def make_handler_factory(source: Source, index_column: str | None = None) -> HandlerFactory:
     """A picklable factory that builds, in each worker, ``handler(ReadTask) -> (columns, bad)``
     (``bad``: the skipped rows, as in :attr:`BlockData.bad`).
 
     ``columns`` is a plain dict of NumPy arrays (numeric; they cross processes through shared
-    memory) and lists (strings and other values).
+    memory) and lists (strings and other values). With ``index_column``, one more int64 column:
+    each good row's number in the source (:class:`RowNumbers`).
     """
-    return functools.partial(_build_handler, source)
+    return functools.partial(_build_handler, source, index_column)
 
 
-def _build_handler(source: Source, context: WorkerContext) -> Callable[[Any], tuple[dict[str, Any], list[dict[str, Any]]]]:
+class RowNumbers:
+    """Each block's first row in the source (its blocks in source order, as the coverage check's
+    ``PositionSource`` numbers them): a row's number is stable across epochs, ranks, workers and
+    resumes, so it keys a sample's random crop (NOTE [ Decode in the workers ] in pipeline.py)."""
+
+    def __init__(self, source: Source) -> None:
+        blocks = list(source.blocks())
+        counts = np.fromiter((b.rows for b in blocks), np.int64, count=len(blocks))
+        starts = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        self.start = {b: int(s) for b, s in zip(blocks, starts[:-1].tolist(), strict=True)}
+        firsts: dict[str, int] = {}
+        for b in blocks:
+            firsts.setdefault(b.path, self.start[b])
+        self._paths = list(firsts)
+        self._file_starts = np.asarray(list(firsts.values()), np.int64)
+
+    def of(self, task: Task | RestoreTask) -> np.ndarray:
+        """The source row numbers of the rows ``task`` asks for, in the order it yields them."""
+        reads = task.reads if isinstance(task, (RestoreTask, GroupTask)) else (task,)
+        parts = [self.start[t.block] + t.row_numbers() for t in reads]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def locate(self, rows: np.ndarray) -> list[tuple[str, int]]:
+        """Each source row number's file and its row (sample) in that file."""
+        which = np.searchsorted(self._file_starts, rows, side="right") - 1
+        return [(self._paths[w], int(r - self._file_starts[w])) for w, r in zip(which.tolist(), rows.tolist(), strict=True)]
+
+
+def _build_handler(source: Source, index_column: str | None,
+                   context: WorkerContext) -> Callable[[Any], tuple[dict[str, Any], list[dict[str, Any]]]]:
     if context.mode == "process":
         # Arrow hands out read-only NumPy views; the pool copies them into shared memory, so
         # torch's warning about non-writable arrays is noise there.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         source.keep_nothing()  # this worker's own copy (NOTE [ Kept blocks ])
     # Inline there is no other worker, so PyArrow may use its own threads on a block.
-    return functools.partial(read_task, source, context.num_workers == 0)
+    read = functools.partial(read_task, source, context.num_workers == 0)
+    if index_column is None:
+        return read
+    numbers = RowNumbers(source)
+
+    def read_numbered(task: Task | RestoreTask) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        columns, bad = read(task)
+        rows = numbers.of(task)
+        if bad:  # the good rows' numbers: a skipped row's placeholder gets one later (ledger.py)
+            keep = np.ones(len(rows), bool)
+            keep[[e["at"] for e in bad]] = False
+            rows = rows[keep]
+        columns[index_column] = rows
+        return columns, bad
+
+    return read_numbered
 
 
 def read_task(source: Source, use_threads: bool, task: Task | RestoreTask) -> tuple[dict[str, Any], list[dict[str, Any]]]:
