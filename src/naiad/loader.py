@@ -57,9 +57,10 @@ class LoaderOptions:
         worker_mode: "process" or "thread".
         device: where batches go (None: stay on the CPU).
         device_prefetch: batches copied ahead to ``device``.
-        transform: called on every batch in the training process. One with a ``wrap_source``
-            method (:func:`naiad.tokenize`) also wraps a streaming source, so that its heavy
-            part runs where the source is read, in the workers.
+        transform: called on every batch: in the training process, or by the pipeline for a
+            worker-side transform (``runs_in_workers``, NOTE [ Decode in the workers ]). One
+            with a ``wrap_source`` method (:func:`naiad.tokenize`) also wraps a streaming
+            source, so that its heavy part runs where the source is read, in the workers.
         shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
         rank: the rank a map-style dataset is sharded for (None: not sharded).
         world_size: the number of ranks it is sharded over.
@@ -245,7 +246,9 @@ class DataLoader(TorchDataLoader[T_co]):
 
     @property
     def transform(self) -> Callable[[Any], Any] | None:
-        """Called on every batch in the training process."""
+        """Called on every batch: in the training process, or, for a worker-side transform such as
+        ``naiad.decode_images`` (``runs_in_workers``), in the workers or a stream's decode stage
+        (NOTE [ Decode in the workers ] in pipeline.py)."""
         return self.options.transform
 
     @property
