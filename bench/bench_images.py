@@ -178,7 +178,8 @@ def run_workload(kind: str, count: int, args: argparse.Namespace, root: Path) ->
     where = write_all(root / kind, images, ext)
     print(f"  {kind}: {count} images, {sum(map(len, images)) / count / 1024:.1f} KiB mean, made in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
-    workers, batch = args.workers, args.batch if kind != "png28" else args.png_batch
+    workers = args.workers
+    batch = {"imagenet": args.batch, "large": args.large_batch, "png28": args.png_batch}[kind]
     pil = pil_gray if kind == "png28" else pil_eval
     if kind == "png28":
         decode = naiad.decode_images("image", mode="L", size=(28, 28), crop="center")
@@ -258,10 +259,14 @@ def main() -> None:
     parser.add_argument("--png", type=int, default=4000, help="28x28 PNGs (0: skip)")
     parser.add_argument("--workers", type=int, default=usable_cores(), help="workers of every loader (default: the cores)")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--large-batch", type=int, default=16)
     parser.add_argument("--png-batch", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3, help="timed epochs per loader (median)")
     parser.add_argument("--data", default=None, help="where to write the data (default: a temporary folder)")
     args = parser.parse_args()
+    # One intra-op thread, as torch's DataLoader workers run and naiad's decode threads do: the
+    # bare loop's resize on two OpenMP threads of a shared machine measured a third as fast.
+    torch.set_num_threads(1)
     print(environment())
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}; "
           f"{args.workers} workers per loader, {usable_cores()} usable cores", flush=True)
