@@ -20,6 +20,9 @@ run, each loader with the same worker count (process workers), images/s over a w
 * ``naiad folder`` / ``naiad shards`` / ``naiad parquet``: ``naiad.read_images``,
   ``naiad.read_webdataset``, ``naiad.read_parquet`` with ``transform=naiad.decode_images(...)``
   (decoded on the stream's decode stage: NOTE [ Decode in the workers ] in pipeline.py).
+* ``naiad map-style folder``: the folder's bytes as a map-style dataset (``__getitems__``), the
+  same transform decoding inside naiad's worker processes: the alternative to the stream's
+  decode stage of threads.
 * 28x28 only: ``torch folder`` at 0, 1 and 2 workers (its best is the target's reference), and
   ``naiad --decode``: the folder converted once by ``naiad convert --decode`` (uint8 pixels
   stored), read without a decode.
@@ -148,6 +151,32 @@ class FolderDataset(torch.utils.data.Dataset):
         return self.transform(image), label
 
 
+class FolderBytes(torch.utils.data.Dataset):
+    """A map-style dataset of the folder's files as bytes, a batch at a time (``__getitems__``):
+    with ``transform=decode_images(...)`` naiad decodes each batch inside its worker processes
+    (the alternative to a stream's decode stage, NOTE [ Decode in the workers ])."""
+
+    def __init__(self, root: str) -> None:
+        self.samples = FolderDataset(root, pil_eval).samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        data = []
+        for i in indices:
+            with open(self.samples[i][0], "rb") as f:
+                data.append(f.read())
+        return {"image": data, "label": torch.tensor([self.samples[i][1] for i in indices])}
+
+
+def keep_batch(batch: Any) -> Any:
+    return batch
+
+
 def wds_sample(transform: Callable[[Image.Image], torch.Tensor], ext: str) -> Callable[[dict[str, Any]], Any]:
     def to_pair(sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
         return transform(sample[ext]), int(sample["cls"])
@@ -207,6 +236,9 @@ def run_workload(kind: str, count: int, args: argparse.Namespace, root: Path) ->
                                 persistent_workers=workers > 0, transform=transform)
 
     loaders["naiad folder"] = naiad_loader(naiad.read_images(where["folder"]), decode)
+    loaders["naiad map-style folder"] = naiad.DataLoader(
+        FolderBytes(where["folder"]), batch_size=batch, shuffle=True, seed=0, num_workers=workers,
+        persistent_workers=workers > 0, collate_fn=keep_batch, transform=decode)
     shards = naiad.read_webdataset(where["pattern"], index_dir=str(root / kind / "index"))
     loaders["naiad shards"] = naiad_loader(shards, wds_decode)
     loaders["naiad parquet"] = naiad_loader(naiad.read_parquet(where["parquet"]), decode)
