@@ -6,7 +6,9 @@ transform (decode, shorter side to 256, centre crop 224); and FashionMNIST-shape
 grayscale PNGs (decode only). Each is written three ways: a folder of class folders, WebDataset
 tar shards (``webdataset.TarWriter``), and Parquet with a binary image column. Side by side in one
 run, each loader with the same worker count (process workers), images/s over a whole epoch
-(median of the rounds, after a warm-up epoch; persistent workers everywhere):
+(median of the rounds, after a warm-up epoch; persistent workers everywhere), and images per
+CPU second of the whole process tree (the loop's process and its workers: on a shared machine
+the work per image, which the neighbours' load does not change):
 
 * ``torch folder``: torch's DataLoader over a folder dataset that opens each image with PIL and
   does the resize and centre crop in PIL, as a user without torchvision writes it (torchvision
@@ -16,7 +18,7 @@ run, each loader with the same worker count (process workers), images/s over a w
   (the same PIL resize and crop) under torch's DataLoader, over the same shards.
 * ``ceiling``: the bare decode loop, the fastest decode and resize here (simplejpeg's
   libjpeg-turbo shrunk in the DCT, torch's antialiased resize; Pillow for PNG), one thread of
-  one process, per CPU second, times the usable cores (and per wall second, times the cores).
+  one process, times the usable cores (per wall second and per CPU second).
 * ``naiad folder`` / ``naiad shards`` / ``naiad parquet``: ``naiad.read_images``,
   ``naiad.read_webdataset``, ``naiad.read_parquet`` with ``transform=naiad.decode_images(...)``
   (decoded on the stream's decode stage: NOTE [ Decode in the workers ] in pipeline.py).
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -186,17 +189,31 @@ def wds_sample(transform: Callable[[Image.Image], torch.Tensor], ext: str) -> Ca
 # --- measuring --------------------------------------------------------------------------------
 
 
-def epoch_rate(loader: Iterable[Any], images: int) -> float:
-    t0 = time.perf_counter()
+def tree_cpu_s() -> float:
+    """CPU seconds of this process and its live children (the loaders' worker processes)."""
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # a child that ended meanwhile
+            pass
+    return total
+
+
+def epoch_rate(loader: Iterable[Any], images: int) -> tuple[float, float]:
+    """Images per wall second and per CPU second of the process tree, over one epoch."""
+    t0, c0 = time.perf_counter(), tree_cpu_s()
     seen = 0
     for batch in loader:
         x = (batch["image"] if "image" in batch else batch["jpg"] if "jpg" in batch else batch["png"]) \
             if isinstance(batch, dict) else batch[0]
         seen += len(x)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, tree_cpu_s() - c0
     if seen != images:
         raise RuntimeError(f"an epoch delivered {seen} images, expected {images}")
-    return images / elapsed
+    return images / elapsed, images / max(1e-9, cpu)
 
 
 def run_workload(kind: str, count: int, args: argparse.Namespace, root: Path) -> list[list[Any]]:
@@ -258,7 +275,7 @@ def run_workload(kind: str, count: int, args: argparse.Namespace, root: Path) ->
         ceiling_wall.append(count / (time.perf_counter() - t) * usable_cores())
         ceiling_cpu.append(count / max(1e-9, time.process_time() - c) * usable_cores())
 
-    rates: dict[str, list[float]] = {name: [] for name in loaders}
+    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in loaders}
     try:
         for loader in loaders.values():
             epoch_rate(loader, count)  # warm-up: workers start, indexes and listings made, caches
@@ -270,17 +287,19 @@ def run_workload(kind: str, count: int, args: argparse.Namespace, root: Path) ->
             close = getattr(loader, "close", None)
             if close is not None:
                 close()
-    med = {name: statistics.median(v) for name, v in rates.items()}
-    # The ceiling per CPU second: what the cores would do if the process had them all (the
-    # machines here are shared, so a wall-clock rate is the share the scheduler gave). Ratios
-    # against it are conservative: the loaders' wall rates pay for the neighbours' load.
-    med["ceiling (wall x cores)"] = statistics.median(ceiling_wall)
-    med["ceiling"] = statistics.median(ceiling_cpu)
-    torch_ref = max(v for k, v in med.items() if k.startswith("torch folder"))
+    # Per wall second, and per CPU second of the process tree: the machines here are shared, so
+    # a wall rate is the share of the cores the scheduler gave; the work per image is not.
+    # The ceiling: the bare loop's rate times the cores (what the cores would do if all ours).
+    wall = {name: statistics.median(w for w, _ in v) for name, v in rates.items()}
+    cpu = {name: statistics.median(c for _, c in v) for name, v in rates.items()}
+    wall["ceiling"], cpu["ceiling"] = statistics.median(ceiling_wall), statistics.median(ceiling_cpu)
     rows = []
-    for name, value in med.items():
-        rows.append([kind, name, f"{value:,.0f}", f"{value / torch_ref:.2f}x", f"{value / med['webdataset']:.2f}x",
-                     f"{value / med['ceiling']:.2f}x"])
+    for table in (wall, cpu):
+        torch_ref = max(v for k, v in table.items() if k.startswith("torch folder"))
+        per = "wall s" if table is wall else "CPU s"
+        for name, value in table.items():
+            rows.append([kind, per, name, f"{value:,.0f}", f"{value / torch_ref:.2f}x",
+                         f"{value / table['webdataset']:.2f}x", f"{value / table['ceiling']:.2f}x"])
     return rows
 
 
@@ -312,7 +331,7 @@ def main() -> None:
         if args.data is None:
             shutil.rmtree(root, ignore_errors=True)
     print()
-    print(markdown_table(["workload", "loader", "images/s", "vs torch (best)", "vs webdataset", "vs ceiling"], rows))
+    print(markdown_table(["workload", "per", "loader", "images", "vs torch (best)", "vs webdataset", "vs ceiling"], rows))
     print(f"load average after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
 
 
