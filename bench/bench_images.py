@@ -18,7 +18,8 @@ the work per image, which the neighbours' load does not change):
   (the same PIL resize and crop) under torch's DataLoader, over the same shards.
 * ``ceiling``: the bare decode loop, the fastest decode and resize here (simplejpeg's
   libjpeg-turbo shrunk in the DCT, torch's antialiased resize; Pillow for PNG), one thread of
-  one process, times the usable cores (per wall second and per CPU second).
+  one process: per wall second times the usable cores; per CPU second as it is (a CPU second is
+  one core's, whatever the loader's process count).
 * ``naiad folder`` / ``naiad shards`` / ``naiad parquet``: ``naiad.read_images``,
   ``naiad.read_webdataset``, ``naiad.read_parquet`` with ``transform=naiad.decode_images(...)``
   (decoded on the stream's decode stage: NOTE [ Decode in the workers ] in pipeline.py).
@@ -273,7 +274,7 @@ def run_workload(kind: str, count: int, args: argparse.Namespace, root: Path) ->
         t, c = time.perf_counter(), time.process_time()
         bare(images)
         ceiling_wall.append(count / (time.perf_counter() - t) * usable_cores())
-        ceiling_cpu.append(count / max(1e-9, time.process_time() - c) * usable_cores())
+        ceiling_cpu.append(count / max(1e-9, time.process_time() - c))  # per CPU second: one core's work
 
     rates: dict[str, list[tuple[float, float]]] = {name: [] for name in loaders}
     try:
@@ -289,7 +290,8 @@ def run_workload(kind: str, count: int, args: argparse.Namespace, root: Path) ->
                 close()
     # Per wall second, and per CPU second of the process tree: the machines here are shared, so
     # a wall rate is the share of the cores the scheduler gave; the work per image is not.
-    # The ceiling: the bare loop's rate times the cores (what the cores would do if all ours).
+    # The ceiling: per wall second, the bare loop's rate times the cores (what the cores would do
+    # if they were all ours); per CPU second, the bare loop's own (a CPU second is one core's).
     wall = {name: statistics.median(w for w, _ in v) for name, v in rates.items()}
     cpu = {name: statistics.median(c for _, c in v) for name, v in rates.items()}
     wall["ceiling"], cpu["ceiling"] = statistics.median(ceiling_wall), statistics.median(ceiling_cpu)
