@@ -29,7 +29,10 @@ pipeline took). Every other callable is applied as before, in the loop's process
   stage ] in parallel/ahead.py), not in the read pool: the pool's tasks are reads *before* the
   shuffle buffer (decoded pixels would sit in the buffer and a resume would decode its held
   rows again), and the decoders release the GIL, so threads of the loop's process decode in
-  parallel. Each batch carries ``__index__`` (the sample's row number in the source, read beside
+  parallel. Measured (bench/bench_images.py, bench/RESULTS.md "Images end to end"): for JPEGs
+  the stage did as well as decoding in worker processes, with less CPU per image (no pixels
+  cross processes); for 28x28 PNGs, where the per-image Python under one GIL counts, worker
+  processes did better, and ``naiad convert --decode`` better still. Each batch carries ``__index__`` (the sample's row number in the source, read beside
   its columns and moved by the shuffle buffer like any column: stable across epochs, ranks,
   workers and resumes) and ``__epoch__``; the stage runs under the pass's base seed, so random
   crops are keyed by (seed, epoch, sample). A sample that does not decode is a ledger entry with
