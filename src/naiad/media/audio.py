@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from naiad.errors import ConfigError
-from naiad.media.keys import batch_epoch, batch_keys, effective_seed, sample_uniforms
+from naiad.media.keys import KeyedBatchTransform, sample_uniforms
 from naiad.media.rows import default_threads, encoded, raise_failures, run_rows
 
 __all__ = ["AudioOptions", "DecodeAudio", "decode_audio", "resample"]
@@ -58,44 +58,18 @@ class AudioOptions:
     crop: str = "start"
 
 
-class DecodeAudio:
+class DecodeAudio(KeyedBatchTransform):
     """The transform :func:`decode_audio` returns: ``t(batch) -> batch``; picklable.
 
     Attributes as :class:`naiad.media.images.DecodeImages`'s.
     """
 
-    def __init__(
-        self,
-        column: str,
-        options: AudioOptions,
-        *,
-        seed: int | None = None,
-        key: str = "__index__",
-        epoch_key: str | None = "__epoch__",
-        threads: int | None = None,
-    ) -> None:
-        self.column = column
-        self.options = options
-        self.seed = seed
-        self.key = key
-        self.epoch_key = epoch_key
-        self.threads = threads
-        self.epoch = 0
-
-    runs_in_workers = True
-    """A worker-side batch transform (NOTE [ Decode in the workers ] in pipeline.py)."""
+    options: AudioOptions
 
     @property
     def keyed(self) -> bool:
         """Whether it draws per-sample randomness (a random crop) from the key column."""
         return self.options.crop == "random"
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch random crops use when the batch carries none and no naiad worker runs this."""
-        self.epoch = int(epoch)
-
-    def __repr__(self) -> str:
-        return f"DecodeAudio({self.column!r}, {self.options}, seed={self.seed}, key={self.key!r})"
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """``batch`` with ``batch[column]`` decoded: float32 ``[B, T]`` with ``seconds``, else a
@@ -113,11 +87,8 @@ class DecodeAudio:
         values = batch[self.column]
         rows = len(values)
         sf = soundfile()
-        keys = seed = epoch = None
-        if opts.crop == "random":
-            keys = batch_keys(batch, self.key, rows, why="decode_audio(crop='random')")
-            seed = effective_seed(self.seed)
-            epoch = batch_epoch(batch, self.epoch_key, self.epoch)
+        drawn = self.draw_keys(batch, rows, why="decode_audio(crop='random')")
+        keys, seed, epoch = drawn if drawn is not None else (None, None, None)
         clips: list[np.ndarray | None] = [None] * rows
         rates = np.zeros(rows, dtype=np.int64)
 

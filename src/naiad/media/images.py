@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from naiad.errors import ConfigError
 from naiad.media import geometry
 from naiad.media.geometry import Placement
-from naiad.media.keys import batch_epoch, batch_keys, effective_seed, sample_uniforms
+from naiad.media.keys import KeyedBatchTransform, sample_uniforms
 from naiad.media.rows import default_threads, encoded, raise_failures, run_rows
 
 __all__ = ["DecodeImages", "ImageOptions", "decode_images", "normalize"]
@@ -108,7 +108,7 @@ class ImageOptions:
         return geometry.whole(width, height, self.size)
 
 
-class DecodeImages:
+class DecodeImages(KeyedBatchTransform):
     """The transform :func:`decode_images` returns: ``t(batch) -> batch``. Picklable (it holds
     only its options), so it can be sent to worker processes.
 
@@ -120,40 +120,12 @@ class DecodeImages:
         threads: threads per batch, or None for the default (``media/rows.default_threads``).
     """
 
-    def __init__(
-        self,
-        column: str,
-        options: ImageOptions,
-        *,
-        seed: int | None = None,
-        key: str = "__index__",
-        epoch_key: str | None = "__epoch__",
-        threads: int | None = None,
-    ) -> None:
-        self.column = column
-        self.options = options
-        self.seed = seed
-        self.key = key
-        self.epoch_key = epoch_key
-        self.threads = threads
-        self.epoch = 0
-
-    runs_in_workers = True
-    """A worker-side batch transform: given as the loader's ``transform=``, it runs in the
-    workers (map-style) or on the stream's decode stage, never on the training loop's thread
-    (NOTE [ Decode in the workers ] in pipeline.py)."""
+    options: ImageOptions
 
     @property
     def keyed(self) -> bool:
         """Whether it draws per-sample randomness (a random crop or flip) from the key column."""
         return self.options.random
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch random draws use when the batch carries none and no naiad worker runs this."""
-        self.epoch = int(epoch)
-
-    def __repr__(self) -> str:
-        return f"DecodeImages({self.column!r}, {self.options}, seed={self.seed}, key={self.key!r})"
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """``batch`` with ``batch[column]`` decoded: a uint8 ``[B, C, H, W]`` tensor with a fixed
@@ -174,11 +146,8 @@ class DecodeImages:
         rows = len(values)
         opts = self.options
         channels = MODES[opts.mode]
-        keys = seed = epoch = None
-        if opts.random:
-            keys = batch_keys(batch, self.key, rows, why=f"decode_images(crop={opts.crop!r}, flip={opts.flip})")
-            seed = effective_seed(self.seed)
-            epoch = batch_epoch(batch, self.epoch_key, self.epoch)
+        drawn = self.draw_keys(batch, rows, why=f"decode_images(crop={opts.crop!r}, flip={opts.flip})")
+        keys, seed, epoch = drawn if drawn is not None else (None, None, None)
         # The rows are written through NumPy views: a NumPy slice costs a fraction of a torch
         # one, which counts for small images (a 28x28 PNG decodes in tens of microseconds).
         batch_out: torch.Tensor | None = None

@@ -36,7 +36,7 @@ import numpy as np
 from naiad.errors import ConfigError
 from naiad.parallel.context import current_epoch, get_worker_context
 
-__all__ = ["batch_epoch", "batch_keys", "effective_seed", "sample_uniforms"]
+__all__ = ["KeyedBatchTransform", "batch_epoch", "batch_keys", "effective_seed", "sample_uniforms"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -91,3 +91,53 @@ def effective_seed(seed: int | None) -> int:
         return int(seed)
     context = get_worker_context()
     return 0 if context is None else int(context.base_seed)
+
+
+class KeyedBatchTransform:
+    """What the decode transforms share: the column they decode, their options, where their
+    random draws come from (``seed``, the ``key`` column, the ``epoch_key`` field, else
+    :meth:`set_epoch`), their threads, and that they run in the workers. Picklable."""
+
+    runs_in_workers = True
+    """A worker-side batch transform: given as the loader's ``transform=``, it runs in the
+    workers (map-style) or on the stream's decode stage, never on the training loop's thread
+    (NOTE [ Decode in the workers ] in pipeline.py)."""
+
+    def __init__(
+        self,
+        column: str,
+        options: Any,
+        *,
+        seed: int | None = None,
+        key: str = "__index__",
+        epoch_key: str | None = "__epoch__",
+        threads: int | None = None,
+    ) -> None:
+        self.column = column
+        self.options = options
+        self.seed = seed
+        self.key = key
+        self.epoch_key = epoch_key
+        self.threads = threads
+        self.epoch = 0
+
+    @property
+    def keyed(self) -> bool:
+        """Whether it draws per-sample randomness from the key column."""
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch random draws use when the batch carries none and no naiad worker runs this."""
+        self.epoch = int(epoch)
+
+    def draw_keys(self, batch: Mapping[str, Any], rows: int, why: str) -> tuple[np.ndarray, int, int] | None:
+        """The batch's sample keys, the seed and the epoch its draws are keyed by (None when it
+        draws nothing); ``why`` names the setting that needs the key column, for the error."""
+        if not self.keyed:
+            return None
+        keys = batch_keys(batch, self.key, rows, why=why)
+        return keys, effective_seed(self.seed), batch_epoch(batch, self.epoch_key, self.epoch)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.column!r}, {self.options}, seed={self.seed}, key={self.key!r})"
+

@@ -20,8 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from naiad.errors import SourceError
-from naiad.tools.convert_write import Destination, ShardInfo, _HashingSink
+from naiad.tools.convert_write import Destination, ShardInfo, _HashingSink, discard
 from naiad.tools.sample_media import media_format, same_format
 
 __all__ = ["MEMBER_KEY", "TarShardSet", "media_extension", "member_field"]
@@ -142,16 +141,4 @@ class TarShardSet:
 
     def abort(self) -> None:
         """Remove every temporary file (a failed or interrupted convert)."""
-        if self._tar is not None:
-            try:
-                self._tar.close()
-                assert self._sink is not None
-                self._sink.close()
-            except Exception:  # noqa: BLE001 - the original error is the one to report
-                pass
-        for tmp in [self._tmp] + [s.tmp for s in self.shards]:
-            if tmp:
-                try:
-                    self.dest.remove(tmp)
-                except (OSError, SourceError):
-                    pass
+        discard(self.dest, self._tar, self._sink, [self._tmp] + [s.tmp for s in self.shards])

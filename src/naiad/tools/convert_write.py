@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from naiad.errors import ConfigError, SourceError
 from naiad.sources.storage import Storage, is_remote, local_path
 
-__all__ = ["FORMATS", "Destination", "ShardInfo", "ShardSet", "format_of"]
+__all__ = ["FORMATS", "Destination", "ShardInfo", "ShardSet", "discard", "format_of"]
 
 OutputFormat = Literal["parquet", "arrow", "webdataset"]
 
@@ -324,19 +324,26 @@ class ShardSet:
 
     def abort(self) -> None:
         """Remove every temporary file (a failed or interrupted convert)."""
-        if self._writer is not None:
+        discard(self.dest, self._writer, self._sink, [self._tmp] + [s.tmp for s in self.shards])
+
+
+def discard(dest: Any, writer: Any, sink: Any, tmps: list[str]) -> None:
+    """What a failed or interrupted convert leaves: the shard being written closed (``writer``,
+    then its ``sink``), quietly, since the error that stopped it is the one to report, and every
+    temporary file in ``tmps`` removed from ``dest``."""
+    if writer is not None:
+        try:
+            writer.close()
+            if sink is not None:
+                sink.close()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            pass
+    for tmp in tmps:
+        if tmp:
             try:
-                self._writer.close()
-                assert self._sink is not None
-                self._sink.close()
-            except Exception:  # noqa: BLE001 - the original error is the one to report
+                dest.remove(tmp)
+            except (OSError, SourceError):
                 pass
-        for tmp in [self._tmp] + [s.tmp for s in self.shards]:
-            if tmp:
-                try:
-                    self.dest.remove(tmp)
-                except (OSError, SourceError):
-                    pass
 
 
 def _is_blob(t: pa.DataType) -> bool:
