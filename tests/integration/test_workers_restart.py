@@ -244,7 +244,7 @@ def slow_square(context: WorkerContext) -> Any:
 
 
 def test_resized_pool_replaces_a_killed_worker_and_keeps_every_result() -> None:
-    before = child_pids()
+    before, shm = child_pids(), shm_entries()
     budget = RestartBudget(2)
     pool = WorkerPool(slow_square, num_workers=2, restarts=budget)
     got = []
@@ -259,7 +259,7 @@ def test_resized_pool_replaces_a_killed_worker_and_keeps_every_result() -> None:
     pool.close()
     assert got == [x * x for x in range(200)]
     assert budget.count == 2 and [e["exitcode"] for e in budget.log] == [-signal.SIGKILL] * 2
-    settle_workers(before, set())
+    settle_workers(before, shm)  # what was in /dev/shm before is not this test's
 
 
 def test_batches_in_shared_memory_survive_a_killed_worker() -> None:
