@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from naiad.tools.convert_write import Destination, ShardInfo, _HashingSink, discard
+from naiad.tools.convert_write import Destination, ShardFiles, ShardInfo
 from naiad.tools.sample_media import media_format, same_format
 
 __all__ = ["MEMBER_KEY", "TarShardSet", "media_extension", "member_field"]
@@ -48,30 +48,15 @@ def media_extension(rule: dict[str, Any], data: bytes) -> str:
     return f"{rule.get('prefix', '')}{ext}"
 
 
-class TarShardSet:
+class TarShardSet(ShardFiles):
     """Writes batches of samples as tar shards of ``rows_per_shard`` samples (None: one shard);
     the same interface as :class:`~naiad.tools.convert_write.ShardSet`."""
 
     def __init__(self, dest: Destination, schema: pa.Schema, *, rows_per_shard: int | None) -> None:
-        self.dest = dest
+        super().__init__(dest, rows_per_shard)
         self.schema = schema
-        self.rows_per_shard = rows_per_shard
-        self.shards: list[ShardInfo] = []
         self._rules = [json.loads((f.metadata or {}).get(MEMBER_KEY, b"{}")) for f in schema]
-        self._tar: tarfile.TarFile | None = None
-        self._sink: _HashingSink | None = None
-        self._tmp = ""
-        self._rows = 0
-
-    @property
-    def bytes_written(self) -> int:
-        """Bytes of every shard so far, the open one included."""
-        return sum(s.bytes for s in self.shards) + (self._sink.nbytes if self._sink else 0)
-
-    @property
-    def rows_written(self) -> int:
-        """Samples written so far."""
-        return sum(s.rows for s in self.shards) + self._rows
+        self._writer: tarfile.TarFile | None = None
 
     def add(self, batch: pa.RecordBatch) -> None:
         """Write ``batch``'s samples, opening and closing shards as they fill."""
@@ -81,7 +66,7 @@ class TarShardSet:
         key_at = names.index("__key__")
         columns = [c.to_pylist() for c in batch.columns]
         for row in range(batch.num_rows):
-            if self._tar is None:
+            if self._writer is None:
                 self._open()
             key = columns[key_at][row]
             for i, values in enumerate(columns):
@@ -103,42 +88,22 @@ class TarShardSet:
                 self._close_shard()
 
     def _member(self, name: str, data: bytes) -> None:
-        assert self._tar is not None
+        assert self._writer is not None
         info = tarfile.TarInfo(name)
         info.size = len(data)
         info.mtime = _MTIME
         info.mode = 0o444
         info.uname = info.gname = "naiad"
-        self._tar.addfile(info, io.BytesIO(data))
+        self._writer.addfile(info, io.BytesIO(data))
 
     def _open(self) -> None:
-        name = self.dest.shard_name(len(self.shards))
-        f, self._tmp = self.dest.open_temp(name)
-        self._sink = _HashingSink(f)
         # A stream ("w|"): the sink hashes what goes out and cannot seek back.
-        self._tar = tarfile.open(fileobj=self._sink, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
-
-    def _close_shard(self) -> None:
-        assert self._tar is not None and self._sink is not None
-        self._tar.close()
-        self._sink.close()
-        self.shards.append(ShardInfo(self.dest.shard_name(len(self.shards)), self._rows, self._sink.nbytes,
-                                     self._sink.sha.hexdigest(), 0, self._tmp))
-        self._tar = self._sink = None
-        self._tmp = ""
-        self._rows = 0
+        self._writer = tarfile.open(fileobj=self._open_sink(), mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
 
     def finish(self) -> list[ShardInfo]:
         """Close the last shard and rename every shard into place (no samples: one empty tar)."""
-        if self._tar is None and not self.shards:
+        if self._writer is None and not self.shards:
             self._open()
-        if self._tar is not None:
+        if self._writer is not None:
             self._close_shard()
-        for shard in self.shards:
-            self.dest.commit(shard.tmp, shard.file)
-            shard.tmp = ""
-        return self.shards
-
-    def abort(self) -> None:
-        """Remove every temporary file (a failed or interrupted convert)."""
-        discard(self.dest, self._tar, self._sink, [self._tmp] + [s.tmp for s in self.shards])
+        return self._commit()

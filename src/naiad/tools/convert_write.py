@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from naiad.errors import ConfigError, SourceError
 from naiad.sources.storage import Storage, is_remote, local_path
 
-__all__ = ["FORMATS", "Destination", "ShardInfo", "ShardSet", "discard", "format_of"]
+__all__ = ["FORMATS", "Destination", "ShardFiles", "ShardInfo", "ShardSet", "format_of"]
 
 OutputFormat = Literal["parquet", "arrow", "webdataset"]
 
@@ -219,7 +219,73 @@ class ShardInfo:
                 "row_groups": self.row_groups}
 
 
-class ShardSet:
+class ShardFiles:
+    """What every kind of shard set shares: the shards finished so far (written to temporary
+    names, hashed as written), the one being written, and renaming them all into place at the end
+    or removing them on failure (NOTE [ Atomic shards ]). A subclass opens its writer over
+    :meth:`_open_sink` and closes a shard with :meth:`_close_shard`."""
+
+    def __init__(self, dest: Destination, rows_per_shard: int | None) -> None:
+        self.dest = dest
+        self.rows_per_shard = rows_per_shard
+        self.shards: list[ShardInfo] = []
+        self._writer: Any = None
+        self._sink: _HashingSink | None = None
+        self._tmp = ""
+        self._rows = 0
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes of every shard so far, the open one included."""
+        return sum(s.bytes for s in self.shards) + (self._sink.nbytes if self._sink else 0)
+
+    @property
+    def rows_written(self) -> int:
+        """Rows written so far (for Parquet and Arrow: in finished row groups)."""
+        return sum(s.rows for s in self.shards) + self._rows
+
+    def _open_sink(self) -> _HashingSink:
+        """The next shard's temporary file, hashed as it is written."""
+        f, self._tmp = self.dest.open_temp(self.dest.shard_name(len(self.shards)))
+        self._sink = _HashingSink(f)
+        return self._sink
+
+    def _close_shard(self, row_groups: int = 0) -> None:
+        assert self._writer is not None and self._sink is not None
+        self._writer.close()
+        self._sink.close()
+        self.shards.append(ShardInfo(self.dest.shard_name(len(self.shards)), self._rows, self._sink.nbytes,
+                                     self._sink.sha.hexdigest(), row_groups, self._tmp))
+        self._writer = self._sink = None
+        self._tmp = ""
+        self._rows = 0
+
+    def _commit(self) -> list[ShardInfo]:
+        """Rename every finished shard into place."""
+        for shard in self.shards:
+            self.dest.commit(shard.tmp, shard.file)
+            shard.tmp = ""
+        return self.shards
+
+    def abort(self) -> None:
+        """Remove every temporary file (a failed or interrupted convert): the shard being written
+        closed first, quietly, since the error that stopped it is the one to report."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+                if self._sink is not None:
+                    self._sink.close()
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
+        for tmp in [self._tmp] + [s.tmp for s in self.shards]:
+            if tmp:
+                try:
+                    self.dest.remove(tmp)
+                except (OSError, SourceError):
+                    pass
+
+
+class ShardSet(ShardFiles):
     """Writes a stream of record batches as shards of ``rows_per_shard`` rows, in row groups (or
     IPC record batches) of exactly ``row_group_rows`` rows, the last of each shard shorter.
 
@@ -229,29 +295,13 @@ class ShardSet:
 
     def __init__(self, dest: Destination, fmt: OutputFormat, schema: pa.Schema, *, row_group_rows: int,
                  rows_per_shard: int | None, compression: str | None) -> None:
-        self.dest = dest
+        super().__init__(dest, rows_per_shard)
         self.fmt = fmt
         self.schema = schema
         self.row_group_rows = row_group_rows
-        self.rows_per_shard = rows_per_shard
         self.compression = compression
-        self.shards: list[ShardInfo] = []
         self._pending = schema.empty_table()  # slices of the batches added: no copy
-        self._writer: Any = None
-        self._sink: _HashingSink | None = None
-        self._tmp = ""
-        self._rows = 0
         self._groups = 0
-
-    @property
-    def bytes_written(self) -> int:
-        """Bytes of every shard so far, the open one included."""
-        return sum(s.bytes for s in self.shards) + (self._sink.nbytes if self._sink else 0)
-
-    @property
-    def rows_written(self) -> int:
-        """Rows in finished row groups so far."""
-        return sum(s.rows for s in self.shards) + self._rows
 
     def add(self, batch: pa.RecordBatch) -> None:
         """Queue ``batch``'s rows; every full row group is written at once."""
@@ -280,10 +330,7 @@ class ShardSet:
             self._close_shard()
 
     def _open(self) -> None:
-        name = self.dest.shard_name(len(self.shards))
-        f, self._tmp = self.dest.open_temp(name)
-        self._sink = _HashingSink(f)
-        out = pa.PythonFile(self._sink, mode="w")
+        out = pa.PythonFile(self._open_sink(), mode="w")
         if self.fmt == "parquet":
             # Float features without dictionary pages: a 64k-row float chunk always fits in its
             # dictionary, and decoding through it costs about twice the CPU of PLAIN pages
@@ -295,15 +342,9 @@ class ShardSet:
             options = pa.ipc.IpcWriteOptions(compression=self.compression)
             self._writer = pa.ipc.new_file(out, self.schema, options=options)
 
-    def _close_shard(self) -> None:
-        assert self._writer is not None and self._sink is not None
-        self._writer.close()
-        self._sink.close()
-        self.shards.append(ShardInfo(self.dest.shard_name(len(self.shards)), self._rows, self._sink.nbytes,
-                                     self._sink.sha.hexdigest(), self._groups, self._tmp))
-        self._writer = self._sink = None
-        self._tmp = ""
-        self._rows = self._groups = 0
+    def _close_shard(self, row_groups: int = 0) -> None:
+        super()._close_shard(self._groups)
+        self._groups = 0
 
     def finish(self) -> list[ShardInfo]:
         """Write the last, short row group, close the last shard and rename every shard into
@@ -317,33 +358,7 @@ class ShardSet:
                 writer.write_table(self.schema.empty_table())
         if self._writer is not None:
             self._close_shard()
-        for shard in self.shards:
-            self.dest.commit(shard.tmp, shard.file)
-            shard.tmp = ""
-        return self.shards
-
-    def abort(self) -> None:
-        """Remove every temporary file (a failed or interrupted convert)."""
-        discard(self.dest, self._writer, self._sink, [self._tmp] + [s.tmp for s in self.shards])
-
-
-def discard(dest: Any, writer: Any, sink: Any, tmps: list[str]) -> None:
-    """What a failed or interrupted convert leaves: the shard being written closed (``writer``,
-    then its ``sink``), quietly, since the error that stopped it is the one to report, and every
-    temporary file in ``tmps`` removed from ``dest``."""
-    if writer is not None:
-        try:
-            writer.close()
-            if sink is not None:
-                sink.close()
-        except Exception:  # noqa: BLE001 - the original error is the one to report
-            pass
-    for tmp in tmps:
-        if tmp:
-            try:
-                dest.remove(tmp)
-            except (OSError, SourceError):
-                pass
+        return self._commit()
 
 
 def _is_blob(t: pa.DataType) -> bool:
