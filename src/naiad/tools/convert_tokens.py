@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,8 +29,9 @@ import numpy as np
 
 from naiad.errors import ConfigError
 from naiad.sources.base import Source
-from naiad.sources.storage import is_remote
+from naiad.sources.storage import Storage, is_remote
 from naiad.tokens.text import Tokenize, iter_documents
+from naiad.tools.convert_write import Destination
 
 __all__ = ["TOKENS_MANIFEST_VERSION", "TokenShard", "convert_tokens"]
 
@@ -57,23 +57,12 @@ class TokenShard:
         return dict(self.__dict__)
 
 
-def _write_npy(folder: str, name: str, array: np.ndarray) -> tuple[int, str]:
-    """``array`` saved as ``folder/name`` through a temporary name: (bytes, SHA-256)."""
+def _write_npy(folder: Destination, name: str, array: np.ndarray) -> tuple[int, str]:
+    """``array`` saved as ``name`` in ``folder`` through a temporary name: (bytes, SHA-256)."""
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     data = buf.getbuffer()
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, os.path.join(folder, name))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    folder.write_bytes(name, data)
     return len(data), hashlib.sha256(data).hexdigest()
 
 
@@ -95,7 +84,9 @@ def convert_tokens(source: Source, dst: str, tokenize: Tokenize, *, tokens_per_s
     if tokens_per_shard is not None and (isinstance(tokens_per_shard, bool) or tokens_per_shard < 1):
         raise ConfigError(f"`tokens_per_shard` must be an int >= 1 or None (one shard), got {tokens_per_shard!r}.")
     began = time.monotonic()
-    os.makedirs(os.path.join(dst, OFFSETS), exist_ok=True)
+    # Local folders (made here): the files go through temporary names, as every shard does.
+    out = Destination(dst, "parquet", sharded=True, storage=Storage())
+    out_offsets = Destination(os.path.join(dst, OFFSETS), "parquet", sharded=True, storage=Storage())
     existing = sorted(n for n in os.listdir(dst) if n == MANIFEST or (n.startswith("tokens-") and n.endswith(".npy")))
     if existing and not overwrite:
         raise ConfigError(f"{os.path.join(dst, existing[0])} exists; pass --overwrite (overwrite=True) to replace it "
@@ -113,8 +104,8 @@ def convert_tokens(source: Source, dst: str, tokenize: Tokenize, *, tokens_per_s
         tokens = np.concatenate(pending) if pending else np.zeros(0, tokenize.dtype)
         doc_lens = np.concatenate(lens) if lens else np.zeros(0, np.int64)
         offsets = np.concatenate(([0], np.cumsum(doc_lens))).astype(np.int64)
-        size, sha = _write_npy(dst, name, tokens)
-        _, osha = _write_npy(os.path.join(dst, OFFSETS), name, offsets)
+        size, sha = _write_npy(out, name, tokens)
+        _, osha = _write_npy(out_offsets, name, offsets)
         shards.append(TokenShard(name, len(tokens), len(doc_lens), size, sha, f"{OFFSETS}/{name}", osha))
         pending, lens, held = [], [], 0
 
@@ -169,12 +160,7 @@ def convert_tokens(source: Source, dst: str, tokenize: Tokenize, *, tokens_per_s
         "seconds": round(time.monotonic() - began, 3),
         "naiad": _version(),
     }
-    import json
-
-    fd, tmp = tempfile.mkstemp(dir=dst, prefix=f".{MANIFEST}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, os.path.join(dst, MANIFEST))
+    out.write_json(MANIFEST, manifest)
     return manifest
 
 

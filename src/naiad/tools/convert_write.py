@@ -143,16 +143,20 @@ class Destination:
         except FileNotFoundError:
             pass
 
-    def write_json(self, name: str, value: Mapping[str, Any]) -> None:
-        """Write ``value`` as JSON to ``name``, through a temporary name."""
+    def write_bytes(self, name: str, data: bytes | memoryview) -> None:
+        """Write ``data`` to ``name``, through a temporary name."""
         f, tmp = self.open_temp(name)
         try:
             with f:
-                f.write((json.dumps(value, indent=2) + "\n").encode())
+                f.write(data)
         except BaseException:
             self.remove(tmp)
             raise
         self.commit(tmp, name)
+
+    def write_json(self, name: str, value: Mapping[str, Any]) -> None:
+        """Write ``value`` as JSON to ``name``, through a temporary name."""
+        self.write_bytes(name, (json.dumps(value, indent=2) + "\n").encode())
 
 
 def _umask() -> int:
