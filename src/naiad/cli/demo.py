@@ -15,13 +15,13 @@ import argparse
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from naiad.cli.argtypes import at_least
+from naiad.cli.steps import RunResult
 
 NAME = "demo"
 HELP = ("Train the diabetes tutorial's model (or, with `images`, the FashionMNIST tutorial's) with torch's "
@@ -53,26 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="model and shuffle seed (default 0)")
 
 
-@dataclass
-class RunResult:
-    """What one training run measured."""
-
-    name: str
-    rows: int
-    steps: int
-    total_s: float
-    wait_s: float
-    final_loss: float
-
-    @property
-    def rows_per_s(self) -> float:
-        """Rows trained per second of the whole loop."""
-        return self.rows / self.total_s if self.total_s > 0 else float("nan")
-
-    @property
-    def wait_per_step_us(self) -> float:
-        """Mean time the loop waited for the next batch, in microseconds."""
-        return 1e6 * self.wait_s / max(1, self.steps)
 
 
 def load_csv(

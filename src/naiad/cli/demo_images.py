@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
+from naiad.cli.steps import RunResult
 from naiad.parallel.threads import usable_cores
 
 __all__ = ["FashionModel", "ImageFolderDataset", "ImageRunResult", "format_image_table", "run_images"]
@@ -125,30 +126,14 @@ class RecordingSampler(tud.Sampler[int]):
 
 
 @dataclass
-class ImageRunResult:
-    """What one training run measured (as ``naiad demo``'s ``RunResult``), with the model's test
+class ImageRunResult(RunResult):
+    """What one training run measured (``naiad demo``'s ``RunResult``), with the model's test
     loss and accuracy and what the loader delivered."""
 
-    name: str
-    rows: int
-    steps: int
-    total_s: float
-    wait_s: float
-    final_loss: float
     test_loss: float = float("nan")
     accuracy: float = float("nan")
     coverage: str = ""  # empty: every image exactly once per epoch; else what went wrong
     epoch_losses: list[float] = field(default_factory=list)
-
-    @property
-    def rows_per_s(self) -> float:
-        """Images trained per second of the whole loop."""
-        return self.rows / self.total_s if self.total_s > 0 else float("nan")
-
-    @property
-    def wait_per_step_us(self) -> float:
-        """Mean time the loop waited for the next batch, in microseconds."""
-        return 1e6 * self.wait_s / max(1, self.steps)
 
 
 @dataclass

@@ -11,13 +11,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from naiad.errors import ConfigError
 
-__all__ = ["Step", "cuda_cycles_per_ms", "synthetic_step", "training_step"]
+__all__ = ["RunResult", "Step", "cuda_cycles_per_ms", "synthetic_step", "training_step"]
 
 Step = Callable[[Any], None]
 """One training step on one batch."""
@@ -117,3 +118,25 @@ def training_step(device: torch.device) -> Step:
         loss.item()  # reading the loss back synchronizes, as most training loops do
 
     return step
+
+
+@dataclass
+class RunResult:
+    """What one training run of ``naiad demo`` measured (``naiad demo images`` adds its own)."""
+
+    name: str
+    rows: int
+    steps: int
+    total_s: float
+    wait_s: float
+    final_loss: float
+
+    @property
+    def rows_per_s(self) -> float:
+        """Rows trained per second of the whole loop."""
+        return self.rows / self.total_s if self.total_s > 0 else float("nan")
+
+    @property
+    def wait_per_step_us(self) -> float:
+        """Mean time the loop waited for the next batch, in microseconds."""
+        return 1e6 * self.wait_s / max(1, self.steps)
