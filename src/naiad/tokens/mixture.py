@@ -35,14 +35,13 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from naiad.dataset.sampling import epoch_permutation
 from naiad.errors import ConfigError
 from naiad.order.elastic import Leg, epoch_sequence, iter_legs, leg_remaining, no_buffer
 from naiad.parallel.context import current_epoch
 from naiad.stream.permutation import Permutation
-from naiad.tokens.windows import TokenWindows, window_batch
+from naiad.tokens.windows import TokenWindows, WindowSamples, window_batch
 
 __all__ = ["MixtureStats", "SourceStats", "TokenMixture", "mix"]
 
@@ -108,7 +107,7 @@ def _apportion(total: int, shares: np.ndarray) -> np.ndarray:
     return counts
 
 
-class TokenMixture(Dataset):
+class TokenMixture(WindowSamples):
     """A weighted mixture of token sources, one map-style dataset (see :func:`mix`).
 
     Attributes:
@@ -228,14 +227,6 @@ class TokenMixture(Dataset):
             rows = np.flatnonzero(source == s)
             tokens[rows] = self.sources[s].window_tokens(window[rows])
         return window_batch(tokens, self.eos_id)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        batch = self.gather_batch(np.array([index], np.int64))
-        return {k: v[0] for k, v in batch.items()}
-
-    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
-        batch = self.gather_batch(np.asarray(indices, np.int64))
-        return [{k: v[j] for k, v in batch.items()} for j in range(len(indices))]
 
     # -- what was delivered -------------------------------------------------------------------
 

@@ -98,7 +98,25 @@ def read_tokens(
     return TokenWindows(files, int(seq_len), None if eos_id is None else int(eos_id), store)
 
 
-class TokenWindows(Dataset):
+class WindowSamples(Dataset):
+    """Samples cut from whole batches: a window dataset writes ``gather_batch(indices)`` (what
+    naiad's loader calls, one batch at a time), and torch's per-sample protocol follows from it."""
+
+    def gather_batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        batch = self.gather_batch(np.array([index], np.int64))
+        return {k: v[0] for k, v in batch.items()}
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        # torch's DataLoader contract: a list of samples for collate_fn (naiad's loader calls
+        # gather_batch instead, one batch at a time).
+        batch = self.gather_batch(np.asarray(indices, np.int64))
+        return [{k: v[j] for k, v in batch.items()} for j in range(len(indices))]
+
+
+class TokenWindows(WindowSamples):
     """Windows of ``seq_len + 1`` tokens over token files, random access (see :func:`read_tokens`).
 
     Attributes:
@@ -150,15 +168,6 @@ class TokenWindows(Dataset):
         """The batch of windows ``indices``: what ``default_collate`` makes of their samples."""
         return window_batch(self.window_tokens(indices), self.eos_id)
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        batch = self.gather_batch(np.array([index], np.int64))
-        return {k: v[0] for k, v in batch.items()}
-
-    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
-        # torch's DataLoader contract: a list of samples for collate_fn (naiad's loader calls
-        # gather_batch instead, one batch at a time).
-        batch = self.gather_batch(np.asarray(indices, np.int64))
-        return [{k: v[j] for k, v in batch.items()} for j in range(len(indices))]
 
 
 def window_batch(windows: np.ndarray, eos_id: int | None) -> dict[str, torch.Tensor]:
