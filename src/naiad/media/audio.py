@@ -221,10 +221,6 @@ def decode_audio(
         raise ConfigError(f"`crop` must be 'start', 'center' or 'random', got {crop!r}.")
     if crop != "start" and seconds is None:
         raise ConfigError(f"`crop={crop!r}` needs `seconds`, the length to crop to.")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"`threads` must be None or an int >= 1, got {threads!r}.")
-    if seed is not None and not isinstance(seed, int):
-        raise ConfigError(f"`seed` must be None or an int, got {seed!r}.")
     soundfile()  # fail here, not in a worker, when the extra is missing
     options = AudioOptions(sample_rate=sample_rate, seconds=None if seconds is None else float(seconds), crop=crop)
     return DecodeAudio(column, options, seed=seed, key=key, epoch_key=epoch_key, threads=threads)

@@ -399,10 +399,6 @@ def decode_images(
     for name, pair in (("scale", scale), ("ratio", ratio)):
         if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
             raise ConfigError(f"`{name}` must be (low, high) with 0 < low <= high, got {pair!r}.")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"`threads` must be None or an int >= 1, got {threads!r}.")
-    if seed is not None and not isinstance(seed, int):
-        raise ConfigError(f"`seed` must be None or an int, got {seed!r}.")
     pillow()  # fail here, not in a worker, when the extra is missing
     options = ImageOptions(
         size=out_size,

@@ -113,6 +113,10 @@ class KeyedBatchTransform:
         epoch_key: str | None = "__epoch__",
         threads: int | None = None,
     ) -> None:
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ConfigError(f"`threads` must be None or an int >= 1, got {threads!r}.")
+        if seed is not None and not isinstance(seed, int):
+            raise ConfigError(f"`seed` must be None or an int, got {seed!r}.")
         self.column = column
         self.options = options
         self.seed = seed
