@@ -46,9 +46,9 @@ import os
 import stat
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, BinaryIO, Literal, Union
 
 import numpy as np
 
@@ -185,15 +185,22 @@ def save_index(index_dir: IndexDir, path: str, params: Mapping[str, Any], entrie
         "starts": [e[0] for e in entries], "end": entries[-1][1],
         "rows": [e[2] for e in entries], "first_lines": [e[3] for e in entries],
     }
+    text = json.dumps(doc, separators=(",", ":")).encode()  # (json.dump to a file is pure Python: 10x slower)
+    _write_entry(index_dir, folder, _entry_name(real, params, stamp.get("endpoint", "")), lambda f: f.write(text))
+
+
+def _write_entry(index_dir: IndexDir, folder: Path, name: str, write: Callable[[BinaryIO], Any]) -> None:
+    """Write an entry whole under a temporary name, then rename it into place (a reader never
+    sees half of one); best effort: a read-only or full disk leaves it for the next process."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if not _writable_folder(index_dir, folder):
             return
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=Path(name).suffix)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(json.dumps(doc, separators=(",", ":")))  # (json.dump to a file is pure Python: 10x slower)
-            os.replace(tmp, folder / _entry_name(real, params, stamp.get("endpoint", "")))
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(tmp, folder / name)
         except BaseException:
             os.unlink(tmp)
             raise
@@ -243,18 +250,5 @@ def save_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any], array
     real, size, stamp = ident
     meta = {"path": real, "size": size, **stamp, "params": dict(params)}
     name = _entry_name(real, {"arrays": ARRAYS_VERSION, **params}, stamp.get("endpoint", "")).replace(".json", ".npz")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not _writable_folder(index_dir, folder):
-            return
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                named: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
-                np.savez(f, **named)
-            os.replace(tmp, folder / name)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass  # a read-only or full disk: the next process scans again
+    named: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
+    _write_entry(index_dir, folder, name, lambda f: np.savez(f, **named))
