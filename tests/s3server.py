@@ -12,6 +12,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -239,3 +240,22 @@ def batch_ids(batch: dict) -> list[int]:
 def epoch_ids(loader: Any) -> list[int]:
     """The row numbers of an epoch, in the order delivered."""
     return [i for batch in loader for i in batch_ids(batch)]
+
+
+def own_server() -> Iterator[S3Server]:
+    """A server of the test's own behind a :class:`FaultProxy` (``s3.proxy``), so the test may
+    stop it (:func:`stop_server`); closed at the end (the body of a pytest fixture)."""
+    s3 = S3Server()
+    proxy = FaultProxy(s3.port)
+    s3.proxy = proxy  # type: ignore[attr-defined]
+    yield s3
+    proxy.close()
+    if not getattr(s3, "stopped", False):
+        s3.stop()
+
+
+def stop_server(s3: S3Server) -> None:
+    """Stop a server of :func:`own_server` within the test."""
+    s3.stop()
+    s3.stopped = True  # type: ignore[attr-defined]
+

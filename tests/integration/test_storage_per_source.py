@@ -21,10 +21,11 @@ from naiad.sources.retries import RetryPolicy  # noqa: E402
 from tests.conftest_stream import FORMATS  # noqa: E402
 from tests.s3server import (  # noqa: E402
     BUCKET,
-    FaultProxy,
     S3Server,
     epoch_ids,
     open_numbered_url,
+    own_server,
+    stop_server,
     upload_numbered,
 )
 
@@ -36,18 +37,10 @@ FAST_FAIL = RetryPolicy(attempts=2, base_s=0.01, max_wait_s=0.01)
 @pytest.fixture
 def server():
     """A server of the test's own, so the test may stop it."""
-    s3 = S3Server()
-    proxy = FaultProxy(s3.port)
-    s3.proxy = proxy
-    yield s3
-    proxy.close()
-    if not getattr(s3, "stopped", False):
-        s3.stop()
+    yield from own_server()
 
 
-def stop(s3: S3Server) -> None:
-    s3.stop()
-    s3.stopped = True
+stop = stop_server
 
 
 def proxied(s3: S3Server) -> dict:
