@@ -27,8 +27,10 @@ from torch.utils.data.distributed import DistributedSampler
 from naiad.dataset.sampling import SeededRandomSampler, ShardedBatchSampler
 from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner
+from naiad.pipeline import worker_side
 from naiad.sources.base import Source
 from naiad.stream.batches import StreamOptions
+from naiad.stream.decode import decodes_in_reads
 
 __all__ = ["ResolvedArguments", "WorkerMode", "resolve_arguments"]
 
@@ -69,12 +71,16 @@ def resolve_arguments(
     rank: int | None,
     world_size: int | None,
     max_worker_restarts: int = 0,
+    transform: Any = None,
 ) -> ResolvedArguments:
     """Check naiad's arguments and turn them into torch's; raises ConfigError naming the fix."""
     source = dataset if isinstance(dataset, Source) else None
     iterable = isinstance(dataset, IterableDataset)
     if worker_mode is None:
-        worker_mode = "thread" if source is not None else "process"
+        # A stream's reads mostly release the GIL (files, PyArrow's parsers): threads serve them.
+        # Small images decoded in the reads do not (NOTE [ Small samples decode in the reads ]).
+        small = worker_side(transform) and decodes_in_reads(transform)
+        worker_mode = "thread" if source is not None and not small else "process"
     if worker_mode not in ("process", "thread"):
         raise ConfigError(f"`worker_mode` must be 'process' or 'thread', got {worker_mode!r}.")
     if seed is not None and not isinstance(seed, (int, np.integer)):

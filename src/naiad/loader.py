@@ -158,7 +158,7 @@ class DataLoader(TorchDataLoader[T_co]):
             num_workers=num_workers, collate_fn=collate_fn, drop_last=drop_last, generator=generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, worker_mode=worker_mode,
             seed=seed, device_prefetch=device_prefetch, shuffle_buffer=shuffle_buffer, rank=rank,
-            world_size=world_size, max_worker_restarts=max_worker_restarts,
+            world_size=world_size, max_worker_restarts=max_worker_restarts, transform=transform,
         )
         # By keyword: a subclass or a trainer that re-instantiates the loader from its
         # attributes must not depend on the order of torch's positional parameters.

@@ -24,20 +24,22 @@ pipeline took). Every other callable is applied as before, in the loop's process
 * Map-style: inside the worker, right after the fetch (dataset/worker.py), on the worker's
   share of the decode threads; the batch gets its dataset indices as the transform's key column
   (``__index__``) when the fetch gave none, and the pool's task carries the epoch and base seed.
-* Stream: its batches are cut after the shuffle buffer in the loop's process, so the transform
-  runs on a small ordered stage of threads a few batches ahead of the loop (NOTE [ Ordered
-  stage ] in parallel/ahead.py), not in the read pool: the pool's tasks are reads *before* the
-  shuffle buffer (decoded pixels would sit in the buffer and a resume would decode its held
-  rows again), and the decoders release the GIL, so threads of the loop's process decode in
-  parallel. Measured (bench/bench_images.py, bench/RESULTS.md "Images end to end"): for JPEGs
-  the stage did as well as decoding in worker processes, with less CPU per image (no pixels
-  cross processes); for 28x28 PNGs, where the per-image Python under one GIL counts, worker
-  processes did better, and ``naiad convert --decode`` better still. Each batch carries ``__index__`` (the sample's row number in the source, read beside
-  its columns and moved by the shuffle buffer like any column: stable across epochs, ranks,
-  workers and resumes) and ``__epoch__``; the stage runs under the pass's base seed, so random
-  crops are keyed by (seed, epoch, sample). A sample that does not decode is a ledger entry with
-  the reader's ``on_bad_rows="skip"`` (the batch keeps the others), else a ``DecodeError``
-  naming the shard or file and the key, which ends the pass as a read error does.
+* Stream: small samples of one decoded shape are decoded in the reads, in the read pool's
+  workers, before the shuffle buffer (NOTE [ Small samples decode in the reads ] in
+  stream/decode.py). Others: the batches are cut after the shuffle buffer in the loop's process,
+  so the transform runs on a small ordered stage of threads a few batches ahead of the loop
+  (NOTE [ Ordered stage ] in parallel/ahead.py), not in the read pool: decoded pixels would sit
+  in the buffer, bigger than the encoded bytes, and the decoders release the GIL, so threads of
+  the loop's process decode in parallel. Measured (bench/bench_images.py, bench/RESULTS.md
+  "Images end to end"): for JPEGs the stage did as well as decoding in worker processes, with
+  less CPU per image (no pixels cross processes); for 28x28 PNGs, where the per-image Python
+  under one GIL counts, the reads' worker processes did better, and ``naiad convert --decode``
+  better still. Each batch carries ``__index__`` (the sample's row number in the source, read
+  beside its columns and moved by the shuffle buffer like any column: stable across epochs,
+  ranks, workers and resumes) and ``__epoch__``; the decode runs under the pass's base seed, so
+  random crops are keyed by (seed, epoch, sample). A sample that does not decode is a skipped
+  row with the reader's ``on_bad_rows="skip"`` (the batch keeps the others), else a
+  ``DecodeError`` naming the shard or file and the key, which ends the pass as a read error does.
 * IterableDataset: its batches have no position, so the transform runs in the loop's process
   as before (the decode itself still on the decode threads).
 

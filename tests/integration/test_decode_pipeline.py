@@ -51,16 +51,21 @@ def open_shards(pattern: str, tmp_path: Path, **kw: Any) -> Any:
 
 
 class ThreadRecordingDecode(DecodeImages):
-    """decode_images that notes the thread and process each batch was decoded in."""
+    """decode_images that notes, per sample, the process and thread it was decoded in."""
 
     def __call__(self, batch: Any) -> dict[str, Any]:
         out = super().__call__(batch)
-        out["decoded_in"] = (os.getpid(), threading.current_thread().name)
+        out["decoded_in"] = [(os.getpid(), threading.current_thread().name)] * len(batch[self.column])
         return out
 
 
-def random_crops(**kw: Any) -> DecodeImages:
-    made = naiad.decode_images("jpg", crop="random", size=12, flip=True, **kw)
+# Where a stream decodes (NOTE [ Small samples decode in the reads ] in stream/decode.py): 12x12
+# RGB in its reads, 80x80 RGB (19,200 bytes) on the stage after the shuffle buffer.
+SIZES = {"reads": 12, "stage": 80}
+
+
+def random_crops(where: str = "reads", **kw: Any) -> DecodeImages:
+    made = naiad.decode_images("jpg", crop="random", size=SIZES[where], flip=True, **kw)
     return ThreadRecordingDecode(made.column, made.options, seed=made.seed, key=made.key)
 
 
@@ -80,39 +85,50 @@ def same_pixels(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_shards_decode_on_the_stage_once_each_with_their_row_numbers_for_any_worker_count(tmp_path):
+@pytest.mark.parametrize("where", ["stage", "reads"])
+def test_shards_decode_once_each_with_their_row_numbers_for_any_worker_count(tmp_path, where):
     pattern = write_shards(tmp_path / "shards")
     runs = {}
     for workers in (0, 2):
+        # The stage's threads whatever the workers; small images in the reads, in the worker
+        # processes that the loader gives them by default.
+        mode = {"stage": "thread", "reads": None}[where]
         loader = naiad.DataLoader(open_shards(pattern, tmp_path), batch_size=8, shuffle=True, seed=3, shuffle_buffer=20,
-                                  num_workers=workers, worker_mode="thread", transform=random_crops())
+                                  num_workers=workers, worker_mode=mode, transform=random_crops(where))
         try:
             loader.set_epoch(1)
             batches = list(loader)
             stages = loader.stats().stages
         finally:
             loader.close()
-        assert all(b["jpg"].dtype == torch.uint8 and b["jpg"].shape[1:] == (3, 12, 12) for b in batches)
+        size = SIZES[where]
+        assert all(b["jpg"].dtype == torch.uint8 and b["jpg"].shape[1:] == (3, size, size) for b in batches)
         # The row number in the source: the key's number, since the shards hold s0000.. in order.
         assert all(b["__index__"].tolist() == [int(k[1:]) for k in b["__key__"]] for b in batches)
         assert {b["__epoch__"] for b in batches} == {1}
         assert all(b["cls"].tolist() == b["__index__"].tolist() for b in batches)
-        where = {b["decoded_in"] for b in batches}
-        assert {pid for pid, _ in where} == {os.getpid()}
-        assert all(name.startswith("naiad-decode-stage") for _, name in where), where  # never the loop's thread
-        assert "decode" in stages and stages["decode"].count == len(batches)
+        decoded_in = {d for b in batches for d in b["decoded_in"]}
+        if where == "stage":
+            assert {pid for pid, _ in decoded_in} == {os.getpid()}
+            assert all(name.startswith("naiad-decode-stage") for _, name in decoded_in), decoded_in  # never the loop's thread
+            assert "decode" in stages and stages["decode"].count == len(batches)
+        else:
+            assert loader.worker_mode == "process"
+            assert (os.getpid() not in {pid for pid, _ in decoded_in}) == (workers > 0)
+            assert "decode" in stages
         runs[workers] = by_key(batches)
     assert len(runs[0]) == N
     same_pixels(runs[0], runs[2])
 
 
 @pytest.mark.timeout(180)
-def test_a_random_crop_stream_resumed_mid_epoch_delivers_the_same_pixels(tmp_path):
+@pytest.mark.parametrize("where", ["stage", "reads"])
+def test_a_random_crop_stream_resumed_mid_epoch_delivers_the_same_pixels(tmp_path, where):
     pattern = write_shards(tmp_path / "shards")
 
     def make() -> naiad.DataLoader:
         return naiad.DataLoader(open_shards(pattern, tmp_path), batch_size=7, shuffle=True, seed=11, shuffle_buffer=16,
-                                num_workers=1, worker_mode="thread", transform=random_crops())
+                                num_workers=1, worker_mode="thread", transform=random_crops(where))
 
     reference = make()
     reference.set_epoch(2)
@@ -132,13 +148,14 @@ def test_a_random_crop_stream_resumed_mid_epoch_delivers_the_same_pixels(tmp_pat
 
 
 @pytest.mark.timeout(300)
-def test_a_random_crop_stream_resumed_from_two_ranks_on_three_delivers_the_same_pixels(tmp_path):
+@pytest.mark.parametrize("where", ["stage", "reads"])
+def test_a_random_crop_stream_resumed_from_two_ranks_on_three_delivers_the_same_pixels(tmp_path, where):
     pattern = write_shards(tmp_path / "shards")
 
     def make(rank: int, world_size: int) -> naiad.DataLoader:
         return naiad.DataLoader(open_shards(pattern, tmp_path), batch_size=4, shuffle=True, seed=9, shuffle_buffer=12,
                                 rank=rank, world_size=world_size, num_workers=1, worker_mode="thread",
-                                transform=random_crops())
+                                transform=random_crops(where))
 
     reference = make(0, 1)
     whole = by_key(list(reference))
@@ -196,7 +213,7 @@ def test_a_map_style_batch_decodes_in_the_worker_processes_keyed_by_its_indices(
         finally:
             loader.close()
         assert all(b["__index__"].tolist() == b["cls"].tolist() for b in batches)
-        pids = {b["decoded_in"][0] for b in batches}
+        pids = {pid for b in batches for pid, _ in b["decoded_in"]}
         if workers:
             assert os.getpid() not in pids and len(pids) >= 1  # in the workers, not the loop's process
         assert "decode" in stages
@@ -231,23 +248,27 @@ def test_a_folder_and_a_parquet_table_decode_every_image_once(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_images_that_do_not_decode_are_ledgered_with_shard_and_key_and_the_batch_keeps_the_rest(tmp_path):
+@pytest.mark.parametrize("where", ["stage", "reads"])
+def test_images_that_do_not_decode_are_ledgered_with_shard_and_key_and_the_batch_keeps_the_rest(tmp_path, where):
     pattern = write_shards(tmp_path / "shards", bad=(5, 41))
+    decode = naiad.decode_images("jpg", size=SIZES[where], crop="center")
     source = open_shards(pattern, tmp_path, on_bad_rows="skip")
-    loader = naiad.DataLoader(source, batch_size=8, rank=0, world_size=2,
-                              transform=naiad.decode_images("jpg", size=12, crop="center"))
+    loader = naiad.DataLoader(source, batch_size=8, rank=0, world_size=2, transform=decode)
     try:
         batches = list(loader)
         ledger = loader.stats().bad_row_ledger
+        state = loader.state_dict()
     finally:
         loader.close()
     other = naiad.DataLoader(open_shards(pattern, tmp_path, on_bad_rows="skip"), batch_size=8, rank=1, world_size=2,
-                             transform=naiad.decode_images("jpg", size=12, crop="center"))
+                             transform=decode, num_workers=2)
     try:
         other_batches = list(other)
         ledger += other.stats().bad_row_ledger
     finally:
         other.close()
+    # Counted as a read's skipped rows are: in the state (the next epoch's starts from none).
+    assert state["pipeline"]["bad_row_ledger"]["total"] == 1
     assert len(batches) == len(other_batches)  # equal steps, a batch one short where a sample failed
     keys = [k for b in batches + other_batches for k in b["__key__"]]
     assert sorted(keys) == [f"s{k:04d}" for k in range(N) if k not in (5, 41)]
@@ -260,10 +281,36 @@ def test_images_that_do_not_decode_are_ledgered_with_shard_and_key_and_the_batch
 
 
 @pytest.mark.timeout(180)
-def test_an_image_that_does_not_decode_ends_the_pass_naming_its_shard_and_key(tmp_path):
+@pytest.mark.parametrize("where", ["stage", "reads"])
+def test_images_that_do_not_decode_count_toward_max_bad_rows_and_the_states_bad_rows(tmp_path, where):
+    pattern = write_shards(tmp_path / "shards", bad=(3, 4, 50))
+    decode = naiad.decode_images("jpg", size=SIZES[where], crop="center")
+    loader = naiad.DataLoader(open_shards(pattern, tmp_path, on_bad_rows="skip"), batch_size=8, transform=decode)
+    try:
+        it = iter(loader)
+        next(it)  # batch 0: s0000..s0007, two of them bad
+        assert loader.state_dict()["pipeline"]["bad_rows"] == 2
+        rest = list(it)
+        assert loader.state_dict()["pipeline"]["bad_rows"] == 0  # the next epoch's start
+        assert sum(loader.stats().bad_rows.values()) == 3 and len(rest) == 7
+    finally:
+        loader.close()
+    strict = naiad.DataLoader(open_shards(pattern, tmp_path, on_bad_rows="skip", max_bad_rows=2), batch_size=8,
+                              transform=decode)
+    try:
+        with pytest.raises(SourceError, match="past max_bad_rows=2") as info:
+            list(strict)
+        assert "part-0002.tar" in str(info.value)
+    finally:
+        strict.close()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("where", "workers"), [("stage", 1), ("reads", 1), ("reads", 2)])
+def test_an_image_that_does_not_decode_ends_the_pass_naming_its_shard_and_key(tmp_path, where, workers):
     pattern = write_shards(tmp_path / "shards", bad=(30,))
-    loader = naiad.DataLoader(open_shards(pattern, tmp_path), batch_size=8, num_workers=1, worker_mode="thread",
-                              transform=naiad.decode_images("jpg", size=12, crop="center"))
+    loader = naiad.DataLoader(open_shards(pattern, tmp_path), batch_size=8, num_workers=workers,
+                              transform=naiad.decode_images("jpg", size=SIZES[where], crop="center"))
     try:
         it = iter(loader)
         delivered = []
@@ -272,7 +319,9 @@ def test_an_image_that_does_not_decode_ends_the_pass_naming_its_shard_and_key(tm
                 delivered.append(batch)
         assert isinstance(info.value, DecodeError)
         assert "part-0001.tar" in str(info.value) and "s0030" in str(info.value)
-        assert len(delivered) == 3  # the batches before it
+        assert "not an image" in str(info.value) and 'on_bad_rows="skip"' in str(info.value)
+        # The batches before it; in the reads, those its read group held too fail with it.
+        assert len(delivered) == 3 if where == "stage" else len(delivered) <= 3
         with pytest.raises(StopIteration):
             next(it)  # the pass ended, as a read error ends it
     finally:

@@ -127,6 +127,12 @@ class DecodeImages(KeyedBatchTransform):
         """Whether it draws per-sample randomness (a random crop or flip) from the key column."""
         return self.options.random
 
+    @property
+    def decoded_row_bytes(self) -> int | None:
+        """``C * H * W`` with a fixed ``size``, else None (each image keeps its own size)."""
+        size = self.options.size
+        return None if size is None else MODES[self.options.mode] * size[0] * size[1]
+
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """``batch`` with ``batch[column]`` decoded: a uint8 ``[B, C, H, W]`` tensor with a fixed
         ``size``, else a list of uint8 ``[C, H, W]`` tensors.

@@ -130,6 +130,13 @@ class KeyedBatchTransform:
         """Whether it draws per-sample randomness from the key column."""
         raise NotImplementedError
 
+    @property
+    def decoded_row_bytes(self) -> int | None:
+        """Bytes of one decoded sample when every sample decodes to the same shape (a fixed
+        ``size``), else None. A stream decodes small fixed-size samples in its reads (NOTE [ Small
+        samples decode in the reads ] in stream/decode.py)."""
+        return None
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch random draws use when the batch carries none and no naiad worker runs this."""
         self.epoch = int(epoch)

@@ -85,7 +85,7 @@ shuffled whole (see :func:`default_buffer_rows`): about 200 blocks leave the str
 order a correlation of 0.02 with the file's, fewer more."""
 
 
-def default_buffer_rows(source: Source) -> int:
+def default_buffer_rows(source: Source, *, decoded_bytes: int | None = None) -> int:
     """The shuffle buffer a stream gets when none is given.
 
     ``DEFAULT_SHUFFLE_BUFFER_ROWS``, or, for a source whose blocks metadata describes and may be
@@ -104,18 +104,21 @@ def default_buffer_rows(source: Source) -> int:
     A source of samples (images, audio: ``Source.sample_bytes()``, known without counting every
     file) gets what fits the same 256 MiB at its bytes per row, between ``MIN_SAMPLE_BUFFER_ROWS``
     and ``DEFAULT_SHUFFLE_BUFFER_ROWS``: 131,072 ImageNet JPEGs would hold 14 GB (WebDataset's
-    default buffer is 1,000 samples; this is about 2,400 of 110 KB).
+    default buffer is 1,000 samples; this is about 2,400 of 110 KB). Samples decoded before the
+    buffer (``decoded_bytes`` each: NOTE [ Small samples decode in the reads ] in decode.py) count
+    at the larger of their two sizes.
     """
-    width = max(row_bytes(source.schema()), source.sample_bytes() or 0, 1)
+    samples = source.sample_bytes() if decoded_bytes is None else max(source.sample_bytes() or 0, decoded_bytes)
+    width = max(row_bytes(source.schema()), samples or 0, 1)
     if not source.blocks_from_metadata:
-        if source.sample_bytes() is None:
+        if samples is None:
             return DEFAULT_SHUFFLE_BUFFER_ROWS
         return int(max(MIN_SAMPLE_BUFFER_ROWS, min(DEFAULT_SHUFFLE_BUFFER_ROWS, BUFFER_BYTES_BUDGET // width)))
     blocks = source.blocks()
     biggest = max((b.rows for b in blocks), default=0)
     cap = BUFFER_BYTES_BUDGET // width
     total = sum(b.rows for b in blocks)
-    floor = DEFAULT_SHUFFLE_BUFFER_ROWS if source.sample_bytes() is None else min(
+    floor = DEFAULT_SHUFFLE_BUFFER_ROWS if samples is None else min(
         DEFAULT_SHUFFLE_BUFFER_ROWS, max(MIN_SAMPLE_BUFFER_ROWS, cap))
     if len(blocks) < FEW_BLOCKS and total <= cap:
         return int(max(floor, total))
@@ -403,6 +406,15 @@ class BatchStream(Iterator[Batch]):
         """Stop reading (the pool drops results still owed for this stream)."""
         if self._gen is not None:
             self._gen.close()  # type: ignore[attr-defined]
+
+    def skipped_late(self, batch: int, entries: list[dict[str, Any]]) -> None:
+        """Count samples of yielded batch ``batch`` skipped after it was cut (a decode stage's:
+        NOTE [ Small samples decode in the reads ] in decode.py) as the reads' skipped rows are:
+        in the ledger, in the state's ``bad_rows``, against ``max_bad_rows``."""
+        if self._tracker is not None:
+            self._tracker.count(batch, entries)
+        else:
+            self.counters.ledger.record(self.epoch, batch, entries)
 
     def get_state(self, batches_yielded: int | None = None) -> dict[str, Any]:
         """JSON-able position: the data, the plan's inputs, the legs and the batches yielded.

@@ -1,35 +1,71 @@
-"""A stream's batches through a worker-side batch transform (a decode), a few batches ahead of the
-loop on an ordered stage of threads (NOTE [ Decode in the workers ] in pipeline.py).
+"""A stream's samples through a worker-side batch transform (a decode): small fixed-size samples
+in the reads, the others a few batches ahead of the loop on an ordered stage of threads (NOTE
+[ Decode in the workers ] in pipeline.py).
 
-The stream cuts its batches in the loop's process, after the shuffle buffer; each carries
-``__index__`` (the samples' row numbers in the source) and ``__epoch__``. Here the transform runs
-on :class:`~naiad.parallel.ahead.OrderedStage` threads, under a worker context with the pass's
-base seed and epoch, so random crops are keyed by (seed, epoch, sample) whichever thread decodes
-them; results leave in the stream's order. Samples that do not decode are ledgered with the
-reader's ``on_bad_rows="skip"`` (their shard or file, row and key; the batch keeps the rest) or
-raised as a :class:`~naiad.errors.DecodeError` naming the shard or file, which ends the pass.
+NOTE [ Small samples decode in the reads ]
+The stream cuts its batches in the loop's process, after the shuffle buffer. A decode there runs
+on threads of that process, which serve images that release the GIL for most of their decode (a
+JPEG of hundreds of pixels a side). A small image does not: a 28x28 PNG costs tens of
+microseconds, most of it Python under the GIL (Pillow's open, the per-image bookkeeping), so
+threads of one process decode it at one core's speed, whatever the cores (measured:
+bench/RESULTS.md, "Images end to end"). Such samples are decoded in the reads instead, in the
+read pool's workers (processes with ``num_workers``), before the shuffle buffer, when the decode
+gives every sample the same shape of at most ``READ_DECODE_MAX_BYTES`` (a fixed ``size``):
+
+* the buffer then holds pixels, no bigger than the encoded bytes by much at that size, and its
+  default size counts the decoded bytes (``default_buffer_rows``);
+* a sample's random crop is keyed by (seed, epoch, its row number in the source) wherever it is
+  decoded, so the pixels are the same as on the stage; each read task carries the pass's epoch
+  and base seed (:class:`SeededRead`), not the worker's;
+* a resume reads the buffer's held rows again, and decodes them again: the same pixels;
+* a sample that does not decode is a bad row of its read with ``on_bad_rows="skip"`` (NOTE [ Bad
+  rows keep their positions ] in ledger.py: it keeps its position, is ledgered when its batch
+  is cut, and counts toward ``max_bad_rows``), else a :class:`~naiad.errors.DecodeError` naming
+  its shard or file and key, which ends the pass as a read error does.
+
+Elsewhere :class:`DecodeAhead` runs the transform on :class:`~naiad.parallel.ahead.OrderedStage`
+threads under the pass's base seed and epoch, and results leave in the stream's order; its
+skipped samples are counted as the read's are (``BatchStream.skipped_late``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
 from naiad.errors import DecodeError
-from naiad.parallel import WorkerContext
+from naiad.parallel import HandlerFactory, WorkerContext
 from naiad.parallel.ahead import OrderedStage
-from naiad.parallel.context import enter, leave
+from naiad.parallel.context import enter, get_worker_context, leave, report_stage
+from naiad.sources.base import Source
+from naiad.sources.contract import bad_entry
 from naiad.stream.batches import BatchStream
-from naiad.stream.reads import RowNumbers
+from naiad.stream.plan import GroupTask, RestoreTask, Task
+from naiad.stream.reads import RowNumbers, make_handler_factory
 
-__all__ = ["DecodeAhead"]
+__all__ = ["READ_DECODE_MAX_BYTES", "DecodeAhead", "SeededRead", "decodes_in_reads", "make_decoding_handler_factory"]
 
 STAGE_THREADS = 2
 """Batches decoded at once: each spreads its images over the decode threads (NOTE [ Decode
 threads ]); a second keeps the cores busy while the first waits on its slowest image."""
+
+READ_DECODE_MAX_BYTES = 16 * 1024
+"""The largest decoded sample (``C * H * W`` bytes) a stream decodes in its reads (NOTE [ Small
+samples decode in the reads ]): 64x64 RGB is 12 KiB; ImageNet's 224x224 RGB (147 KiB) decodes
+on the stage, where its threads release the GIL and the buffer keeps the smaller JPEG."""
+
+
+def decodes_in_reads(transform: Any) -> bool:
+    """Whether a stream runs worker-side ``transform`` in its reads: it decodes every sample to
+    one shape of at most :data:`READ_DECODE_MAX_BYTES` (NOTE [ Small samples decode in the reads ])."""
+    size = getattr(transform, "decoded_row_bytes", None)
+    return isinstance(size, int) and 0 < size <= READ_DECODE_MAX_BYTES
 
 
 class DecodeAhead(Iterator[Any]):
@@ -67,8 +103,8 @@ class DecodeAhead(Iterator[Any]):
     def __next__(self) -> Any:
         out, entries, number, seconds = next(self._stage)
         self.stage_seconds["decode"] = self.stage_seconds.get("decode", 0.0) + seconds
-        if entries:  # in the loop's thread: the ledger is the stream's (NOTE [ Bad rows keep their positions ])
-            self.stream.counters.ledger.record(self.stream.epoch, number, entries)
+        if entries:  # in the loop's thread, counted as a read's skipped rows are
+            self.stream.skipped_late(number, entries)
         return out
 
     def close(self) -> None:
@@ -86,35 +122,105 @@ class DecodeAhead(Iterator[Any]):
             try:
                 return self.transform(batch), [], number, time.perf_counter() - t0
             except DecodeError as exc:
-                kept, entries = self._failed(exc, batch, number)
-                return kept, entries, number, time.perf_counter() - t0
+                if self._numbers is None:
+                    self._numbers = RowNumbers(self.stream.source)
+                failed = _failed(exc, batch, self.index_column, self._numbers)
+                if not self.skip or exc.kept is None:
+                    raise _named(exc, failed, f"batch {number} of epoch {self.stream.epoch}", keep=True) from exc
+                return exc.kept, [{k: v for k, v in e.items() if k != "at"} for e in failed], number, time.perf_counter() - t0
         finally:
             leave(previous)
 
-    def _failed(self, exc: DecodeError, batch: Any, number: int) -> tuple[Any, list[dict[str, Any]]]:
-        """The ledger entries of a batch's samples that did not decode, and the batch without
-        them; or, without ``on_bad_rows="skip"``, the error naming their shard or file."""
-        if self._numbers is None:
-            self._numbers = RowNumbers(self.stream.source)
-        index = batch[self.index_column]
-        rows = np.asarray(index.numpy() if hasattr(index, "numpy") else index, np.int64)[exc.rows]
-        places = self._numbers.locate(rows)
-        names = _sample_keys(batch, exc)
-        if not self.skip or exc.kept is None:
-            where = "; ".join(f"{path} (sample {row}, {name})" for (path, row), name in list(zip(places, names, strict=True))[:5])
-            error = DecodeError(
-                f"batch {number} of epoch {self.stream.epoch}, from {where}: {exc} Give the reader "
-                "on_bad_rows=\"skip\" to ledger such samples and keep the rest of the batch.",
-                rows=exc.rows, keys=exc.keys, reasons=exc.reasons, kept=exc.kept,
-            )
-            error.path = places[0][0] if places else None
-            error.column = exc.column
-            raise error from exc
-        entries = [
-            {"file": path, "row": row, "key": name, "column": exc.column, "reason": reason}
-            for (path, row), name, reason in zip(places, names, exc.reasons, strict=True)
-        ]
-        return exc.kept, entries
+
+# -- in the reads (NOTE [ Small samples decode in the reads ]) ------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SeededRead:
+    """A read task of a stream that decodes in its reads, with what the decode draws from: the
+    pass's epoch and base seed (the loader's, kept in its state), not the worker's."""
+
+    task: Task | GroupTask | RestoreTask
+    epoch: int
+    seed: int
+
+
+def make_decoding_handler_factory(source: Source, index_column: str, transform: Callable[[Any], Any]) -> HandlerFactory:
+    """A picklable factory that builds, in each worker, ``handler(SeededRead) -> (columns, bad)``:
+    the read (:func:`~naiad.stream.reads.make_handler_factory`), then ``transform`` over its rows,
+    its samples that do not decode added to ``bad`` (with ``on_bad_rows="skip"``) or raised."""
+    return functools.partial(_build_decoding_handler, make_handler_factory(source, index_column), source,
+                             index_column, transform)
+
+
+def _build_decoding_handler(read_factory: HandlerFactory, source: Source, index_column: str,
+                            transform: Callable[[Any], Any],
+                            context: WorkerContext) -> Callable[[SeededRead], tuple[dict[str, Any], list[dict[str, Any]]]]:
+    read = read_factory(context)
+    skip = source.on_bad_rows == "skip"
+    numbers: list[RowNumbers] = []  # made on the first failure: most reads have none
+
+    def handle(seeded: SeededRead) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        columns, bad = read(seeded.task)
+        t0 = time.perf_counter()
+        current = get_worker_context()
+        own = (WorkerContext(0, 0, seeded.seed, "inline", seeded.seed, 0) if current is None
+               else dataclasses.replace(current, base_seed=seeded.seed))
+        previous = enter(own, seeded.epoch)
+        try:
+            batch = {**columns, "__epoch__": seeded.epoch}
+            try:
+                out = transform(batch)
+            except DecodeError as exc:
+                if not numbers:
+                    numbers.append(RowNumbers(source))
+                failed = _failed(exc, batch, index_column, numbers[0])
+                if not skip or exc.kept is None:
+                    raise _named(exc, failed, f"epoch {seeded.epoch}") from None
+                out, bad = exc.kept, _merge(bad, failed, len(batch[index_column]))
+        finally:
+            leave(previous)
+            report_stage("decode", time.perf_counter() - t0)
+        out.pop("__epoch__", None)
+        # NumPy columns: they cross processes through shared memory (NOTE [ Worker protocol ]).
+        return {name: col.numpy() if isinstance(col, torch.Tensor) else col for name, col in out.items()}, bad
+
+    return handle
+
+
+def _merge(bad: list[dict[str, Any]], failed: list[dict[str, Any]], good: int) -> list[dict[str, Any]]:
+    """The read's skipped rows and the samples that did not decode, each ``at`` its position among
+    the rows the task asked for (a failed sample's ``at`` counts the read's good rows only)."""
+    asked = np.delete(np.arange(good + len(bad)), [e["at"] for e in bad])
+    return bad + [{**e, "at": int(asked[e["at"]])} for e in failed]
+
+
+# -- naming what did not decode -----------------------------------------------------------------
+
+
+def _failed(exc: DecodeError, batch: Mapping[str, Any], index_column: str, numbers: RowNumbers) -> list[dict[str, Any]]:
+    """A ledger entry for each sample of ``batch`` that did not decode (``at``: its row in the
+    batch): its shard or file, its sample number there, its key and the decoder's complaint."""
+    index = batch[index_column]
+    rows = np.asarray(index.numpy() if hasattr(index, "numpy") else index, np.int64)[exc.rows]
+    places = numbers.locate(rows)
+    names = _sample_keys(batch, exc)
+    return [bad_entry(at, path, reason, row=row, key=name, column=exc.column)
+            for at, (path, row), name, reason in zip(exc.rows, places, names, exc.reasons, strict=True)]
+
+
+def _named(exc: DecodeError, failed: list[dict[str, Any]], where: str, *, keep: bool = False) -> DecodeError:
+    """``exc`` again, naming each failed sample's shard or file (a pass ends on it); its ``kept``
+    only with ``keep`` (a worker's error crosses processes: the batch stays behind)."""
+    shown = "; ".join(f"{e['file']} (sample {e['row']}, {e['key']})" for e in failed[:5])
+    error = DecodeError(
+        f"{where}, from {shown}: {exc} Give the reader on_bad_rows=\"skip\" to ledger such samples and "
+        "keep the rest of the batch.",
+        rows=exc.rows, keys=exc.keys, reasons=exc.reasons, kept=exc.kept if keep else None,
+    )
+    error.path = failed[0]["file"] if failed else None
+    error.column = exc.column
+    return error
 
 
 def _sample_keys(batch: Any, exc: DecodeError) -> list[str]:

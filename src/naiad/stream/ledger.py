@@ -28,6 +28,7 @@ reason) (at most ``_MAX_KEYS`` of them; the rest as one "other reasons" count pe
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -174,7 +175,7 @@ class BadRowTracker:
         self.skipped = skipped
         self._pending: dict[int, dict[str, Any]] = {}
         self._next_id = 0
-        self._by_batch: list[tuple[int, int]] = []  # (batch, skipped after it), batches with skips
+        self._by_batch: list[tuple[int, int]] = []  # (batch, rows skipped from it), in batch order
 
     def tag(self, columns: Mapping[str, np.ndarray], bad: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
         """``columns`` (the good rows of a read) with a placeholder at each skipped row's position
@@ -208,25 +209,34 @@ class BadRowTracker:
         bad = ids >= 0
         if not bad.any():
             return batch
-        entries = [self._pending.pop(int(i)) for i in ids[bad]]
+        self.count(index, [self._pending.pop(int(i)) for i in ids[bad]])
+        keep = ~bad
+        return {name: col[keep] for name, col in batch.items()}
+
+    def count(self, index: int, entries: list[dict[str, Any]]) -> None:
+        """Ledger ``entries``, the rows skipped from batch ``index``: when it is cut, or later (a
+        decode stage's, a few batches behind the cut; each batch's are counted once).
+
+        Raises:
+            SourceError: past ``max_bad_rows`` for the epoch, summarising the ledger.
+        """
         self.ledger.record(self.epoch, index, entries)
         self.skipped += len(entries)
-        self._by_batch.append((index, self.skipped))
+        # In batch order, whatever order the counts came in: skipped_before() walks it.
+        bisect.insort(self._by_batch, (index, len(entries)))
         if self.max_rows is not None and self.skipped > self.max_rows:
             raise SourceError(
                 f"{self.skipped:,} bad rows skipped in epoch {self.epoch}, past max_bad_rows={self._limit_text}; "
                 f"{self.ledger.summary()}. Fix the data, or raise `max_bad_rows`.",
                 path=entries[0]["file"],
             )
-        keep = ~bad
-        return {name: col[keep] for name, col in batch.items()}
 
     def skipped_before(self, batch: int, start: int) -> int:
         """Rows of the epoch skipped in the batches before ``batch`` (``start``: the skips the
         stream began with)."""
         out = start
-        for index, total in self._by_batch:
+        for index, count in self._by_batch:
             if index >= batch:
                 break
-            out = total
+            out += count
         return out

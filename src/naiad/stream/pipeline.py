@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from naiad.errors import StateError
 from naiad.parallel import HandlerFactory, WorkerPool
 from naiad.parallel.read_ahead import ReadAheadTuner
@@ -27,7 +29,12 @@ from naiad.stream.batches import (
     default_buffer_rows,
     num_batches,
 )
-from naiad.stream.decode import DecodeAhead
+from naiad.stream.decode import (
+    DecodeAhead,
+    SeededRead,
+    decodes_in_reads,
+    make_decoding_handler_factory,
+)
 from naiad.stream.plan import GroupTask, RestoreTask, group_rows
 from naiad.stream.reads import make_handler_factory
 
@@ -58,14 +65,17 @@ class StreamPipeline:
     def __init__(self, source: Source, options: StreamOptions, counters: StreamCounters,
                  read_ahead: int | None = None, batch_transform: Callable[[Any], Any] | None = None) -> None:
         """``read_ahead``: the user's read-ahead threads (None: the default, tuned);
-        ``batch_transform``: a worker-side transform (NOTE [ Decode in the workers ]), run on
-        the pass's decode stage, its batches carrying their samples' row numbers."""
+        ``batch_transform``: a worker-side transform (NOTE [ Decode in the workers ]), run in
+        the reads for small fixed-size samples, else on the pass's decode stage, with their
+        samples' row numbers (NOTE [ Small samples decode in the reads ] in decode.py)."""
         self.source = source
         self.batch_transform = batch_transform
+        self.decode_in_reads = batch_transform is not None and decodes_in_reads(batch_transform)
         if batch_transform is not None and options.index_column is None:
             options = replace(options, index_column=str(getattr(batch_transform, "key", None) or "__index__"))
         if options.shuffle and options.shuffle_buffer is None:
-            options = replace(options, shuffle_buffer=default_buffer_rows(source))
+            decoded = getattr(batch_transform, "decoded_row_bytes", None) if self.decode_in_reads else None
+            options = replace(options, shuffle_buffer=default_buffer_rows(source, decoded_bytes=decoded))
         self.options = options
         self.counters = counters
         self.read_ahead = read_ahead
@@ -110,9 +120,14 @@ class StreamPipeline:
     # -- passes ------------------------------------------------------------------------------
 
     def handler_factory(self) -> HandlerFactory:
+        if self.decode_in_reads:
+            assert self.batch_transform is not None and self.options.index_column is not None
+            return make_decoding_handler_factory(self.source, self.options.index_column, self.batch_transform)
         return make_handler_factory(self.source, self.options.index_column)
 
     def describe_task(self, task: Any) -> str:
+        if isinstance(task, SeededRead):
+            return self.describe_task(task.task)
         if isinstance(task, RestoreTask):
             files = sorted({t.block.path for t in task.reads})
             return f"the {task.rows} rows a resume restores from {len(task.reads)} block(s) of {', '.join(files[:3])}"
@@ -153,7 +168,7 @@ class StreamPipeline:
     def open_pass(self, epoch: int, base_seed: int, resume: Mapping[str, Any] | None) -> StreamPass:
         stream = BatchStream(self.source, self.options, epoch=epoch, imap=_unset, counters=self.counters, state=resume)
         self._planned = stream.options  # the topology is read once per pass, here
-        return StreamPass(stream, self.batch_transform, base_seed)
+        return StreamPass(stream, self.batch_transform, base_seed, in_reads=self.decode_in_reads)
 
     def start_state(self, epoch: int) -> dict[str, Any]:
         # The counters' ledger goes into the state: the rows skipped so far survive a resume.
@@ -170,6 +185,29 @@ class StreamPipeline:
         BatchStream(self.source, self.options, epoch=epoch, imap=_unset, state=part)
 
 
+class _DecodedInReads(Iterator[Any]):
+    """The batches of a stream that decodes in its reads. A batch of no rows (each one skipped)
+    never met the decode, so its empty column is made here, in the decoded shape."""
+
+    def __init__(self, stream: BatchStream, transform: Any) -> None:
+        self.stream = stream
+        self.transform = transform
+        self.column = str(transform.column)
+
+    def __iter__(self) -> _DecodedInReads:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self.stream)
+        if not isinstance(batch.get(self.column), torch.Tensor):
+            batch = self.transform(batch)
+        return batch
+
+    def close(self) -> None:
+        """Stop the stream."""
+        self.stream.close()
+
+
 def _unset(tasks: Any) -> Iterator[Any]:
     raise RuntimeError("this stream was opened to plan, not to read")
 
@@ -179,19 +217,27 @@ class StreamPass:
 
     deliveries = None  # always in plan order: the count is the position
 
-    def __init__(self, stream: BatchStream, transform: Callable[[Any], Any] | None = None, base_seed: int = 0) -> None:
+    def __init__(self, stream: BatchStream, transform: Callable[[Any], Any] | None = None, base_seed: int = 0,
+                 *, in_reads: bool = False) -> None:
+        """``in_reads``: ``transform`` runs in the reads (NOTE [ Small samples decode in the reads ])."""
         self.stream = stream
         self.start = stream.batches_yielded
         self.transform = transform
         self.base_seed = base_seed
+        self.in_reads = in_reads
 
     def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
         # Block reads run no user code: no per-task seeding, and always in plan order (the
         # shuffle buffer needs its chunks in order, whatever `in_order` says).
-        self.stream.imap = functools.partial(pool.imap, prefetch=prefetch, in_order=True, epoch=self.stream.epoch)
+        imap = functools.partial(pool.imap, prefetch=prefetch, in_order=True, epoch=self.stream.epoch)
+        self.stream.imap = imap
         index = self.stream.options.index_column
         if self.transform is None or index is None:
             return self.stream
+        if self.in_reads:
+            epoch, seed = self.stream.epoch, self.base_seed
+            self.stream.imap = lambda tasks: imap(SeededRead(task, epoch, seed) for task in tasks)
+            return _DecodedInReads(self.stream, self.transform)
         # NOTE [ Decode in the workers ]: the decode a few batches ahead, on threads, in order.
         return DecodeAhead(self.stream, self.transform, index_column=index, base_seed=self.base_seed,
                            depth=prefetch, stage_seconds=pool.stage_seconds)
