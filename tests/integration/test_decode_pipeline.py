@@ -222,6 +222,24 @@ def test_a_map_style_batch_decodes_in_the_worker_processes_keyed_by_its_indices(
     assert all(torch.equal(runs[0][k], runs[2][k]) for k in range(N))
 
 
+@pytest.mark.timeout(180)
+def test_without_batching_each_sample_decodes_as_it_does_in_a_batch():
+    batched = naiad.DataLoader(EncodedDataset(), batch_size=8, shuffle=True, seed=4, collate_fn=keep_batch,
+                               transform=random_crops())
+    reference = {int(i): img for b in batched for i, img in zip(b["__index__"], b["jpg"], strict=True)}
+    for workers in (0, 2):
+        loader = naiad.DataLoader(EncodedDataset(), batch_size=None, shuffle=True, seed=4, num_workers=workers,
+                                  transform=random_crops())
+        try:
+            samples = list(loader)
+        finally:
+            loader.close()
+        assert all(s["jpg"].shape == (3, 12, 12) and isinstance(s["cls"], int) for s in samples)
+        got = {int(s["__index__"]): s["jpg"] for s in samples}
+        assert sorted(got) == list(range(N))  # each sample once, keyed by its index
+        assert all(torch.equal(got[k], reference[k]) for k in range(N))
+
+
 def write_folder(root: Path) -> None:
     for k in range(N):
         folder = root / f"class{k % 3}"

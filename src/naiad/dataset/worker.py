@@ -296,14 +296,20 @@ def map_handler_factory(
         # NOTE [ Decode in the workers ]: the batch transform right after the fetch, in the worker;
         # the dataset indices are the samples' keys (the pool's task gives the epoch and seed).
         batch = fetch(task[1])
+        # Without auto-collation (batch_size=None) the loader yields samples: one is decoded
+        # as a batch of one, and handed out as a sample again.
+        single = not auto_collation and isinstance(batch, Mapping)
+        if single:
+            batch = {name: [value] for name, value in batch.items()}
         if isinstance(batch, Mapping) and isinstance(key, str) and key not in batch:
             indices = np.asarray(task[1], dtype=np.int64).reshape(-1)
             batch = {**batch, key: torch.from_numpy(indices)}
         t0 = time.perf_counter()
         try:
-            return transform(batch)
+            out = transform(batch)
         finally:
             report_stage("decode", time.perf_counter() - t0)
+        return {name: value[0] for name, value in out.items()} if single and isinstance(out, Mapping) else out
 
     return handle_and_transform
 
