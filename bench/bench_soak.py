@@ -10,7 +10,13 @@ value itself (a few hundred KiB of RSS over 100 epochs is allocator noise; one f
 epoch is a leak). The main process's RSS also holds the telemetry's trace ring, which fills up
 to 100,000 events (about 14 MiB) and then stays: ``trace_events`` shows where it is.
 
-    python bench/bench_soak.py                 # about 2 minutes on 2 cores
+With ``--image-epochs N`` (default 20; 0 skips them) it also runs images with
+``naiad.decode_images`` for N epochs, each loader with persistent process workers: 28x28 PNGs
+from a class folder (decoded in the reads: NOTE [ Small samples decode in the reads ]), 96x96
+JPEGs from WebDataset shards (decoded on the stream's stage), and, side by side, torch's
+DataLoader over the same PNG folder opened with PIL per sample.
+
+    python bench/bench_soak.py                 # about 3 minutes on 2 cores
     python bench/bench_soak.py --epochs 20     # a quick look
 """
 
@@ -59,7 +65,7 @@ def _shm_count() -> int:
         return 0
 
 
-def _measure(pids: list[int], loader: naiad.DataLoader) -> dict[str, float]:
+def _measure(pids: list[int], loader: Any) -> dict[str, float]:
     gc.collect()
     main = psutil.Process()
     workers = [psutil.Process(p) for p in pids]
@@ -74,11 +80,11 @@ def _measure(pids: list[int], loader: naiad.DataLoader) -> dict[str, float]:
         # Python objects alive in the main process: a leak of per-batch objects shows here.
         "py_objects": len(gc.get_objects()),
         # The telemetry's trace ring (100,000 events, then the oldest go): bounded growth.
-        "trace_events": len(loader._telemetry._events),
+        "trace_events": len(loader._telemetry._events) if isinstance(loader, naiad.DataLoader) else 0,
     }
 
 
-def soak(name: str, loader: naiad.DataLoader, epochs: int) -> list[dict[str, float]]:
+def soak(name: str, loader: Any, epochs: int) -> list[dict[str, float]]:
     """Run ``epochs`` epochs; the measurements after each."""
     series = []
     t0 = time.perf_counter()
@@ -86,14 +92,22 @@ def soak(name: str, loader: naiad.DataLoader, epochs: int) -> list[dict[str, flo
         batches = 0
         for _ in loader:
             batches += 1
-        pool = loader._pool  # the persistent workers
-        assert pool is not None and batches > 0
-        pids = [p for p in pool.worker_pids if p is not None]
+        assert batches > 0
+        if isinstance(loader, naiad.DataLoader):
+            pool = loader._pool  # the persistent workers
+            assert pool is not None
+            pids = [p for p in pool.worker_pids if p is not None]
+        else:  # torch's DataLoader: its persistent iterator's worker processes
+            pids = [w.pid for w in loader._iterator._workers]
         series.append(_measure(pids, loader))
         if epoch == 0:
             print(f"{name}: {batches} batches per epoch, workers {pids}", flush=True)
     print(f"{name}: {epochs} epochs in {time.perf_counter() - t0:.1f} s", flush=True)
-    loader.close()
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()
+    else:
+        del loader._iterator  # torch's: its persistent workers stop with the iterator
     return series
 
 
@@ -113,11 +127,51 @@ def report(name: str, series: list[dict[str, float]], warmup: int) -> list[list[
     return rows
 
 
+IMAGE_WARMUP = 3
+
+
+def image_soaks(root: Path, args: argparse.Namespace) -> list[list[Any]]:
+    """The image loaders' soaks (``--image-epochs``), side by side with torch's folder loader."""
+    import webdataset as wds
+    from bench_decode import photo
+    from bench_images import FolderDataset, encode, pil_gray
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    folder = root / "png28"
+    for i in range(8_000):
+        arr = np.zeros((28, 28), np.uint8)
+        arr[4:24, 6:22] = rng.integers(0, 256, (20, 16))
+        (folder / f"class{i % 10}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(arr).save(folder / f"class{i % 10}" / f"{i:05d}.png")
+    shards = root / "shards"
+    shards.mkdir()
+    with wds.ShardWriter(str(shards / "s-%04d.tar"), maxcount=250, verbose=0) as sink:
+        for i in range(1_000):
+            sink.write({"__key__": f"{i:05d}", "jpg": encode(photo(rng, 160, 120), "JPEG", quality=90), "cls": i % 10})
+    common: dict[str, Any] = {"num_workers": args.workers, "persistent_workers": True, "shuffle": True}
+    loaders: dict[str, Any] = {
+        "PNG folder, decoded in the reads": naiad.DataLoader(
+            naiad.read_images(str(folder)), batch_size=256, seed=0,
+            transform=naiad.decode_images("image", mode="L", size=(28, 28), crop="center"), **common),
+        "JPEG shards, decoded on the stage": naiad.DataLoader(
+            naiad.read_webdataset(str(shards / "*.tar"), index_dir=str(root / "index")), batch_size=64, seed=0,
+            transform=naiad.decode_images("jpg", resize=112, crop="center", size=96), **common),
+        "torch, PNG folder": torch.utils.data.DataLoader(FolderDataset(str(folder), pil_gray), batch_size=256,
+                                                         **common),
+    }
+    rows = []
+    for name, loader in loaders.items():
+        rows += report(name, soak(name, loader, args.image_epochs), IMAGE_WARMUP)
+    return [r for r in rows if r[1] in ("main_rss_mib", "workers_rss_mib", "shm", "main_threads", "workers_fds")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--image-epochs", type=int, default=20, help="epochs of the image loaders (0: none)")
     args = parser.parse_args()
     print(environment())
     torch.manual_seed(0)
@@ -133,9 +187,11 @@ def main() -> None:
         mapped = naiad.DataLoader(Samples(16_384), batch_size=64, **common)
         rows = report("CSV stream", soak("CSV stream", stream, args.epochs), args.warmup)
         rows += report("map-style", soak("map-style", mapped, args.epochs), args.warmup)
+        if args.image_epochs:
+            rows += image_soaks(Path(tmp), args)
     print()
-    print(f"{args.epochs} epochs, {args.workers} persistent process workers; slopes fitted over epochs "
-          f"{args.warmup}..{args.epochs - 1}")
+    print(f"{args.epochs} epochs ({args.image_epochs} for images), {args.workers} persistent process workers; "
+          f"slopes fitted after {args.warmup} warm-up epochs ({IMAGE_WARMUP} for images)")
     print(markdown_table(["data", "metric", f"epoch {args.warmup}", "last epoch", "slope per epoch",
                           "slope x epochs"], rows))
 
