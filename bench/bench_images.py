@@ -30,7 +30,7 @@ the work per image, which the neighbours' load does not change):
   ``naiad --decode``: the folder converted once by ``naiad convert --decode`` (uint8 pixels
   stored), read without a decode.
 
-Run: ``python bench/bench_images.py [--imagenet 512 --large 48 --png 4000 --rounds 3]``. The
+Run: ``python bench/bench_images.py [--imagenet 512 --large 48 --png 60000 --rounds 3]``. The
 machines here are shared and noisy: compare the ratios of one run, not absolute rates across runs.
 """
 
@@ -309,7 +309,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--imagenet", type=int, default=512, help="ImageNet-shaped JPEGs (0: skip)")
     parser.add_argument("--large", type=int, default=48, help="2000x1500 JPEGs (0: skip)")
-    parser.add_argument("--png", type=int, default=4000, help="28x28 PNGs (0: skip)")
+    parser.add_argument("--png", type=int, default=60000, help="28x28 PNGs (0: skip; default FashionMNIST's training set)")
     parser.add_argument("--workers", type=int, default=usable_cores(), help="workers of every loader (default: the cores)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--large-batch", type=int, default=16)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -223,6 +224,17 @@ def test_decode_stores_pixels_that_naiad_reads_back_as_uint8_b_c_h_w(tmp_path, c
     manifest = json.loads((tmp_path / "px.manifest.json").read_text())
     assert manifest["samples"]["decoded"]["shape"] == [channels, 28, 28]
     assert manifest["samples"]["decoded"]["layout"] == "CHW"
+    # One fixed-size binary value per image (Parquet decodes a fixed-size list value by value).
+    schema = pq.read_schema(out)
+    field = schema.field("image")
+    assert field.type == pa.binary(channels * 28 * 28)
+    assert json.loads(field.metadata[b"naiad.shape"]) == [channels, 28, 28] and field.metadata[b"naiad.layout"] == b"CHW"
+    features = json.loads(schema.metadata[b"huggingface"])["info"]["features"]
+    assert features["image"] == {"_type": "Value", "dtype": f"fixed_size_binary[{channels * 28 * 28}]"}
+    # Pixels never repeat: no dictionary pages for them; the label keeps its dictionary.
+    group = pq.ParquetFile(out).metadata.row_group(0)
+    chunks = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    assert not chunks["image"].has_dictionary_page and chunks["label"].has_dictionary_page
     source = naiad.read_parquet(out)
     cols = source.read_block(source.blocks()[0]).columns
     assert cols["image"].dtype == np.uint8 and cols["image"].shape == (13, channels, 28, 28)
@@ -233,10 +245,52 @@ def test_decode_stores_pixels_that_naiad_reads_back_as_uint8_b_c_h_w(tmp_path, c
     batches = list(naiad.DataLoader(source, batch_size=5, shuffle=True, seed=0))
     assert batches[0]["image"].dtype == torch.uint8 and batches[0]["image"].shape == (5, channels, 28, 28)
     assert sorted(k for b in batches for k in b["__key__"]) == sorted(written)
-    # datasets reads the column as a fixed-length list of the same pixels.
+    # datasets reads the column as each image's bytes: the same pixels, in C, H, W order.
     ds = datasets.Dataset.from_parquet(out)
-    assert len(ds[0]["image"]) == channels * 28 * 28
-    np.testing.assert_array_equal(np.asarray(ds[0]["image"], np.uint8), cols["image"][0].reshape(-1))
+    assert ds.features["image"] == datasets.Value(f"fixed_size_binary[{channels * 28 * 28}]")
+    assert ds["__key__"] == list(cols["__key__"])
+    assert ds["image"] == [image.tobytes() for image in cols["image"]]
+
+
+@pytest.mark.timeout(120)
+def test_decoded_pixels_stream_through_process_workers_and_a_shuffle_each_image_once(tmp_path):
+    written = write_folder(tmp_path / "images", {"a": 40, "b": 37, "c": 30}, size=(9, 7), channels=3)
+    out = str(tmp_path / "px.parquet")
+    # Small row groups: several blocks, so the two workers read different ones.
+    assert run(str(tmp_path / "images"), out, "--decode", "--row-group-rows", "16") == 0
+    expected = {k: np.asarray(Image.open(io.BytesIO(v))).transpose(2, 0, 1) for k, v in written.items()}
+    loader = naiad.DataLoader(naiad.read_parquet(out), batch_size=10, shuffle=True, seed=4, num_workers=2,
+                              worker_mode="process", persistent_workers=True)
+    try:
+        orders = []
+        for _ in range(2):
+            keys = []
+            for batch in loader:
+                assert batch["image"].dtype == torch.uint8 and batch["image"].shape[1:] == (3, 9, 7)
+                for key, image in zip(batch["__key__"], batch["image"].numpy(), strict=True):
+                    np.testing.assert_array_equal(image, expected[key])
+                keys += batch["__key__"]
+            assert sorted(keys) == sorted(written)  # every image exactly once
+            orders.append(keys)
+        assert orders[0] != sorted(written) and orders[0] != orders[1]  # shuffled, per epoch
+    finally:
+        loader.close()
+
+
+def test_a_decoded_file_converted_again_keeps_its_pixels(tmp_path):
+    write_folder(tmp_path / "images", {"a": 6, "b": 5}, size=(5, 4))
+    first = str(tmp_path / "px.parquet")
+    assert run(str(tmp_path / "images"), first, "--decode") == 0
+    again = str(tmp_path / "again.arrow")
+    assert run(first, again, "--shuffle", "--seed", "1") == 0
+    field = naiad.read_arrow(again).schema().field("image")
+    assert field.type == pa.binary(20) and json.loads(field.metadata[b"naiad.shape"]) == [1, 5, 4]
+    before = naiad.read_parquet(first).read_block(naiad.read_parquet(first).blocks()[0]).columns
+    after = naiad.read_arrow(again).read_block(naiad.read_arrow(again).blocks()[0]).columns
+    assert sorted(after["__key__"]) == sorted(before["__key__"]) and after["image"].shape == (11, 1, 5, 4)
+    by_key = dict(zip(before["__key__"], before["image"], strict=True))
+    for key, image in zip(after["__key__"], after["image"], strict=True):
+        np.testing.assert_array_equal(image, by_key[key])
 
 
 def test_decode_of_an_image_of_another_size_names_it_or_skips_it(tmp_path):
@@ -333,6 +387,8 @@ def test_a_table_of_images_without_keys_stays_without_them_and_decodes_with_a_sh
     assert run(str(tmp_path / "hf.parquet"), out, "--decode", "--shuffle", "--seed", "2") == 0
     source = naiad.read_arrow(out)
     assert source.column_names == ["image", "label"]
+    field = source.schema().field("image")
+    assert field.type == pa.binary(3 * 6 * 7) and json.loads(field.metadata[b"naiad.shape"]) == [3, 6, 7]
     cols = source.read_block(source.blocks()[0]).columns
     assert sorted(cols["label"].tolist()) == list(range(30)) and cols["label"].tolist() != list(range(30))
     for label, image in zip(cols["label"].tolist(), cols["image"], strict=True):

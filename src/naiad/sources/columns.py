@@ -22,9 +22,11 @@ __all__ = [
     "check_columns_present",
     "concat_columns",
     "field_shape",
+    "is_pixel_field",
     "null_column",
     "null_rows",
     "numpy_dtype",
+    "pixel_array",
     "resolve_dtypes",
     "row_bytes",
     "select_columns",
@@ -99,32 +101,96 @@ def select_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str) 
 
 
 SHAPE_KEY = b"naiad.shape"
-"""A fixed-size list field's metadata key: its values' shape per row, as JSON (``[1, 28, 28]``)."""
+"""A fixed-width field's metadata key: its values' shape per row, as JSON (``[1, 28, 28]``), on a
+fixed-size list of numbers or on a ``fixed_size_binary`` column of uint8 pixels."""
+
+
+def _declared_shape(field: pa.Field, width: int) -> tuple[int, ...] | None:
+    """The field's ``naiad.shape`` where it is a list of positive ints whose product is
+    ``width``; else None (no metadata, or metadata that does not fit the column)."""
+    raw = (field.metadata or {}).get(SHAPE_KEY)
+    if raw is None:
+        return None
+    try:
+        shape = tuple(int(n) for n in json.loads(raw))
+    except (ValueError, TypeError):
+        return None
+    if shape and all(n > 0 for n in shape) and math.prod(shape) == width:
+        return shape
+    return None
+
+
+def is_pixel_field(field: pa.Field) -> bool:
+    """Whether ``field`` is a ``fixed_size_binary`` column of uint8 values with a ``naiad.shape``
+    that fits its byte width (``naiad convert --decode`` pixels): read as a uint8 array."""
+    return bool(pa.types.is_fixed_size_binary(field.type)
+                and _declared_shape(field, field.type.byte_width) is not None)
+
+
+def _is_numeric_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_fixed_size_list(t) and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)))
 
 
 def field_shape(field: pa.Field) -> tuple[int, ...]:
-    """The shape one row of a numeric fixed-size list column has in a batch: ``(width,)``, or
-    the ``naiad.shape`` in the field's metadata when it agrees with the width (``naiad
-    convert`` writes it for ``.npy`` arrays of several axes and for ``--decode`` pixels)."""
-    width = field.type.list_size
-    raw = (field.metadata or {}).get(SHAPE_KEY)
-    if raw is not None:
-        try:
-            shape = tuple(int(n) for n in json.loads(raw))
-        except (ValueError, TypeError):
-            return (width,)
-        if shape and all(n > 0 for n in shape) and math.prod(shape) == width:
-            return shape
-    return (width,)
+    """The shape one row of a fixed-width column has in a batch: the ``naiad.shape`` in the
+    field's metadata when it agrees with the width (``naiad convert`` writes it for ``.npy``
+    arrays of several axes and for ``--decode`` pixels), else ``(width,)`` (a fixed-size list's
+    values, a ``fixed_size_binary``'s bytes), else ``()`` for a column of scalars."""
+    t = field.type
+    if pa.types.is_fixed_size_list(t):
+        width = t.list_size
+    elif pa.types.is_fixed_size_binary(t):
+        width = t.byte_width
+    else:
+        return ()
+    return _declared_shape(field, width) or (width,)
+
+
+def numpy_dtype(field: pa.Field) -> np.dtype | None:
+    """The NumPy dtype the column ``field`` becomes in a batch, or None where it becomes a list
+    or an object array (strings, bytes, nested values)."""
+    t = field.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return np.dtype(t.to_pandas_dtype())
+    if _is_numeric_list(t):
+        return np.dtype(t.value_type.to_pandas_dtype())
+    if is_pixel_field(field):
+        return np.dtype(np.uint8)
+    return None
+
+
+def _pixels(col: pa.FixedSizeBinaryArray, shape: tuple[int, ...]) -> np.ndarray:
+    """A ``fixed_size_binary`` column's bytes as uint8 ``(rows, *shape)``: a view of the Arrow
+    buffer from the array's offset (a slice's rows only), no copy and no loop per row. Null
+    rows (no image) become zeros, in a copy."""
+    width = math.prod(shape)
+    data = col.buffers()[1]
+    rows = len(col)
+    if data is None or rows == 0:
+        return np.zeros((0, *shape), np.uint8)
+    out = np.frombuffer(data, np.uint8, count=rows * width, offset=col.offset * width).reshape(rows, *shape)
+    if col.null_count:
+        out = out.copy()
+        out[col.is_null().to_numpy(zero_copy_only=False)] = 0
+    return out
+
+
+def pixel_array(pixels: np.ndarray, field: pa.Field) -> pa.FixedSizeBinaryArray:
+    """uint8 pixels ``(rows, *shape)`` as the ``fixed_size_binary`` column ``field`` (a pixel
+    field, :func:`is_pixel_field`): each row's bytes, one buffer for the whole column."""
+    flat = np.ascontiguousarray(pixels, np.uint8)
+    return pa.FixedSizeBinaryArray.from_buffers(field.type, len(flat), [None, pa.py_buffer(flat)])
 
 
 def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
-    """Columns as NumPy arrays (numeric, bool, fixed-size lists; bytes as object arrays) or lists
-    (everything else). A fixed-size list column is one ``(rows, width)`` array, or ``(rows,
-    *shape)`` with a ``naiad.shape`` in its field's metadata (:func:`field_shape`).
+    """Columns as NumPy arrays (numeric, bool, fixed-size lists, pixels; bytes as object arrays)
+    or lists (everything else). A fixed-size list column is one ``(rows, width)`` array, or
+    ``(rows, *shape)`` with a ``naiad.shape`` in its field's metadata (:func:`field_shape`); a
+    ``fixed_size_binary`` column with a ``naiad.shape`` that fits its width (``naiad convert
+    --decode`` pixels, :func:`is_pixel_field`) is one uint8 ``(rows, *shape)`` array.
 
-    Nulls in float columns become NaN; integer and bool columns must have none (the caller
-    checks, because only it knows the file and line).
+    Nulls in float columns become NaN, in pixel columns zeros; integer and bool columns must have
+    none (the caller checks, because only it knows the file and line).
     """
     out: Columns = {}
     for field, col in zip(table.schema, table.columns):
@@ -133,12 +199,14 @@ def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
             out[name] = col.to_numpy(zero_copy_only=False)
-        elif pa.types.is_fixed_size_list(t) and (
-            pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
-        ):
+        elif _is_numeric_list(t):
             # e.g. an embedding column: one (rows, width) array, not a list of lists.
             flat = col.flatten().to_numpy(zero_copy_only=False)
             out[name] = flat.reshape(len(col), *field_shape(field))
+        elif is_pixel_field(field):
+            # Parquet decodes a fixed-size list value by value (a repetition level each), a
+            # fixed_size_binary as one block of bytes: pixels are stored so, and read as uint8.
+            out[name] = _pixels(col, field_shape(field))
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
             # Bytes (an image, a clip): an object array of ``bytes``, filled by Arrow in C; it
             # travels through the shuffle buffer as one and reaches the batch as a list.
@@ -148,25 +216,13 @@ def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
     return out
 
 
-def numpy_dtype(t: pa.DataType) -> np.dtype | None:
-    """The NumPy dtype a column of type ``t`` becomes, or None for a list column."""
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        return np.dtype(t.to_pandas_dtype())
-    if pa.types.is_fixed_size_list(t) and (
-        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
-    ):
-        return np.dtype(t.value_type.to_pandas_dtype())
-    return None
-
-
 def row_bytes(schema: pa.Schema) -> int:
     """About how many bytes a row of ``schema`` takes as NumPy columns (32 for a string or other
     Python value)."""
     total = 0
     for f in schema:
-        dt = numpy_dtype(f.type)
-        width = f.type.list_size if pa.types.is_fixed_size_list(f.type) else 1
-        total += dt.itemsize * width if dt is not None else 32
+        dt = numpy_dtype(f)
+        total += dt.itemsize * max(1, math.prod(field_shape(f))) if dt is not None else 32
     return total
 
 

@@ -345,13 +345,8 @@ class BlockEngine(SourceFormat):
         """Zero rows of every column, with the right dtypes (for a rank that has no rows)."""
         out: Columns = {}
         for f in self.schema():
-            dt = numpy_dtype(f.type)
-            if dt is None:
-                out[f.name] = []
-            elif pa.types.is_fixed_size_list(f.type):
-                out[f.name] = np.zeros((0, *field_shape(f)), dt)
-            else:
-                out[f.name] = np.zeros(0, dt)
+            dt = numpy_dtype(f)
+            out[f.name] = [] if dt is None else np.zeros((0, *field_shape(f)), dt)
         return out
 
     def __getstate__(self) -> dict[str, Any]:

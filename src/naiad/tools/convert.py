@@ -26,7 +26,7 @@ import pyarrow as pa
 from naiad.errors import ConfigError, NaiadError, SourceError
 from naiad.sources.auto import READERS, _suffix
 from naiad.sources.base import Source
-from naiad.sources.columns import Columns
+from naiad.sources.columns import Columns, is_pixel_field, pixel_array
 from naiad.sources.paths import expand_paths
 from naiad.sources.storage import Storage, is_remote
 from naiad.tools.convert_samples import (
@@ -352,7 +352,8 @@ def open_source(src: str | Sequence[str], opts: ConvertOptions) -> Source:
 def output_schema(source: Source, columns: Sequence[str] | None) -> pa.Schema:
     """The shards' schema: the source's, where an array column of shape (rows, d1, ...) becomes a
     fixed-size list of d1 * ... values (the shape kept in the field's ``naiad.shape`` metadata
-    when it has more than one axis), which naiad's readers give back as (rows, width) arrays."""
+    when it has more than one axis), which naiad's readers give back as (rows, width) arrays.
+    A pixel column (``fixed_size_binary`` with a ``naiad.shape``: ``--decode``) stays one."""
     schema = source.schema()
     if columns is not None:
         unknown = [c for c in columns if c not in schema.names]
@@ -365,7 +366,7 @@ def output_schema(source: Source, columns: Sequence[str] | None) -> pa.Schema:
         if columns is not None and f.name not in columns:
             continue
         col, t, meta = empty.get(f.name), f.type, f.metadata
-        if isinstance(col, np.ndarray) and col.ndim > 1 and not pa.types.is_fixed_size_list(t):
+        if isinstance(col, np.ndarray) and col.ndim > 1 and not pa.types.is_fixed_size_list(t) and not is_pixel_field(f):
             t = pa.list_(t, math.prod(col.shape[1:]))
             if col.ndim > 2:
                 meta = {b"naiad.shape": json.dumps(list(col.shape[1:])).encode()}
@@ -379,6 +380,9 @@ def to_batch(columns: Columns, schema: pa.Schema) -> pa.RecordBatch:
     for f in schema:
         col = columns[f.name]
         if isinstance(col, np.ndarray):
+            if is_pixel_field(f):
+                arrays.append(pixel_array(col, f))
+                continue
             if col.ndim > 1:
                 flat = pa.array(np.ascontiguousarray(col).reshape(-1))
                 arr: pa.Array = pa.FixedSizeListArray.from_arrays(flat, math.prod(col.shape[1:]))

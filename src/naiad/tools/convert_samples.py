@@ -23,8 +23,11 @@ shuffle can spill and every shard has the same columns.
   ``json``.
 - ``max_size``: images whose longer side exceeds it are shrunk and encoded again
   (``sample_media.shrink``), ``decode``: images decoded by ``naiad.decode_images`` into a uint8
-  ``[C, H, W]`` per row, stored as a fixed-size list with ``naiad.shape`` ``[C, H, W]`` in its
-  field's metadata, so naiad's readers hand back ``[B, C, H, W]`` as ``decode_images`` does.
+  ``[C, H, W]`` per row, stored as ``fixed_size_binary`` of C*H*W bytes with ``naiad.shape``
+  ``[C, H, W]`` in its field's metadata, so naiad's readers hand back ``[B, C, H, W]`` as
+  ``decode_images`` does (``columns.is_pixel_field``). Not a fixed-size list of uint8: Parquet
+  decodes a list value by value (a repetition level each), some ten times slower than the
+  same bytes as one binary value per row; ``datasets`` reads the column as bytes.
   Both run on the decode threads (NOTE [ Decode threads ]); an image that fails is a bad row,
   named by its file and key, raised or skipped as ``on_bad_rows`` says.
 """
@@ -44,7 +47,7 @@ from naiad.errors import ConfigError, DecodeError, SourceError
 from naiad.media.images import MODES, decode_images
 from naiad.media.rows import default_threads, run_rows
 from naiad.sources.base import Source
-from naiad.sources.columns import SHAPE_KEY, Columns
+from naiad.sources.columns import SHAPE_KEY, Columns, pixel_array
 from naiad.sources.images import ImageFolderSource
 from naiad.sources.parquet import ParquetSource, open_parquet
 from naiad.sources.samples import MAX_BLOCK_BYTES, MIN_BLOCK_BYTES
@@ -172,7 +175,7 @@ class SampleBatches:
         if f.name in self.images:
             if self.decoded is not None:
                 c, h, w = self.decoded["shape"]
-                return pa.field(f.name, pa.list_(pa.uint8(), c * h * w), metadata={
+                return pa.field(f.name, pa.binary(c * h * w), metadata={
                     SHAPE_KEY: json.dumps([c, h, w]).encode(), LAYOUT_KEY: b"CHW"})
             return pa.field(f.name, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
         if _json(f):
@@ -219,8 +222,7 @@ class SampleBatches:
                 if self.decoded is None:
                     features[f.name] = {"_type": "Image"}
                 else:
-                    features[f.name] = {"_type": "Sequence", "feature": {"_type": "Value", "dtype": "uint8"},
-                                        "length": f.type.list_size}
+                    features[f.name] = {"_type": "Value", "dtype": f"fixed_size_binary[{f.type.byte_width}]"}
             elif f.name == "label" and self.folder is not None and self.folder.classes:
                 features[f.name] = {"_type": "ClassLabel", "names": list(self.folder.classes)}
             elif isinstance(declared.get(f.name), dict) and declared[f.name].get("_type") == "ClassLabel":
@@ -261,8 +263,7 @@ class SampleBatches:
     def _array(self, f: pa.Field, name: str, values: dict[str, Any], pixels: dict[str, np.ndarray],
                keep: np.ndarray, keys: np.ndarray, files: np.ndarray) -> pa.Array:
         if name in pixels:
-            kept = pixels[name][keep]
-            return pa.FixedSizeListArray.from_arrays(pa.array(kept.reshape(-1)), f.type.list_size)
+            return pixel_array(pixels[name][keep], f)
         col = values[name]
         if isinstance(col, np.ndarray):
             col = col[keep]

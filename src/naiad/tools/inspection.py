@@ -180,7 +180,8 @@ def _columns(source: Source) -> list[dict[str, Any]]:
             dtype, kind, shape = str(col.dtype), "tensor", ["n", *col.shape[1:]]
         else:
             text = pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-            dtype = "str" if text else ("bytes" if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) else "object")
+            binary = pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_fixed_size_binary(f.type)
+            dtype = "str" if text else ("bytes" if binary else "object")
             kind, shape = "list", ["n"]
         out.append({"name": f.name, "arrow_type": str(f.type), "dtype": dtype,
                     "shape": "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")", "batch": kind})
