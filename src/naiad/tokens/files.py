@@ -192,11 +192,27 @@ class TokenReader:
                     self._fds[i] = fd
         return fd
 
+    def _pread(self, i: int, out: np.ndarray, starts: np.ndarray) -> None:
+        """``out[j] = tokens[starts[j] : ...]`` of local file ``i``, one ``preadv`` per row."""
+        f = self.files[i]
+        fd = self._fd(i)
+        offsets = (f.offset + starts * f.dtype.itemsize).tolist()
+        nbytes = out.shape[1] * f.dtype.itemsize
+        got = [os.preadv(fd, [row], off) for row, off in zip(out, offsets)]
+        if got.count(nbytes) != len(got):
+            j = next(j for j, n in enumerate(got) if n != nbytes)
+            raise SourceError(f"read {got[j]} of {nbytes} bytes at offset {offsets[j]}: the file shrank after it was "
+                              "opened.", path=f.path)
+
     def read(self, file_ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
         """``out[j] = tokens[starts[j] : starts[j] + length]`` of file ``file_ids[j]``, as
         ``[len(starts), length]`` in the files' dtype (their common integer dtype when the rows
         come from files of several); one read per row, grouped by file. Rows from one file are
         read straight into the result: the only copy is the read's."""
+        if len(self.files) == 1 and self._local[0]:  # every batch of a one-file source: no grouping
+            out = np.empty((len(starts), length), self.files[0].dtype)
+            self._pread(0, out, starts)
+            return out
         ids = np.unique(file_ids).tolist()
         dtypes = {self.files[i].dtype for i in ids}
         common = np.result_type(*dtypes) if dtypes else np.dtype(np.int64)
@@ -208,16 +224,11 @@ class TokenReader:
             whole = len(ids) == 1 and f.dtype == common
             rows = None if whole else np.flatnonzero(file_ids == i)
             buf = out if rows is None else np.empty((len(rows), length), f.dtype)
-            offsets = (f.offset + (starts if rows is None else starts[rows]) * f.dtype.itemsize).tolist()
-            nbytes = length * f.dtype.itemsize
             if self._local[i]:
-                fd = self._fd(i)
-                for j, off in enumerate(offsets):
-                    got = os.preadv(fd, [buf[j]], off)
-                    if got != nbytes:
-                        raise SourceError(f"read {got} of {nbytes} bytes at offset {off}: the file shrank after it "
-                                          "was opened.", path=f.path)
+                self._pread(i, buf, starts if rows is None else starts[rows])
             else:
+                offsets = (f.offset + (starts if rows is None else starts[rows]) * f.dtype.itemsize).tolist()
+                nbytes = length * f.dtype.itemsize
                 view = buf.view(np.uint8).reshape(len(buf), nbytes)
                 for j, off in enumerate(offsets):
                     view[j] = np.frombuffer(storage.read_range(f.path, off, off + nbytes, store=self.store), np.uint8)

@@ -156,10 +156,14 @@ class TokenWindows(WindowSamples):
         """The windows ``indices`` as ``[len(indices), seq_len + 1]``, in the files' dtype."""
         idx = np.asarray(indices, np.int64).reshape(-1)
         n = len(self)
-        if len(idx) and (int(idx.min()) < -n or int(idx.max()) >= n):
+        lo, hi = (int(idx.min()), int(idx.max())) if len(idx) else (0, 0)
+        if lo < -n or hi >= n:
             bad = idx[(idx < -n) | (idx >= n)][0]
             raise IndexError(f"window index {int(bad)} is out of range for {n} windows.")
-        idx = np.where(idx < 0, idx + n, idx)
+        if lo < 0:
+            idx = np.where(idx < 0, idx + n, idx)
+        if len(self._ends) == 1:  # one file: a window's index is its place in the file
+            return self._reader.read(np.zeros(len(idx), np.int64), idx * self.seq_len, self.seq_len + 1)
         file_ids = np.searchsorted(self._ends, idx, side="right")
         first = np.concatenate(([0], self._ends[:-1]))[file_ids]
         return self._reader.read(file_ids, (idx - first) * self.seq_len, self.seq_len + 1)
