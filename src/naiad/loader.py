@@ -517,6 +517,14 @@ class DataLoader(TorchDataLoader[T_co]):
         tuner that resizes the pool during the pass, if any."""
         # A tuned pool lives across passes too: the tuner keeps what it learnt.
         persistent = (self.persistent_workers and self.num_workers > 0) or self._tuner is not None
+        # A resumed pass draws with the interrupted pass's base seed, in the workers too (their
+        # context's seed keys a decode's random crops): kept workers of another seed start again.
+        resumed = self._resume.get("base_seed") if self._resume is not None and self._resume.get("epoch") == self._epoch - 1 else None
+        if persistent and self._pool is not None and resumed is not None and int(resumed) != self._pool_base_seed:
+            if self.persistent_workers and self.num_workers > 0:
+                self._close_pass()
+            self._pool.close()
+            self._pool = None
         if persistent and self._pool is not None:
             # NOTE [ Two passes at once ]: torch keeps one iterator per loader with persistent
             # workers and resets it at iter(), so the pass before ends here (its next next()
@@ -529,7 +537,9 @@ class DataLoader(TorchDataLoader[T_co]):
                 self._close_pass()
             return self._pool, False, self._pool_base_seed, self._tuner
         # torch draws the base seed once per iterator, or once per persistent iterator.
-        base_seed = self._base_seed()
+        base_seed = self._base_seed()  # drawn either way: the generator moves on as torch's does
+        if resumed is not None:
+            base_seed = int(resumed)
         threads = self.read_ahead_threads()
         if threads:
             ahead_tuner = self._pipeline.read_ahead_tuner(threads, self.prefetch_factor or 2)

@@ -6,6 +6,7 @@ the same pixels."""
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,39 @@ def test_a_resumed_epoch_delivers_the_same_pixels() -> None:
         first = [next(iterator) for _ in range(3)]
         state = loader.state_dict()
         rest = list(iterator)
+        resumed.load_state_dict(state)
+        again = list(resumed)
+    finally:
+        loader.close()
+        resumed.close()
+    assert len(first) + len(rest) == 8
+    assert [b["__index__"].tolist() for b in again] == [b["__index__"].tolist() for b in rest]
+    for a, b in zip(again, rest, strict=True):
+        assert torch.equal(a["image"], b["image"])
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_a_resumed_epoch_without_a_seed_delivers_the_same_pixels(workers: int, persistent: bool) -> None:
+    # Without seed=, each run draws its base seed; the state keeps the interrupted pass's, and
+    # the resumed pass's workers draw the crops with it (kept workers of another seed restart).
+    dataset = EncodedImages(30)
+
+    def make() -> naiad.DataLoader:
+        return naiad.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=workers, collate_fn=identity,
+                                persistent_workers=persistent)
+
+    torch.manual_seed(1)
+    loader = make()
+    resumed = make()
+    try:
+        iterator = iter(loader)
+        first = [next(iterator) for _ in range(3)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        rest = list(iterator)
+        torch.manual_seed(2)
+        if persistent:
+            list(resumed)  # its workers start with this run's own base seed
         resumed.load_state_dict(state)
         again = list(resumed)
     finally:
