@@ -41,6 +41,18 @@ def test_ledger_state_leaves_out_batches_cut_ahead_of_the_position() -> None:
     assert restored.total == 2 and restored.entries == ledger.entries[:2]
 
 
+def test_rows_counted_after_later_batches_were_cut_stay_in_a_state_behind_those() -> None:
+    # A decode stage counts batch 1's skipped samples after the stream cut batches 2 and 3.
+    ledger = BadRowLedger()
+    tracker = BadRowTracker(ledger, epoch=0, limit=None, planned_rows=100)
+    tracker.count(0, _entries(1, 0))
+    tracker.count(3, _entries(2, 30))
+    tracker.count(1, _entries(3, 10))
+    state = ledger.state(epoch=0, batch=2)  # the consumer has batches 0 and 1
+    assert state["total"] == 4 and [e["line"] for e in state["entries"]] == [0, 10, 11, 12]
+    assert tracker.skipped_before(2, 0) == 4 and tracker.skipped_before(4, 5) == 11
+
+
 @pytest.mark.parametrize("bad", [None, {"counts": 3}, {"counts": [["f", "r", -1]], "entries": []},
                                  {"counts": [], "entries": [{"line": 3}]}, {"counts": [["f"]], "entries": []}])
 def test_ledger_refuses_a_malformed_state(bad: object) -> None:

@@ -62,9 +62,10 @@ class BadRowLedger:
         self.keep = keep
         self.entries: list[dict[str, Any]] = []
         self.counts: Counter[tuple[str, str]] = Counter()
-        # (epoch, batch, len(entries) before, its (file, reason) keys): what a state taken behind
-        # the stream leaves out.
-        self._journal: deque[tuple[int, int, int, list[tuple[str, str]]]] = deque()
+        # (epoch, batch, the entries it added as [start, stop), its (file, reason) keys): what a
+        # state taken behind the stream leaves out. A decode stage's records come a few batches
+        # after the cut's (BadRowTracker.count), so a batch's entries need not be the last ones.
+        self._journal: deque[tuple[int, int, int, int, list[tuple[str, str]]]] = deque()
 
     @property
     def total(self) -> int:
@@ -81,7 +82,7 @@ class BadRowLedger:
             keys.append(key)
             if len(self.entries) < self.keep:
                 self.entries.append({**e, "epoch": epoch})
-        self._journal.append((epoch, batch, before, keys))
+        self._journal.append((epoch, batch, before, len(self.entries), keys))
         while len(self._journal) > 1 and self._journal[-1][1] - self._journal[0][1] > _LOOKBEHIND:
             self._journal.popleft()
 
@@ -109,16 +110,16 @@ class BadRowLedger:
         """The ledger as JSON-able data, leaving out batches ``batch`` and later of ``epoch``
         (the batches a stream cut ahead of the position a state describes)."""
         counts = Counter(self.counts)
-        cut = len(self.entries)
+        left_out: set[int] = set()
         if epoch is not None and batch is not None:
-            for e, b, before, keys in self._journal:
+            for e, b, start, stop, keys in self._journal:
                 if e == epoch and b >= batch:
                     counts.subtract(keys)
-                    cut = min(cut, before)
+                    left_out.update(range(start, stop))
         return {
             "total": sum(counts.values()),
             "counts": [[path, reason, n] for (path, reason), n in counts.items() if n > 0],
-            "entries": [dict(e) for e in self.entries[:cut]],
+            "entries": [dict(e) for i, e in enumerate(self.entries) if i not in left_out],
         }
 
     def load(self, state: Any) -> None:
