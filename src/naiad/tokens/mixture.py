@@ -61,7 +61,9 @@ from naiad.errors import ConfigError, StateError
 from naiad.order.elastic import Leg, epoch_sequence, iter_legs, leg_remaining, no_buffer
 from naiad.parallel.context import current_epoch
 from naiad.pipeline import check_fields
+from naiad.sources.base import Source
 from naiad.stream.permutation import Permutation
+from naiad.tokens.text import Tokenize
 from naiad.tokens.windows import TokenWindows, WindowSamples, window_batch
 
 __all__ = ["TABLE_POSITIONS", "MixtureStats", "SourceStats", "TokenMixture", "mix"]
@@ -171,6 +173,13 @@ class TokenMixture(WindowSamples):
         if not self.sources:
             raise ConfigError("`sources` must name at least one token source, got none.")
         for i, src in enumerate(self.sources):
+            if isinstance(src, (Source, Tokenize)):
+                raise ConfigError(
+                    f"`sources[{i}]` is raw text ({type(src).__name__}): naiad.mix mixes token windows, which it reads "
+                    "at random and counts before an epoch starts, and a text source's windows exist only once its "
+                    "documents are tokenized and packed. Tokenize it once with `naiad convert TEXT DEST --tokenize "
+                    "TOKENIZER` and mix naiad.read_tokens(DEST, seq_len=..., eos_id=...) (docs/TOKENS.md, "
+                    "\"Mixing raw text\").")
             if not isinstance(src, TokenWindows):
                 raise ConfigError(f"`sources[{i}]` must be a naiad.read_tokens(...) source, got {type(src).__name__}.")
             if len(src) == 0:
