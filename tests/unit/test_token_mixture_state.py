@@ -80,11 +80,14 @@ def test_the_same_mixture_made_again_resumes_with_weights_written_otherwise(tmp_
     m = naiad.mix(srcs, [3, 1], seed=4, length=800)
     state = saved_state(m, batches=4)
     rest = [b["input_ids"] for b in loader_over(m)][4:]  # the uninterrupted epoch's rest
-    again = naiad.mix(sources(tmp_path), [0.75, 0.25], seed=4, length=800)  # the files read anew; weights normalised
-    resumed = loader_over(again)
-    resumed.load_state_dict(state)
-    got = [b["input_ids"] for b in resumed]
-    assert len(got) == len(rest) and all(torch.equal(a, b) for a, b in zip(got, rest, strict=True))
+    mounted = tmp_path / "elsewhere"  # the same files at another path, as another job mounts them
+    mounted.mkdir()
+    for folder in (tmp_path, mounted):
+        again = naiad.mix(sources(folder), [0.75, 0.25], seed=4, length=800)  # weights normalised alike
+        resumed = loader_over(again)
+        resumed.load_state_dict(state)
+        got = [b["input_ids"] for b in resumed]
+        assert len(got) == len(rest) and all(torch.equal(a, b) for a, b in zip(got, rest, strict=True))
 
 
 def test_states_of_other_datasets_of_the_same_length_are_refused(tmp_path):
