@@ -153,7 +153,7 @@ class TokenReader:
     Args:
         files: the files, in order.
         stores: the Storage their URLs are read through: one for all, or one per file (the
-            files of several sources, each read with its own options: :meth:`joined`).
+            files of several sources, each read with its own options: ``TokenWindows.joined``).
     """
 
     def __init__(self, files: list[TokenFile], stores: Storage | Sequence[Storage]) -> None:

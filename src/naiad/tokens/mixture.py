@@ -36,9 +36,9 @@ each process that reads computes it once per epoch, for all ``W`` positions, at 
 batch (a NumPy pass over ``W``, in chunks, with the permutations of each source's pass applied to
 all its slots of the chunk at once), as a table of *global* window numbers over the sources'
 files joined in order (:meth:`TokenWindows.joined`): then a batch is one index into the table
-and one read, as for a single source. The table holds the current epoch and the one before (a
-pass of the previous epoch may still be read); it is 4 bytes a position (8 past 2**31 windows)
-and never pickled. Past :data:`TABLE_POSITIONS` positions (32 MB per process) the mapping is
+and one read, as for a single source. The tables of the last two epochs read are kept (a pass
+of the epoch before may still be read); each is 4 bytes a position (8 past 2**31 windows), and
+they are never pickled. Past :data:`TABLE_POSITIONS` positions (32 MB per process) the mapping is
 evaluated per batch instead. Either way the windows are the same: the table is the function,
 memoised.
 """
