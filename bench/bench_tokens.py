@@ -21,16 +21,37 @@ The two loaders run with 0 workers (in the loop's process, as ``get_batch`` runs
 first batch, the methods alternating in each of ``--rounds`` rounds; medians. The resident memory
 each in-process method adds over its run is printed too (a memmap's pages count in it).
 
-Run: ``python bench/bench_tokens.py [--tokens 64M] [--seq-len 1024] [--batch 12]``; the issue's
-target size is ``--tokens 512M`` (a 1 GB file). The machines here are shared and noisy: compare
-the ratios of one run, not absolute rates across runs.
+Then, over the same file and two more token files of half its tokens each (``--sections``):
+
+* ``mixture``: ``naiad.mix([half0, half1], [0.5, 0.5])`` (by tokens) against the one file, the
+  same total size, through naiad's loader with 0 workers, ``--workers`` worker processes and
+  ``--workers`` thread workers, alternating per round; medians and the ratio mixture / one
+  source. Target: >= 0.95 (NOTE [ Mixture table ] in tokens/mixture.py: a batch of a mixture
+  is one index into a per-epoch table and one read, as a single source's).
+* ``resume``: a state saved at 90% of an epoch, then the time from ``load_state_dict`` to the
+  first batch, with 0 workers and with ``--workers`` worker processes (their start counted), in
+  the same process (dataset and loader made anew) and in a new process (the process's whole
+  run shown beside it: imports, opening the files). The first batch must be the one the
+  uninterrupted epoch delivered next. Target: under 1 s.
+* ``memory``: resident memory (RSS) of the loop's process and of each of ``--workers`` worker
+  processes (persistent) at the end of epochs 1 .. ``--epochs``, for the one file and the
+  mixture: it must stay flat (windows are read with pread; a mixture's tables are per epoch,
+  two at most).
+
+Run: ``python bench/bench_tokens.py [--tokens 64M | --gb 1] [--seq-len 1024] [--batch 12]
+[--sections throughput,mixture,resume,memory]``; the issue's target size is ``--gb 1`` (a 1 GB
+uint16 file: 512 Mi tokens; the halves add 1 GB more on disk). A quick check: ``--tokens 4M
+--batches 200 --rounds 3 --epochs 3``. The machines here are shared and noisy: compare the
+ratios of one run, not absolute rates across runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,10 +74,10 @@ def parse_count(text: str) -> int:
     return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
 
 
-def make_file(path: str, n: int) -> None:
+def make_file(path: str, n: int, seed: int = 0) -> None:
     """As nanoGPT's prepare.py: a uint16 memmap filled in slices."""
     arr = np.memmap(path, dtype=np.uint16, mode="w+", shape=(n,))
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     step = 1 << 24
     for a in range(0, n, step):
         arr[a : a + step] = rng.integers(0, 50257, min(step, n - a), dtype=np.uint16)
@@ -122,27 +143,8 @@ def timed(batches: Iterator[Any], count: int, tokens_per_batch: int) -> tuple[fl
     return count * tokens_per_batch / dt, rss_mb() - before
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", default="64M", help="tokens in the file (512M: the issue's 1 GB file)")
-    ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=12, help="windows per batch (nanoGPT's default 12)")
-    ap.add_argument("--batches", type=int, default=1000, help="batches per method and round")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--dir", default=None, help="where to write the token file (default: a temporary folder)")
-    args = ap.parse_args()
-    n = parse_count(args.tokens)
-    print(environment())
-    folder = args.dir or tempfile.mkdtemp(prefix="naiad-bench-tokens-")
-    path = os.path.join(folder, "train.bin")
-    if not os.path.exists(path) or os.path.getsize(path) != 2 * n:
-        t0 = time.perf_counter()
-        make_file(path, n)
-        print(f"wrote {path}: {n:,} tokens, {2 * n / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")
-    with open(path, "rb") as f:  # into the page cache: every method reads from memory
-        while f.read(1 << 24):
-            pass
+def throughput(args: argparse.Namespace, path: str) -> None:
+    """naiad.read_tokens against nanoGPT's get_batch and torch's map-style loader."""
     L, B = args.seq_len, args.batch
     tokens = naiad.read_tokens(path, seq_len=L)
     windows = MemmapWindows(path, L)
@@ -158,6 +160,22 @@ def main() -> None:
         f"naiad, {args.workers} thread workers": lambda: endless(lambda: naiad.DataLoader(
             tokens, batch_size=B, shuffle=True, seed=0, num_workers=args.workers, worker_mode="thread")),
     }
+    med, grown = run_rounds(methods, args, per_batch)
+    base = med["get_batch"]
+    torch0, torchw = med["torch map-style, 0 workers"], med[f"torch map-style, {args.workers} workers"]
+    rows = []
+    for name in methods:
+        same = torch0 if "0 workers" in name else torchw if "workers" in name else None
+        rows.append([name, f"{med[name] / 1e6:.1f}", f"{med[name] / base:.2f}x",
+                     f"{med[name] / same:.2f}x" if same else "-", f"{max(grown[name]):+.0f}" if name == "get_batch" or "0 workers" in name else "-"])
+    print(f"\n{args.n:,} tokens ({2 * args.n / 1e6:.0f} MB), seq_len {L}, batch {B}, {args.batches} batches x {args.rounds} rounds (medians)\n")
+    print(markdown_table(["method", "M tokens/s", "vs get_batch", "vs torch map-style (same workers)", "RSS added, MB"], rows))
+
+
+def run_rounds(methods: dict[str, Callable[[], Iterator[Any]]], args: argparse.Namespace,
+               per_batch: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Each method ``--batches`` batches per round, alternating, ``--rounds`` rounds: the median
+    tokens/s of each, and the RSS each added per round."""
     rates: dict[str, list[float]] = {k: [] for k in methods}
     grown: dict[str, list[float]] = {k: [] for k in methods}
     for r in range(args.rounds):
@@ -169,17 +187,175 @@ def main() -> None:
                 close()
             rates[name].append(rate)
             grown[name].append(rss)
-        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1] / 1e6:.1f}M" for k, v in rates.items()))
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    base = med["get_batch"]
-    torch0, torchw = med["torch map-style, 0 workers"], med[f"torch map-style, {args.workers} workers"]
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1] / 1e6:.1f}M" for k, v in rates.items()), flush=True)
+    return {k: statistics.median(v) for k, v in rates.items()}, grown
+
+
+def one_and_mixture(path: str, halves: list[str], seq_len: int) -> dict[str, Any]:
+    """The one file and the mixture of its two halves, 0.5/0.5 by tokens (made anew)."""
+    parts = [naiad.read_tokens(h, seq_len=seq_len) for h in halves]
+    return {"one source": naiad.read_tokens(path, seq_len=seq_len), "mixture": naiad.mix(parts, [0.5, 0.5], seed=0)}
+
+
+def mixture_throughput(args: argparse.Namespace, path: str, halves: list[str]) -> None:
+    """(a) a two-source mixture against one source of the same size."""
+    L, B, W = args.seq_len, args.batch, args.workers
+    data = one_and_mixture(path, halves, L)
+    configs = {"0 workers": {}, f"{W} workers": {"num_workers": W, "persistent_workers": True},
+               f"{W} thread workers": {"num_workers": W, "worker_mode": "thread"}}
+    methods: dict[str, Callable[[], Iterator[Any]]] = {}
+    for config, kw in configs.items():
+        for name, ds in data.items():
+            methods[f"{name}, {config}"] = (lambda ds=ds, kw=kw: endless(
+                lambda: naiad.DataLoader(ds, batch_size=B, shuffle=True, seed=0, **kw)))
+    print(f"\nmixture: {data['mixture']!r}", flush=True)
+    med, _ = run_rounds(methods, args, B * L)
+    rows = [[config, f"{med[f'one source, {config}'] / 1e6:.1f}", f"{med[f'mixture, {config}'] / 1e6:.1f}",
+             f"{med[f'mixture, {config}'] / med[f'one source, {config}']:.3f}"] for config in configs]
+    print(f"\n(a) two token files mixed 0.5/0.5 by tokens against one file of the same {args.n:,} tokens, "
+          f"seq_len {L}, batch {B}, {args.batches} batches x {args.rounds} rounds (medians); target >= 0.95\n")
+    print(markdown_table(["loader", "one source, M tokens/s", "mixture, M tokens/s", "mixture / one source"], rows))
+
+
+def resume_child(args: argparse.Namespace) -> None:
+    """In a new process: make the dataset and loader, time load_state_dict to the first batch."""
+    with open(args.resume_child) as f:
+        job = json.load(f)
+    ds = one_and_mixture(job["path"], job["halves"], job["seq_len"])[job["dataset"]]
+    loader = naiad.DataLoader(ds, batch_size=job["batch"], shuffle=True, seed=0, num_workers=job["workers"])
+    t0 = time.perf_counter()
+    loader.load_state_dict(job["state"])
+    it = iter(loader)  # kept until timed: dropping it ends the pass (workers joined), not part of a resume
+    first = next(it)
+    dt = time.perf_counter() - t0
+    del it
+    loader.close()
+    print(json.dumps({"seconds": dt, "first": first["input_ids"][:, 0].tolist()}))
+
+
+def resume(args: argparse.Namespace, path: str, halves: list[str]) -> None:
+    """(b) load_state_dict of a state saved at 90% of an epoch, to the first batch."""
+    L, B = args.seq_len, args.batch
     rows = []
-    for name in methods:
-        same = torch0 if "0 workers" in name else torchw if "workers" in name else None
-        rows.append([name, f"{med[name] / 1e6:.1f}", f"{med[name] / base:.2f}x",
-                     f"{med[name] / same:.2f}x" if same else "-", f"{max(grown[name]):+.0f}" if name == "get_batch" or "0 workers" in name else "-"])
-    print(f"\n{n:,} tokens ({2 * n / 1e6:.0f} MB), seq_len {L}, batch {B}, {args.batches} batches x {args.rounds} rounds (medians)\n")
-    print(markdown_table(["method", "M tokens/s", "vs get_batch", "vs torch map-style (same workers)", "RSS added, MB"], rows))
+    for name in ("one source", "mixture"):
+        ds = one_and_mixture(path, halves, L)[name]
+        loader = naiad.DataLoader(ds, batch_size=B, shuffle=True, seed=0)
+        it = iter(loader)
+        at = int(len(loader) * 0.9)
+        for _ in range(at):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        expected = next(it)["input_ids"][:, 0].tolist()
+        del it
+        loader.close()
+        for workers in (0, args.workers):
+            same, new, whole = [], [], []
+            for _ in range(args.repeats):
+                fresh = naiad.DataLoader(one_and_mixture(path, halves, L)[name], batch_size=B, shuffle=True, seed=0,
+                                         num_workers=workers)
+                t0 = time.perf_counter()
+                fresh.load_state_dict(state)
+                resumed = iter(fresh)  # kept until timed (see resume_child)
+                first = next(resumed)["input_ids"][:, 0].tolist()
+                same.append(time.perf_counter() - t0)
+                del resumed
+                fresh.close()
+                assert first == expected, "the resumed first batch is not the one the epoch delivered next"
+                with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                    json.dump({"path": path, "halves": halves, "seq_len": L, "batch": B, "dataset": name,
+                               "workers": workers, "state": state}, f)
+                t0 = time.perf_counter()
+                out = subprocess.run([sys.executable, __file__, "--resume-child", f.name], capture_output=True,
+                                     text=True, check=True)
+                whole.append(time.perf_counter() - t0)
+                os.unlink(f.name)
+                child = json.loads(out.stdout.strip().splitlines()[-1])
+                assert child["first"] == expected, "the new process resumed at another batch"
+                new.append(child["seconds"])
+            rows.append([name, workers, f"{at} of {len(loader)}", f"{statistics.median(same):.3f}",
+                         f"{statistics.median(new):.3f}", f"{statistics.median(whole):.2f}"])
+    print(f"\n(b) load_state_dict of a state at 90% of an epoch to the first batch, seconds (medians of "
+          f"{args.repeats}); target < 1 s\n")
+    print(markdown_table(["dataset", "workers", "batches delivered", "same process", "new process",
+                          "new process, whole run"], rows))
+
+
+def memory(args: argparse.Namespace, path: str, halves: list[str]) -> None:
+    """(c) RSS of the loop's process and of each worker at the end of each epoch."""
+    import psutil
+
+    L, B, W = args.seq_len, args.batch, args.workers
+    rows = []
+    for name, ds in one_and_mixture(path, halves, L).items():
+        loader = naiad.DataLoader(ds, batch_size=B, shuffle=True, seed=0, num_workers=W, persistent_workers=True)
+        series: list[list[float]] = []
+        try:
+            for epoch in range(args.epochs):
+                batches = sum(1 for _ in loader)
+                pids = [p for p in loader._pool.worker_pids if p is not None]  # type: ignore[union-attr]
+                rss = [psutil.Process().memory_info().rss] + [psutil.Process(p).memory_info().rss for p in pids]
+                series.append([r / 2**20 for r in rss])
+                print(f"{name}, epoch {epoch + 1}: {batches} batches, RSS MiB "
+                      + ", ".join(f"{r:.0f}" for r in series[-1]), flush=True)
+        finally:
+            loader.close()
+        for epoch, values in enumerate(series):
+            rows.append([name, epoch + 1, f"{values[0]:.0f}", " / ".join(f"{v:.0f}" for v in values[1:])])
+        grown = [last - first for first, last in zip(series[0], series[-1], strict=True)]
+        verdict = "flat" if max(grown) < 8 else "GROWS"
+        rows.append([name, f"1 -> {args.epochs}", f"{grown[0]:+.1f}",
+                     " / ".join(f"{g:+.1f}" for g in grown[1:]) + f" ({verdict}: < 8 MiB)"])
+    print(f"\n(c) resident memory at the end of each epoch, {W} worker processes (persistent), MiB\n")
+    print(markdown_table(["dataset", "epoch", "loop's process", "workers"], rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", default="64M", help="tokens in the file")
+    ap.add_argument("--gb", type=float, default=None, help="the file's size in GiB instead of --tokens (1: the issue's 1 GB file)")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=12, help="windows per batch (nanoGPT's default 12)")
+    ap.add_argument("--batches", type=int, default=1000, help="batches per method and round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=5, help="epochs of the memory section")
+    ap.add_argument("--repeats", type=int, default=3, help="resumes timed per case in the resume section")
+    ap.add_argument("--sections", default="throughput,mixture,resume,memory")
+    ap.add_argument("--dir", default=None, help="where to write the token files (default: a temporary folder)")
+    ap.add_argument("--resume-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.resume_child:
+        resume_child(args)
+        return
+    args.n = int(args.gb * 2**30) // 2 if args.gb else parse_count(args.tokens)
+    sections = args.sections.split(",")
+    unknown = set(sections) - {"throughput", "mixture", "resume", "memory"}
+    if unknown:
+        ap.error(f"--sections: unknown {sorted(unknown)}")
+    print(environment())
+    folder = args.dir or tempfile.mkdtemp(prefix="naiad-bench-tokens-")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "train.bin")
+    files = [(path, args.n, 0)]
+    if set(sections) - {"throughput"}:
+        files += [(os.path.join(folder, f"half{i}.bin"), args.n // 2, i + 1) for i in range(2)]
+    for file, n, seed in files:
+        if not os.path.exists(file) or os.path.getsize(file) != 2 * n:
+            t0 = time.perf_counter()
+            make_file(file, n, seed)
+            print(f"wrote {file}: {n:,} tokens, {2 * n / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")
+        with open(file, "rb") as f:  # into the page cache: every method reads from memory
+            while f.read(1 << 24):
+                pass
+    halves = [f for f, _, _ in files[1:]]
+    if "throughput" in sections:
+        throughput(args, path)
+    if "mixture" in sections:
+        mixture_throughput(args, path, halves)
+    if "resume" in sections:
+        resume(args, path, halves)
+    if "memory" in sections:
+        memory(args, path, halves)
 
 
 if __name__ == "__main__":

@@ -195,12 +195,18 @@ def check_fields(stored: Mapping[str, Any], current: Mapping[str, Any], what: st
         naiad.errors.StateError: loader state 'seed': stored 1, current 2; make the loader with seed=1.
     """
     diffs = [
-        f"{key!r}: stored {stored.get(key)!r}, current {value!r}"
+        f"{key!r}: stored {_shown(stored.get(key))}, current {_shown(value)}"
         for key, value in current.items()
         if stored.get(key) != value
     ]
     if diffs:
         raise StateError(f"{what} {'; '.join(diffs)}; {fix}")
+
+
+def _shown(value: Any, limit: int = 500) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a hostile state's value may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class LazyPass:

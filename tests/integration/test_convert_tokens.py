@@ -79,6 +79,41 @@ def test_convert_then_read_tokens_equals_tokenizing_directly(corpus, tmp_path, c
     assert manifest["shards"][0]["tokens"] >= 3000  # cut at the first document end past the limit
 
 
+@pytest.mark.timeout(180)
+def test_text_mixes_once_converted_and_raw_text_is_refused_naming_the_way(corpus, tmp_path, capsys):
+    """naiad.mix takes token windows; text converted with --tokenize is token windows (with its
+    documents' EOS, so document ids hold), raw text (a reader, a tokenize transform, the two
+    together) is a ConfigError that says how to convert it."""
+    convert(capsys, str(corpus["root"] / "jsonl" / "*.jsonl"), tmp_path / "out", corpus["tokenizer"])
+    eos, seq = corpus["eos"], 16
+    text = naiad.read_tokens(str(tmp_path / "out"), seq_len=seq, eos_id=eos)
+    stream = np.concatenate([np.array(d) for d in corpus["expected"]])
+    numbers = 1000 + np.arange(40 * seq + 1)  # no eos: one long document
+    np.save(tmp_path / "numbers.npy", numbers.astype(np.uint16))
+    other = naiad.read_tokens(str(tmp_path / "numbers.npy"), seq_len=seq, eos_id=eos)
+    m = naiad.mix([text, other], [0.5, 0.5], seed=3, length=80 * seq)
+    loader = naiad.DataLoader(m, batch_size=8, shuffle=True, seed=0, num_workers=2, worker_mode="thread")
+    try:
+        batches = list(loader)
+    finally:
+        loader.close()
+    inputs = np.concatenate([b["input_ids"].numpy() for b in batches])
+    docs = np.concatenate([b["document_ids"].numpy() for b in batches])
+    from_text = inputs[:, 0] < 1000
+    assert from_text.sum() == 40 and (~from_text).sum() == 40  # the weights, to the window
+    windows = {tuple(stream[k:k + seq].tolist()) for k in range(0, len(stream) - seq, seq)}
+    for row, ids in zip(inputs[from_text], docs[from_text], strict=True):
+        assert tuple(row.tolist()) in windows  # a window of the tokenized documents, cut as read_tokens cuts
+        assert np.array_equal(ids, np.cumsum(row == eos) - (row == eos))  # documents split at the EOS
+    assert (docs[~from_text] == 0).all()
+
+    raw = naiad.read_jsonl(str(corpus["root"] / "jsonl" / "*.jsonl"))
+    tok = naiad.tokenize(corpus["tokenizer"], seq_len=seq)
+    for source in (raw, tok, tok.wrap_source(raw)):
+        with pytest.raises(naiad.ConfigError, match=r"is raw text .*naiad convert TEXT DEST --tokenize TOKENIZER"):
+            naiad.mix([source, other], [1, 1])
+
+
 def test_one_shard_by_default_and_uint32_for_a_large_vocabulary(corpus, tmp_path, capsys):
     from tokenizers import Tokenizer
 

@@ -121,6 +121,17 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[LoaderFac
     assert elastic["pipeline"]["legs"][0]["beyond"]
     out["map-unordered-elastic"] = (lambda: _unordered_loader(batch_size=5), elastic)
     out["iterable"] = (_iterable_loader, _state_after(_iterable_loader(), 4))
+    # A mixture of token files: its state carries the mixture's fingerprint (seed, weights, sources).
+    folder = tmp_path_factory.mktemp("mixture")
+    for name, n in (("a", 900), ("b", 500)):
+        (torch.arange(n, dtype=torch.int16)).numpy().tofile(folder / f"{name}.bin")
+
+    def mixture_loader() -> naiad.DataLoader:
+        sources = [naiad.read_tokens(str(folder / f"{name}.bin"), seq_len=8) for name in ("a", "b")]
+        return naiad.DataLoader(naiad.mix(sources, [2, 1], seed=6), batch_size=7, shuffle=True, seed=3)
+
+    out["mixture"] = (mixture_loader, _state_after(mixture_loader(), 4))
+    assert out["mixture"][1]["pipeline"]["dataset"]["of"] == "naiad.mix"
     return out
 
 
@@ -208,7 +219,7 @@ def _check(make: LoaderFactory, state: Any) -> None:
 
 
 CASES = ["map", "csv", "map-elastic", "csv-elastic", "map-drawn", "map-generator", "map-unordered",
-         "map-unordered-elastic", "iterable"]
+         "map-unordered-elastic", "iterable", "mixture"]
 
 
 @pytest.mark.timeout(600)
@@ -326,6 +337,21 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
             _mutate(state, ("pipeline", "bad_row_ledger", "counts"), "set", [["f.csv", "r", 10**18]] * 100_000),
             _mutate(state, ("pipeline", "bad_row_ledger", "entries"), "set", [{"file": "f.csv", "line": 1}] * 1_000_000),
         ]
+    if "dataset" in part:  # a dataset's fingerprint (naiad.mix): every field must match
+        fingerprint = ("pipeline", "dataset")
+        must_fail += [
+            _mutate(state, fingerprint, "delete", None),
+            _mutate(state, fingerprint, "set", "x" * 1_000_000),
+            _mutate(state, fingerprint, "set", []),
+            _mutate(state, fingerprint, "set", {}),
+            _mutate(state, (*fingerprint, "seed"), "set", 10**4000),
+            _mutate(state, (*fingerprint, "weights"), "set", [0.5, 0.5]),
+            _mutate(state, (*fingerprint, "weights", 0), "set", math.nan),
+            _mutate(state, (*fingerprint, "sources"), "set", [{}] * 1_000_000),
+            _mutate(state, (*fingerprint, "sources", 0, "tokens"), "set", -1),
+            _mutate(state, (*fingerprint, "sources", 0), "set", _deep(900)),
+        ]
+        may_pass.append(_mutate(state, (*fingerprint, "extra"), "set", _deep(900)))
     return must_fail, may_pass
 
 

@@ -196,12 +196,18 @@ def test_mix_over_epochs_sees_every_window_and_keeps_its_proportions(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_worker_memory_stays_flat_across_epochs(tmp_path):
+@pytest.mark.parametrize("mixed", [False, True])
+def test_worker_memory_stays_flat_across_epochs(tmp_path, mixed):
     """Windows are read with pread, not through a memory map: a worker that reads a 32 MB file
     three times over holds no more than a few batches more than after its first batch (a memory
-    map's pages stay mapped and count in its RSS: about the file's size)."""
+    map's pages stay mapped and count in its RSS: about the file's size). A mixture of two such
+    halves too: its per-epoch tables are kept two at a time."""
     n = 16 << 20
-    tokens = naiad.read_tokens(write_bin(tmp_path / "big.bin", np.arange(n, dtype=np.uint32) % 50000), seq_len=1024)
+    if mixed:
+        halves = [write_bin(tmp_path / f"half{i}.bin", (np.arange(n // 2, dtype=np.uint32) + i) % 50000) for i in range(2)]
+        tokens = naiad.mix([naiad.read_tokens(h, seq_len=1024) for h in halves], [0.5, 0.5], seed=1)
+    else:
+        tokens = naiad.read_tokens(write_bin(tmp_path / "big.bin", np.arange(n, dtype=np.uint32) % 50000), seq_len=1024)
     loader = naiad.DataLoader(tokens, batch_size=64, shuffle=True, seed=0, num_workers=1, persistent_workers=True)
 
     def worker_rss() -> int:

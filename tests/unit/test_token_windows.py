@@ -100,6 +100,49 @@ def test_position_and_document_ids_match_a_plain_python_reference(tmp_path):
     assert int(batch["position_ids"].max()) > 32 - 5  # the long document runs on
 
 
+# A stream cut into four windows of seq_len 4 (eos 0): window 0 holds the end of a document
+# and the start of the next; window 1 continues that document and ends with its eos; window 2
+# starts right after it (a new document) and ends in two eos in a row; window 3 starts with an eos.
+EDGE_STREAM = [5, 6, 0, 7, 8, 9, 3, 0, 4, 5, 0, 0, 0, 6, 7, 0, 2]
+EDGE_IDS = {  # window: (position_ids, document_ids) of its inputs
+    0: ([0, 1, 2, 0], [0, 0, 0, 1]),  # [5 6 0 | 7]
+    1: ([0, 1, 2, 3], [0, 0, 0, 0]),  # [8 9 3 0]: the window's first document, counted from the window's start
+    2: ([0, 1, 2, 0], [0, 0, 0, 1]),  # [4 5 0 | 0]: after an eos, a new document; a lone eos is one too
+    3: ([0, 0, 1, 2], [0, 1, 1, 1]),  # [0 | 6 7 0]: a leading eos ends the document before the window
+}
+
+
+def test_position_and_document_ids_at_window_edges_are_pinned(tmp_path):
+    """A window's first document, before any eos in it, gets positions from 0 at the window's start
+    and document id 0, whether it began in an earlier window or right after an eos; each eos ends
+    its document (keeping its position) and the next token starts one. The ids of a window are a
+    function of its tokens alone: the same in any batch, shuffled, and through a mixture."""
+    ds = naiad.read_tokens(write_bin(tmp_path / "t.bin", np.array(EDGE_STREAM)), seq_len=4, eos_id=0)
+    assert len(ds) == 4
+    batch = ds.gather_batch(np.array([2, 0, 3, 1]))
+    for row, w in enumerate([2, 0, 3, 1]):
+        assert batch["input_ids"][row].tolist() == EDGE_STREAM[4 * w : 4 * w + 4]
+        assert (batch["position_ids"][row].tolist(), batch["document_ids"][row].tolist()) == EDGE_IDS[w]
+    other = naiad.read_tokens(write_bin(tmp_path / "o.bin", np.arange(1, 42)), seq_len=4, eos_id=0)
+    m = naiad.mix([ds, other], [1, 1], seed=0, length=64)
+    source, window = m.locate(np.arange(len(m)), 0)
+    mixed = m.gather_batch(np.arange(len(m)))
+    for row in np.flatnonzero(source == 0).tolist():
+        w = int(window[row])
+        assert (mixed["position_ids"][row].tolist(), mixed["document_ids"][row].tolist()) == EDGE_IDS[w]
+
+
+def test_bos_data_read_with_eos_id_splits_each_document_one_token_late(tmp_path):
+    """What docs/TOKENS.md says of BOS data: given the BOS as ``eos_id``, each BOS is taken as the
+    end of the document before it, so it carries that document's id, not its own document's."""
+    bos = 1
+    stream = [bos, 5, 6, bos, 7, 8, 9, bos, 4]  # BOS before each document
+    ds = naiad.read_tokens(write_bin(tmp_path / "t.bin", np.array(stream)), seq_len=8, eos_id=bos)
+    batch = ds.gather_batch(np.array([0]))
+    assert batch["document_ids"][0].tolist() == [0, 1, 1, 1, 2, 2, 2, 2]  # bos | 5 6 bos | 7 8 9 bos
+    assert batch["position_ids"][0].tolist() == [0, 0, 1, 2, 0, 1, 2, 3]
+
+
 def test_the_loader_gathers_whole_batches_and_torch_collates_the_same(tmp_path):
     ds = naiad.read_tokens(write_bin(tmp_path / "t.bin", np.arange(500) % 7), seq_len=10, eos_id=6)
     assert choose_fetch(ds, None, True) == "gather"  # one call per batch, no per-sample collate

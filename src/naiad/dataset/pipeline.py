@@ -10,6 +10,15 @@ With ``in_order=False`` batches leave as they complete, so a pass records which 
 delivered: the contiguous prefix and the runs beyond it (NOTE [ Out-of-order delivery ] in
 delivered.py). A state then holds those runs, and its rank: on more than one rank, each rank's
 deliveries are its own, so each rank resumes from its own state, with the same topology.
+
+NOTE [ Dataset fingerprint ]
+A map-style state names its dataset by its length alone, which is all a plain ``Dataset`` says
+of itself. A dataset whose order or contents depend on more (a mixture's seed, weights and
+sources: naiad.mix) says so with a method on its class, ``state_fingerprint() -> dict`` of JSON
+values; the state stores it under ``"dataset"`` and a resume compares it key by key
+(:func:`~naiad.pipeline.check_fields`), so a state saved over other data is a StateError naming
+both values, not a run that trains on other windows than it thinks. A state with a fingerprint
+loaded over a dataset without one (or the reverse) is refused the same way.
 """
 
 from __future__ import annotations
@@ -223,6 +232,21 @@ class MapPipeline(ReadsNothingAhead):
         sampler = self._order_sampler()
         return sampler.seed if isinstance(sampler, SeededRandomSampler) else None
 
+    def dataset_fingerprint(self) -> dict[str, Any] | None:
+        """The dataset's ``state_fingerprint()``, when its class defines one (NOTE [ Dataset
+        fingerprint ]); None otherwise."""
+        if not callable(getattr(type(self.dataset), "state_fingerprint", None)):
+            return None
+        fingerprint: dict[str, Any] = self.dataset.state_fingerprint()
+        return fingerprint
+
+    def fields(self) -> dict[str, Any]:
+        """What a state of this loader must match: the order's seed, the dataset's length and,
+        where it has one, its fingerprint."""
+        fingerprint = self.dataset_fingerprint()
+        return {"seed": self.order_seed(), "length": len(self.dataset),
+                **({"dataset": fingerprint} if fingerprint is not None else {})}
+
     def plan_rank(self) -> int:
         """The rank this loader's plan is for (0 unless sharded with `rank=`)."""
         bs = self.batch_sampler
@@ -233,13 +257,14 @@ class MapPipeline(ReadsNothingAhead):
     def start_state(self, epoch: int) -> dict[str, Any]:
         leg = self._leg()
         assert leg is not None  # the loader asks only when resumable
-        return {"seed": self.order_seed(), "length": len(self.dataset), **leg.as_dict(), "legs": []}
+        return {**self.fields(), **leg.as_dict(), "legs": []}
 
     def check_state(self, part: Mapping[str, Any], epoch: int) -> None:
         if not isinstance(part, Mapping):
             raise StateError(f"map-style state: expected a dict, got {part!r:.200}.")
         check_fields(part, {"seed": self.order_seed(), "length": len(self.dataset)}, "loader state",
                      "a resume needs the same dataset length and seed; make the loader as it was.")
+        self._check_fingerprint(part.get("dataset"))
         stored = StoredPart.read(part)
         saved = stored.saved.leg
         total = len(stored.sequence(len(self.dataset)))
@@ -259,6 +284,19 @@ class MapPipeline(ReadsNothingAhead):
         elif drawn and (saved.batches or stored.legs or stored.saved.beyond):
             raise StateError("loader state order: stored none, but a shuffle without `seed=` needs the recorded draw.")
         self._check_rank(stored)
+
+    def _check_fingerprint(self, stored: Any) -> None:
+        """NOTE [ Dataset fingerprint ]: the stored one, key by key, against the dataset's."""
+        current = self.dataset_fingerprint()
+        if current is None and stored is None:
+            return
+        if current is None or not isinstance(stored, Mapping):
+            theirs = "none" if current is None else f"a {current.get('of', type(self.dataset).__name__)} dataset"
+            raise StateError(f"loader state dataset: stored {stored!r:.200}, current {theirs}; the state was saved "
+                             "over another dataset: load it into a loader over the dataset it was saved from.")
+        check_fields(stored, current, "loader state dataset",
+                     f"the state was saved over other data: make the dataset ({current.get('of', 'it')}) as it was "
+                     "when the state was saved, or start a new run.")
 
     def _check_rank(self, stored: StoredPart) -> None:
         """A state of one rank's deliveries (``in_order=False`` on more than one rank) resumes
@@ -367,8 +405,7 @@ class MapPass:
         assert self.leg is not None and self.deliveries is not None
         runs = BatchRuns.of(self.start + delivered, ()) if self._counted else self.deliveries.at(delivered)
         leg = Leg(self.leg.world_size, self.leg.batch_size, self.leg.drop_last, 0, runs.prefix)
-        state: dict[str, Any] = {"seed": self.pipeline.order_seed(), "length": len(self.pipeline.dataset),
-                                 **leg.as_dict(), "legs": [x.as_dict() for x in self.legs]}
+        state: dict[str, Any] = {**self.pipeline.fields(), **leg.as_dict(), "legs": [x.as_dict() for x in self.legs]}
         beyond = runs.beyond()
         if beyond:
             state["beyond"] = beyond

@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,13 +148,21 @@ class TokenReader:
     """Reads runs of tokens at scattered offsets of many files into one int64 array
     (NOTE [ Reading windows with pread ]).
 
-    Plain data when pickled (paths, layouts, the Storage); descriptors are opened per process.
+    Plain data when pickled (paths, layouts, the Storages); descriptors are opened per process.
+
+    Args:
+        files: the files, in order.
+        stores: the Storage their URLs are read through: one for all, or one per file (the
+            files of several sources, each read with its own options: ``TokenWindows.joined``).
     """
 
-    def __init__(self, files: list[TokenFile], store: Storage) -> None:
+    def __init__(self, files: list[TokenFile], stores: Storage | Sequence[Storage]) -> None:
         self.files = files
-        self.store = store
+        self.stores = [stores] * len(files) if isinstance(stores, Storage) else list(stores)
+        if len(self.stores) != len(files):
+            raise ValueError(f"{len(self.stores)} storages for {len(files)} files")
         self._local = [not storage.is_remote(f.path) for f in files]
+        self._offsets = np.array([f.offset for f in files], np.int64)  # each file's token 0, in bytes
         self._fds: dict[int, int] = {}
         self._pid = -1
         self._lock = threading.Lock()
@@ -207,18 +216,24 @@ class TokenReader:
     def read(self, file_ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
         """``out[j] = tokens[starts[j] : starts[j] + length]`` of file ``file_ids[j]``, as
         ``[len(starts), length]`` in the files' dtype (their common integer dtype when the rows
-        come from files of several); one read per row, grouped by file. Rows from one file are
-        read straight into the result: the only copy is the read's."""
+        come from files of several); one read per row, grouped by file. Rows of local files in
+        the result's dtype are read straight into it: the only copy is the read's."""
         if len(self.files) == 1 and self._local[0]:  # every batch of a one-file source: no grouping
             out = np.empty((len(starts), length), self.files[0].dtype)
             self._pread(0, out, starts)
             return out
-        ids = np.unique(file_ids).tolist()
+        unique = np.unique(file_ids)
+        ids = unique.tolist()
         dtypes = {self.files[i].dtype for i in ids}
         common = np.result_type(*dtypes) if dtypes else np.dtype(np.int64)
         if common.kind not in "iu":  # uint64 beside a signed dtype: NumPy's answer is float64
             common = np.dtype(np.int64)
         out = np.empty((len(starts), length), common)
+        if len(ids) > 1 and all(self._local[i] and self.files[i].dtype == common for i in ids):
+            # Local files of one dtype (a mixture's sources, a folder of shards): each row from its
+            # own file into its row of the result, with no buffer per file and no copy after.
+            self._read_rows(out, file_ids, starts, unique)
+            return out
         for i in ids:
             f = self.files[i]
             whole = len(ids) == 1 and f.dtype == common
@@ -231,7 +246,19 @@ class TokenReader:
                 nbytes = length * f.dtype.itemsize
                 view = buf.view(np.uint8).reshape(len(buf), nbytes)
                 for j, off in enumerate(offsets):
-                    view[j] = np.frombuffer(storage.read_range(f.path, off, off + nbytes, store=self.store), np.uint8)
+                    view[j] = np.frombuffer(storage.read_range(f.path, off, off + nbytes, store=self.stores[i]), np.uint8)
             if not whole:
                 out[rows] = buf
         return out
+
+    def _read_rows(self, out: np.ndarray, file_ids: np.ndarray, starts: np.ndarray, ids: np.ndarray) -> None:
+        """``out[j]`` from file ``file_ids[j]`` at token ``starts[j]``, one ``preadv`` per row
+        (``ids``: the files, sorted; all local, all of ``out``'s dtype)."""
+        fds = np.array([self._fd(i) for i in ids.tolist()])[np.searchsorted(ids, file_ids)].tolist()
+        offsets = (self._offsets[file_ids] + starts * out.dtype.itemsize).tolist()
+        nbytes = out.shape[1] * out.dtype.itemsize
+        for j, (fd, off) in enumerate(zip(fds, offsets)):
+            got = os.preadv(fd, [out[j]], off)
+            if got != nbytes:
+                raise SourceError(f"read {got} of {nbytes} bytes at offset {off}: the file shrank after it was "
+                                  "opened.", path=self.files[int(file_ids[j])].path)

@@ -24,11 +24,31 @@ positions a rank delivers, and this mapping what they hold. The state is the loa
 integers; a resume on another world size keeps the weights, because the positions still owed are
 the epoch's, each already assigned. The epoch is the loader's (the task's, in naiad's workers),
 or :meth:`TokenMixture.set_epoch`'s outside them (under torch's DataLoader).
+
+What must stay the same for a resume (the seed, the weights, the sources) is the mixture's
+``state_fingerprint()``, stored in the loader's state and checked when it is loaded (NOTE
+[ Dataset fingerprint ] in dataset/pipeline.py).
+
+NOTE [ Mixture table ]
+Evaluated per batch, the mapping is two keyed permutations and a few lookups over ``B`` indices:
+a few dozen NumPy calls, several times what reading ``B`` windows from the page cache costs. So
+each process that reads computes it once per epoch, for all ``W`` positions, at the epoch's first
+batch (a NumPy pass over ``W``, in chunks, with the permutations of each source's pass applied to
+all its slots of the chunk at once), as a table of *global* window numbers over the sources'
+files joined in order (:meth:`TokenWindows.joined`): then a batch is one index into the table
+and one read, as for a single source. The tables of the last two epochs read are kept (a pass
+of the epoch before may still be read); each is 4 bytes a position (8 past 2**31 windows), and
+they are never pickled. Past :data:`TABLE_POSITIONS` positions (32 MB per process) the mapping is
+evaluated per batch instead. Either way the windows are the same: the table is the function,
+memoised.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,15 +57,21 @@ import numpy as np
 import torch
 
 from naiad.dataset.sampling import epoch_permutation
-from naiad.errors import ConfigError
+from naiad.errors import ConfigError, StateError
 from naiad.order.elastic import Leg, epoch_sequence, iter_legs, leg_remaining, no_buffer
 from naiad.parallel.context import current_epoch
+from naiad.pipeline import check_fields
+from naiad.sources.base import Source
 from naiad.stream.permutation import Permutation
+from naiad.tokens.text import Tokenize
 from naiad.tokens.windows import TokenWindows, WindowSamples, window_batch
 
-__all__ = ["MixtureStats", "SourceStats", "TokenMixture", "mix"]
+__all__ = ["TABLE_POSITIONS", "MixtureStats", "SourceStats", "TokenMixture", "mix"]
 
 _MASK64 = (1 << 64) - 1
+TABLE_POSITIONS = 1 << 23
+"""The most positions per epoch whose mapping is kept as a table (NOTE [ Mixture table ])."""
+_CHUNK = 1 << 20  # positions mapped at a time when a table is made: bounds its temporaries
 
 
 def mix(
@@ -73,12 +99,15 @@ def mix(
         by: what the weights count: ``"tokens"`` (default) or ``"samples"`` (windows). Every
             window of a token file holds ``seq_len`` tokens, so the two give the same shares here.
         seed: keys which source each position reads and each source's order (None: 0). A resume
-            needs the same seed, sources and weights.
+            needs the same seed, sources and weights: the loader's state carries them, and
+            another value is a StateError naming both (:meth:`TokenMixture.state_fingerprint`).
         length: tokens (or samples, with ``by="samples"``) per epoch, rounded down to whole
             windows; None: all the sources' windows together, once.
 
     Raises:
-        ConfigError: no sources, weights that are not positive finite numbers or do not match
+        ConfigError: raw text (a text source or :func:`naiad.tokenize`: convert it with
+            ``naiad convert --tokenize`` and mix :func:`naiad.read_tokens` of the result), no
+            sources, weights that are not positive finite numbers or do not match
             the sources, sources with other ``seq_len`` or ``eos_id``, an empty source, or a
             source whose share of an epoch rounds to no window.
 
@@ -94,6 +123,22 @@ def mix(
 def _key(*parts: int) -> int:
     """A 64-bit key from ints (SeedSequence mixes them; none of them is lost)."""
     return int(np.random.SeedSequence([int(p) & _MASK64 for p in parts]).generate_state(1, np.uint64)[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _permutation(n: int, *parts: int) -> Permutation:
+    """The permutation of ``range(n)`` keyed by ``parts`` (kept: a batch's sources and passes
+    recur batch after batch)."""
+    return Permutation(n, _key(*parts))
+
+
+def _by_pass(step: np.ndarray, first: int, last: int) -> list[tuple[int, np.ndarray]]:
+    """Rows grouped by pass, as ``(pass, row numbers)``; ``step[j]`` is row ``j``'s pass less
+    ``first``."""
+    keys = step.astype(np.uint16) if last - first < 1 << 16 else step  # a stable sort of uint16 is a radix sort
+    order = np.argsort(keys, kind="stable")
+    cuts = np.flatnonzero(np.diff(keys[order])) + 1
+    return [(first + int(step[g[0]]), g) for g in np.split(order, cuts)]
 
 
 def _apportion(total: int, shares: np.ndarray) -> np.ndarray:
@@ -131,6 +176,13 @@ class TokenMixture(WindowSamples):
         if not self.sources:
             raise ConfigError("`sources` must name at least one token source, got none.")
         for i, src in enumerate(self.sources):
+            if isinstance(src, (Source, Tokenize)):
+                raise ConfigError(
+                    f"`sources[{i}]` is raw text ({type(src).__name__}): naiad.mix mixes token windows, which it reads "
+                    "at random and counts before an epoch starts, and a text source's windows exist only once its "
+                    "documents are tokenized and packed. Tokenize it once with `naiad convert TEXT DEST --tokenize "
+                    "TOKENIZER` and mix naiad.read_tokens(DEST, seq_len=..., eos_id=...) (docs/TOKENS.md, "
+                    "\"Mixing raw text\").")
             if not isinstance(src, TokenWindows):
                 raise ConfigError(f"`sources[{i}]` must be a naiad.read_tokens(...) source, got {type(src).__name__}.")
             if len(src) == 0:
@@ -174,6 +226,20 @@ class TokenMixture(WindowSamples):
                               "window; raise its weight or `length`.")
         self._slot_ends = np.cumsum(self.windows_per_epoch)
         self._slot_starts = self._slot_ends - self.windows_per_epoch
+        self._joined = TokenWindows.joined(self.sources)
+        self._bases = np.cumsum(self.own_windows) - self.own_windows  # each source's first global window
+        self._tables: dict[int, np.ndarray] = {}
+        self._table_pid = os.getpid()
+        self._table_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tables"], state["_table_lock"] = {}, None  # never pickled: each process makes its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._table_pid, self._table_lock = os.getpid(), threading.Lock()
 
     def __len__(self) -> int:
         return int(self._slot_ends[-1])
@@ -187,6 +253,19 @@ class TokenMixture(WindowSamples):
     def tokens_per_window(self) -> int:
         """Training tokens per window (``seq_len``)."""
         return self.seq_len
+
+    def state_fingerprint(self) -> dict[str, Any]:
+        """What a loader's state must match to resume over this mixture (NOTE [ Dataset
+        fingerprint ] in dataset/pipeline.py): its seed, ``by``, ``seq_len``, weights (normalised)
+        and each source's files (their count and digest) and tokens."""
+        # About 80 bytes a source with its weight: a state stays under 4 KB up to about 45 sources.
+        sources = [{k: v for k, v in s.state_fingerprint().items() if k in ("files", "tokens", "digest")}
+                   for s in self.sources]
+        return {
+            "of": "naiad.mix", "seed": self.seed, "by": self.by, "seq_len": self.seq_len,
+            "weights": [round(x, 12) for x in self.weights.tolist()],  # [1, 3] and [0.25, 0.75] alike
+            "sources": sources,
+        }
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch to read outside naiad's workers (torch's DataLoader, or a plain loop).
@@ -207,26 +286,64 @@ class TokenMixture(WindowSamples):
         if len(idx) and (int(idx.min()) < -n or int(idx.max()) >= n):
             bad = idx[(idx < -n) | (idx >= n)][0]
             raise IndexError(f"position {int(bad)} is out of range for a mixture of {n} windows per epoch.")
-        idx = np.where(idx < 0, idx + n, idx)
-        slots = Permutation(n, _key(self.seed, 0, epoch))(idx)
+        return self._locate(np.where(idx < 0, idx + n, idx), epoch)
+
+    def _locate(self, idx: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        slots = _permutation(len(self), self.seed, 0, epoch)(idx)
         source = np.searchsorted(self._slot_ends, slots, side="right")
-        walk = epoch * self.windows_per_epoch[source] + (slots - self._slot_starts[source])
-        own = self.own_windows[source]
-        passes, offsets = walk // own, walk % own
         window = np.empty(len(idx), np.int64)
-        for s, p in {(int(s), int(p)) for s, p in zip(source.tolist(), passes.tolist())}:
-            rows = np.flatnonzero((source == s) & (passes == p))
-            window[rows] = Permutation(int(self.own_windows[s]), _key(self.seed, 1, s, p))(offsets[rows])
+        # Per source present (a loop over sources, not rows): its slots are steps of its walk,
+        # cut into passes; one permutation per (source, pass), over all its rows at once. An epoch
+        # holds one or two passes of a source unless it is up-sampled past its size.
+        for s in np.flatnonzero(np.bincount(source, minlength=len(self.sources))).tolist():
+            rows = np.flatnonzero(source == s)
+            # step e * c_s + k of its walk (k: the slot's rank among the source's); an absurd
+            # epoch (a hostile state's) wraps rather than overflow int64
+            steps = slots[rows] - int(self._slot_starts[s]) + (epoch * int(self.windows_per_epoch[s])) % (1 << 62)
+            passes, offsets = np.divmod(steps, int(self.own_windows[s]))
+            first, last = int(passes.min()), int(passes.max())
+            groups = [(first, np.arange(len(rows)))] if first == last else _by_pass(passes - first, first, last)
+            for p, group in groups:
+                perm = _permutation(int(self.own_windows[s]), self.seed, 1, s, p)
+                window[rows[group]] = perm(offsets[group])
         return source, window
 
+    def global_windows(self, indices: np.ndarray, epoch: int) -> np.ndarray:
+        """The windows positions ``indices`` of ``epoch`` read, numbered over the sources' files
+        joined in order (NOTE [ Mixture table ])."""
+        if len(self) <= TABLE_POSITIONS:
+            try:
+                return self._table(epoch)[np.asarray(indices, np.int64)]  # negatives count from the end
+            except IndexError:
+                pass  # locate() says which position, in the mixture's words
+        source, window = self.locate(indices, epoch)
+        return self._bases[source] + window
+
+    def _table(self, epoch: int) -> np.ndarray:
+        """Every position's global window in ``epoch`` (NOTE [ Mixture table ]), made once per
+        process and epoch."""
+        table = self._tables.get(epoch)
+        if table is not None:
+            return table
+        if self._table_pid != os.getpid():  # a forked child: the parent's lock may be held
+            self._table_pid, self._table_lock = os.getpid(), threading.Lock()
+        with self._table_lock:
+            table = self._tables.get(epoch)
+            if table is None:
+                n = len(self)
+                table = np.empty(n, np.int32 if len(self._joined) < 2**31 else np.int64)
+                for a in range(0, n, _CHUNK):
+                    source, window = self._locate(np.arange(a, min(n, a + _CHUNK), dtype=np.int64), epoch)
+                    table[a : a + len(source)] = self._bases[source] + window
+                # The last epoch's table stays (its pass may still be read); the dict is swapped
+                # whole, so a reader never sees a table half made.
+                self._tables = {**dict(list(self._tables.items())[-1:]), epoch: table}
+        return table
+
     def gather_batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
-        """The batch at positions ``indices`` of the current epoch."""
-        source, window = self.locate(indices, self._epoch_now())
-        tokens = np.empty((len(source), self.seq_len + 1), np.int64)
-        for s in np.unique(source).tolist():
-            rows = np.flatnonzero(source == s)
-            tokens[rows] = self.sources[s].window_tokens(window[rows])
-        return window_batch(tokens, self.eos_id)
+        """The batch at positions ``indices`` of the current epoch: one read over all sources."""
+        windows = self.global_windows(indices, self._epoch_now())
+        return window_batch(self._joined.read_windows(windows), self.eos_id)
 
     # -- what was delivered -------------------------------------------------------------------
 
@@ -257,6 +374,12 @@ class TokenMixture(WindowSamples):
             raise ConfigError("`position` must be a naiad.DataLoader over this mixture or its resumable state_dict().")
         if part.get("length") != len(self):
             raise ConfigError(f"`position` is a state of a dataset of {part.get('length')} positions, this mixture has {len(self)}.")
+        stored = part.get("dataset")
+        try:
+            check_fields(stored if isinstance(stored, Mapping) else {}, self.state_fingerprint(),
+                         "`position` is a state of another dataset:", "count with the mixture the loader was made with.")
+        except StateError as exc:
+            raise ConfigError(str(exc)) from None
         if "order" in part:
             raise ConfigError("the loader shuffles without `seed=`: its order is not a function naiad can count "
                               "from; give the loader `seed=`.")

@@ -20,6 +20,8 @@ whole batch with one call and no per-sample collation (dataset/fetch.py).
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -127,7 +129,8 @@ class TokenWindows(WindowSamples):
         dropped_tokens: tokens after each file's last window (fewer than a window), in all.
     """
 
-    def __init__(self, files: Sequence[TokenFile], seq_len: int, eos_id: int | None, store: Storage) -> None:
+    def __init__(self, files: Sequence[TokenFile], seq_len: int, eos_id: int | None,
+                 store: Storage | Sequence[Storage]) -> None:
         self.files = list(files)
         self.seq_len = seq_len
         self.eos_id = eos_id
@@ -138,10 +141,31 @@ class TokenWindows(WindowSamples):
         self.dropped_tokens = int(self.dropped_per_file.sum())
         self.total_tokens = int(counts.sum())
         self._ends = np.cumsum(self.windows_per_file)
+        self._firsts = self._ends - self.windows_per_file  # each file's first window
         self._reader = TokenReader(self.files, store)
+        digest = hashlib.sha1()
+        for f in self.files:
+            digest.update(f"{os.path.basename(f.path)}\0{f.layout}\0{f.dtype.str}\0{f.tokens}\n".encode())
+        self._digest = digest.hexdigest()[:16]
+
+    @classmethod
+    def joined(cls, sources: Sequence[TokenWindows]) -> TokenWindows:
+        """The windows of ``sources`` (same ``seq_len`` and ``eos_id``) numbered one after
+        another: source ``s``'s window ``w`` is window ``sum(len(sources[:s])) + w``, each file
+        read through its source's Storage."""
+        return cls([f for s in sources for f in s.files], sources[0].seq_len, sources[0].eos_id,
+                   [store for s in sources for store in s._reader.stores])
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
+
+    def state_fingerprint(self) -> dict[str, Any]:
+        """What a loader's state must match to resume over these windows (NOTE [ Dataset
+        fingerprint ] in dataset/pipeline.py): the files (count, and a digest of their names
+        without directories, layouts, dtypes and token counts: the data may be mounted
+        elsewhere), the tokens, ``seq_len``."""
+        return {"of": "naiad.read_tokens", "files": len(self.files), "tokens": self.total_tokens,
+                "seq_len": self.seq_len, "digest": self._digest}
 
     @property
     def tokens_per_window(self) -> int:
@@ -162,11 +186,15 @@ class TokenWindows(WindowSamples):
             raise IndexError(f"window index {int(bad)} is out of range for {n} windows.")
         if lo < 0:
             idx = np.where(idx < 0, idx + n, idx)
+        return self.read_windows(idx)
+
+    def read_windows(self, idx: np.ndarray) -> np.ndarray:
+        """:meth:`window_tokens` of indices known to be in ``range(len(self))`` (a mixture's
+        table holds only such), without checking them again."""
         if len(self._ends) == 1:  # one file: a window's index is its place in the file
             return self._reader.read(np.zeros(len(idx), np.int64), idx * self.seq_len, self.seq_len + 1)
         file_ids = np.searchsorted(self._ends, idx, side="right")
-        first = np.concatenate(([0], self._ends[:-1]))[file_ids]
-        return self._reader.read(file_ids, (idx - first) * self.seq_len, self.seq_len + 1)
+        return self._reader.read(file_ids, (idx - self._firsts[file_ids]) * self.seq_len, self.seq_len + 1)
 
     def gather_batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
         """The batch of windows ``indices``: what ``default_collate`` makes of their samples."""

@@ -107,12 +107,12 @@ def _documents(windows: TokenWindows, manifest: dict[str, Any] | None, eos_id: i
     if eos_id is None:
         return None
     out = []
-    for f in windows.files:  # one pass over each file, a chunk at a time (bounded memory)
+    for f, store in zip(windows.files, windows._reader.stores, strict=True):  # one pass over each file, a chunk at a time (bounded memory)
         count = 0
         for start in range(0, f.tokens, _CHUNK_TOKENS):
             n = min(_CHUNK_TOKENS, f.tokens - start)
             raw = storage.read_range(f.path, f.offset + start * f.dtype.itemsize,
-                                     f.offset + (start + n) * f.dtype.itemsize, store=windows._reader.store)
+                                     f.offset + (start + n) * f.dtype.itemsize, store=store)
             count += int(np.count_nonzero(np.frombuffer(raw, f.dtype) == eos_id))
         out.append(count)
     return out
