@@ -2,7 +2,8 @@
 
 Runs ``--epochs`` epochs (default 100) over a small streaming CSV source and over a per-sample
 map-style dataset, both with ``persistent_workers=True`` and process workers, and records after
-each epoch: the RSS of the main process and of the workers, open file descriptors, threads, and
+each epoch: the RSS of the main process and of the workers (and the workers' USS, the pages
+only they hold), open file descriptors, threads, and
 the entries in /dev/shm. Prints a least-squares slope per epoch for each, fitted after a warm-up
 (the first ``--warmup`` epochs fill caches and allocator pools), and the change from the first
 fitted epoch to the last. Flat means the slope times the number of epochs is small against the
@@ -41,7 +42,7 @@ from harness import environment, markdown_table  # noqa: E402
 
 import naiad  # noqa: E402
 
-METRICS = ("main_rss_mib", "workers_rss_mib", "main_fds", "workers_fds", "main_threads", "workers_threads", "shm",
+METRICS = ("main_rss_mib", "workers_rss_mib", "workers_uss_mib", "main_fds", "workers_fds", "main_threads", "workers_threads", "shm",
            "py_objects", "trace_events")
 
 
@@ -72,6 +73,9 @@ def _measure(pids: list[int], loader: Any) -> dict[str, float]:
     return {
         "main_rss_mib": main.memory_info().rss / 2**20,
         "workers_rss_mib": sum(w.memory_info().rss for w in workers) / 2**20,
+        # Pages only the workers hold: a forked worker's RSS also grows as it touches (and so
+        # copies) its parent's pages, up to the parent's size; its USS is what it allocated.
+        "workers_uss_mib": sum(w.memory_full_info().uss for w in workers) / 2**20,
         "main_fds": main.num_fds(),
         "workers_fds": sum(w.num_fds() for w in workers),
         "main_threads": main.num_threads(),
@@ -113,6 +117,8 @@ def soak(name: str, loader: Any, epochs: int) -> list[dict[str, float]]:
 
 def slope(values: list[float]) -> float:
     """Least-squares slope per epoch."""
+    if len(values) < 2:
+        return 0.0
     x = np.arange(len(values), dtype=np.float64)
     return float(np.polyfit(x, np.asarray(values, np.float64), 1)[0])
 
@@ -163,7 +169,8 @@ def image_soaks(root: Path, args: argparse.Namespace) -> list[list[Any]]:
     rows = []
     for name, loader in loaders.items():
         rows += report(name, soak(name, loader, args.image_epochs), IMAGE_WARMUP)
-    return [r for r in rows if r[1] in ("main_rss_mib", "workers_rss_mib", "shm", "main_threads", "workers_fds")]
+    return [r for r in rows if r[1] in ("main_rss_mib", "workers_rss_mib", "workers_uss_mib", "shm", "main_threads",
+                                            "workers_fds")]
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ A backend starts and stops workers by id, hands a worker one task at a time and 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing.connection as mpc
 import os
 import pickle
@@ -131,6 +132,32 @@ def _seed_at_start(context: WorkerContext) -> None:
     np.random.seed(_generate_state(context.base_seed & (2**64 - 1), context.worker_id))
 
 
+# NOTE [ Worker heap ]
+# glibc's malloc serves a big block (a batch's decoded pixels, a read's arrays: megabytes) with its
+# own mmap at first, and unmaps it when freed; but each such free raises the threshold (up to 32
+# MiB), after which blocks of those sizes come from the heap, where blocks of varying sizes freed
+# in between fragment it. A worker process allocating a few such blocks per task then grew by
+# megabytes an epoch, without end over 20 epochs although it kept nothing (bench/bench_soak.py:
+# 28x28 PNGs decoded in the reads, 6 MiB an epoch per worker). A fixed threshold keeps every block
+# of MMAP_THRESHOLD bytes or more mapped on its own and given back when freed: the worker stays
+# flat, for a page-fault cost per big block that is small beside the work that fills it.
+
+MMAP_THRESHOLD = 1 << 20
+"""Bytes from which a worker process's ``malloc`` maps each block on its own (NOTE [ Worker heap ])."""
+
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def fix_mmap_threshold() -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` in this process (NOTE [ Worker
+    heap ]); whether it was set (only glibc has ``mallopt``; elsewhere this does nothing)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
 def _process_worker_main(
     factory: Callable[[WorkerContext], Callable[[Any], Any]],
     context: WorkerContext,
@@ -144,6 +171,7 @@ def _process_worker_main(
     import torch
 
     torch.set_num_threads(1)  # W workers x N intra-op threads would oversubscribe the cores
+    fix_mmap_threshold()
     parent = os.getppid()
     _seed_at_start(context)
     enter(context, None)
