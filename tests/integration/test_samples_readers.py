@@ -228,19 +228,28 @@ def test_skipped_samples_go_into_the_ledger_with_their_keys(tmp_path):
     assert "no .cls member" in ledger[1]["reason"]
 
 
-def test_the_member_index_is_kept_and_loaded_by_the_next_source(shards, tmp_path, monkeypatch):
+def test_the_member_indexes_are_kept_in_one_file_and_a_changed_shard_alone_is_walked_again(shards, tmp_path, monkeypatch):
     pattern, _ = shards
     first = open_shards(pattern, tmp_path)
     blocks = first.blocks()
-    assert list((tmp_path / "index").glob("*.npz"))
+    assert len(list((tmp_path / "index").glob("*.npz"))) == 1  # one file for the four shards
+    walked: list[str] = []
+    real = naiad.sources.webdataset.scan_shard
 
-    def no_scan(path: str) -> Any:
-        raise AssertionError(f"walked {path} again")
+    def counted(path: str, store: Any = None) -> Any:
+        walked.append(path)
+        return real(path, store)
 
-    monkeypatch.setattr("naiad.sources.tarindex.scan_shard", no_scan)
+    monkeypatch.setattr("naiad.sources.webdataset.scan_shard", counted)
     again = open_shards(pattern, tmp_path)
-    assert again.blocks() == blocks
+    assert again.blocks() == blocks and not walked
     assert keys_of(naiad.DataLoader(again, batch_size=9)) == keys_of(naiad.DataLoader(first, batch_size=9))
+    changed = Path(pattern).parent / "train-0001.tar"
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    third = open_shards(pattern, tmp_path)
+    assert third.blocks() == blocks and walked == [str(changed)]
+    fourth = open_shards(pattern, tmp_path)  # the file was written again with the new identity
+    assert fourth.blocks() == blocks and walked == [str(changed)]
 
 
 @pytest.mark.timeout(120)
@@ -256,16 +265,15 @@ def test_training_starts_before_every_shard_is_indexed(tmp_path, monkeypatch):
             sink.write({"__key__": keys[-1], "bin": np.random.default_rng(k).bytes(1 << 20), "cls": k})
     release = threading.Event()
     held: list[str] = []
-    from naiad.sources import tarindex
-    real = tarindex.load_or_scan
+    real = naiad.sources.webdataset.scan_shard
 
-    def slow(path: str, index_dir: Any, store: Any = None) -> Any:
+    def slow(path: str, store: Any = None) -> Any:
         if not path.endswith(("0000.tar", "0001.tar")):
             held.append(path)
             assert release.wait(60), "the first batch never came while shards were held"
-        return real(path, index_dir, store)
+        return real(path, store)
 
-    monkeypatch.setattr("naiad.sources.webdataset.load_or_scan", slow)
+    monkeypatch.setattr("naiad.sources.webdataset.scan_shard", slow)
     src = naiad.read_webdataset(str(tmp_path / "big-{0000..0003}.tar"), block_bytes=1 << 20, index_dir=False)
     # One read-ahead thread, two tasks ahead: the pool asks for no more tasks than the first
     # half of the blocks (what early reads cover) holds before it delivers.

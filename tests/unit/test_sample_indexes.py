@@ -1,8 +1,10 @@
-"""The pieces the readers of samples are made of: brace ranges, a tar shard's member index (and a
-stored one that lies), byte slices of a read, members decoded per extension."""
+"""The pieces the readers of samples are made of: brace ranges, a tar shard's member index (kept
+for all of a source's shards in one file; a kept one that lies, or whose shard changed, is not
+used), byte slices of a read, members decoded per extension."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import tarfile
 from pathlib import Path
@@ -13,9 +15,9 @@ import pytest
 
 from naiad.errors import SourceError
 from naiad.sources import paths
-from naiad.sources.index import save_arrays
+from naiad.sources.index import identity
 from naiad.sources.samples import byte_slices, decode_members, extension_type, grid_blocks
-from naiad.sources.tarindex import INDEX_PARAMS, ShardIndex, load_or_scan, scan_shard
+from naiad.sources.tarindex import KeptIndexes, ShardIndex, keep_indexes, scan_shard
 
 
 def test_brace_ranges_expand_as_a_shell_does(tmp_path: Path) -> None:
@@ -56,19 +58,41 @@ def test_members_group_into_samples_as_webdataset_groups_them(tmp_path: Path) ->
     assert [data[o:o + n] for o, n in zip(index.offsets[j], index.sizes[j], strict=True)] == [b"A" * 700, b"B", b"again"]
 
 
-def test_a_stored_index_that_lies_is_walked_again(tmp_path: Path) -> None:
-    shard = tmp_path / "s.tar"
-    write_tar(shard, [(f"k{i}.bin", bytes([i]) * 600) for i in range(5)])
-    true = scan_shard(str(shard))
-    lying = true.arrays()
-    lying["offsets"] = lying["offsets"] + 10_000  # outside the samples
-    save_arrays(str(tmp_path / "idx"), str(shard), INDEX_PARAMS, lying)
-    got = load_or_scan(str(shard), str(tmp_path / "idx"))
-    assert got.offsets.tolist() == true.offsets.tolist()
-    for bad in ({"starts": true.starts[::-1].copy()}, {"flags": true.flags.astype(np.int64)},
-                {"key_ends": true.key_ends + 1}, {"ends": true.ends + true.size}):
-        assert ShardIndex.from_arrays({**true.arrays(), **bad}, true.size) is None
+def test_a_kept_index_that_lies_is_walked_again(tmp_path: Path) -> None:
+    shards = [str(tmp_path / f"s{k}.tar") for k in range(2)]
+    for shard in shards:
+        write_tar(Path(shard), [(f"k{i}.bin", bytes([i]) * 600) for i in range(5)])
+    true = scan_shard(shards[0])
+    lies = [{"offsets": true.offsets + 10_000}, {"starts": true.starts[::-1].copy()}, {"key_ends": true.key_ends + 1},
+            {"ends": true.ends + true.size}, {"sizes": true.sizes - 1000}]
+    for lie in lies:
+        lying = dataclasses.replace(true, **lie)
+        keep_indexes(str(tmp_path / "idx"), shards, [identity(p) for p in shards], [lying, true])
+        kept = KeptIndexes.load(str(tmp_path / "idx"), shards)
+        assert kept.get(shards[0], identity(shards[0])) is None, lie  # walked again
+        assert kept.get(shards[1], identity(shards[1])) is not None  # the other shard's part is fine
+        assert ShardIndex.from_arrays({**true.arrays(), **lie}, true.size) is None
+    assert ShardIndex.from_arrays({**true.arrays(), "flags": true.flags.astype(np.int64)}, true.size) is None
     assert ShardIndex.from_arrays(true.arrays(), true.size) is not None
+
+
+def test_kept_indexes_are_one_file_and_a_changed_shard_alone_is_not_used(tmp_path: Path) -> None:
+    shards = [tmp_path / f"s{k}.tar" for k in range(3)]
+    for k, shard in enumerate(shards):
+        write_tar(shard, [(f"k{i}.{ext}", bytes([i]) * (100 * k + 1)) for i in range(k + 2) for ext in ("bin", "cls")][: 2 * k + 3])
+    paths = [str(s) for s in shards]
+    walked = [scan_shard(p) for p in paths]
+    keep_indexes(str(tmp_path / "idx"), paths, [identity(p) for p in paths], walked)
+    assert len(list((tmp_path / "idx").iterdir())) == 1
+    kept = KeptIndexes.load(str(tmp_path / "idx"), paths)
+    for p, index in zip(paths, walked, strict=True):
+        got = kept.get(p, identity(p))
+        assert got is not None and got.exts == index.exts and got.keys().tolist() == index.keys().tolist()
+        assert all(np.array_equal(got.arrays()[k], v) for k, v in index.arrays().items())
+    write_tar(shards[1], [("new.bin", b"changed")])  # another size: another identity
+    assert kept.get(paths[1], identity(paths[1])) is None
+    assert kept.get(paths[0], identity(paths[0])) is not None and kept.get(paths[2], identity(paths[2])) is not None
+    assert KeptIndexes.load(str(tmp_path / "idx"), paths[:2]).get(paths[0], identity(paths[0])) is None  # another source
 
 
 def test_byte_slices_cut_one_buffer_without_a_loop() -> None:

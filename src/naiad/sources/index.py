@@ -33,9 +33,13 @@ the check on loading reads only the header and the blocks said to be empty, and 
 checked to end a line as it is read (``lines.read_block_bytes``).
 
 Readers of samples keep what they found once the same way, as ``.npz`` files of plain arrays
-(``load_arrays``/``save_arrays``, ``allow_pickle=False``): a tar shard's member index (NOTE [
-Member index ] in tarindex.py) and an image folder's listing (NOTE [ Folder listing ] in
-images.py), each checked by its reader before use.
+(``allow_pickle=False``), each checked by its reader before use: an image folder's listing
+(NOTE [ Folder listing ] in images.py), one file per folder (``load_arrays``/``save_arrays``),
+and the member indexes of a source's tar shards (NOTE [ Member index ] in tarindex.py), one
+file for all its shards (``load_table``/``save_table``): a thousand shards are one file to
+read, not a thousand. Such a table is keyed by the files it describes, in order, and records
+each file's identity (real path, size, modification time or ETag), so each file's part is
+used only while that file is unchanged, and a changed file alone is read again.
 """
 
 from __future__ import annotations
@@ -56,7 +60,10 @@ from naiad.errors import ConfigError, NaiadError
 from naiad.sources import storage
 from naiad.sources.cache import user_cache_dir
 
-__all__ = ["INDEX_VERSION", "IndexDir", "index_folder", "load_arrays", "load_index", "save_arrays", "save_index"]
+__all__ = [
+    "INDEX_VERSION", "Identity", "IndexDir", "identity", "index_folder", "load_arrays", "load_index", "load_table",
+    "save_arrays", "save_index", "save_table",
+]
 
 INDEX_VERSION = 1
 
@@ -100,7 +107,26 @@ def _entry_name(real: str, params: Mapping[str, Any], where: str = "") -> str:
     return f"{stem}.{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
 
 
-def _identity(path: str, store: storage.Storage | None) -> tuple[str, int, dict[str, Any]] | None:
+Identity = tuple[str, int, dict[str, Any]]
+"""What identifies one version of a file in a table: (its absolute path or URL, its size, the
+modification time of a file or the endpoint and ETag of an object)."""
+
+
+def identity(path: str, store: storage.Storage | None = None) -> Identity | None:
+    """The :data:`Identity` of ``path`` now, with one ``stat`` for a file (a table is keyed by
+    its files' absolute paths, so no link need be resolved) and an object's through ``store``,
+    its source's Storage; None when it cannot be had (the file is gone; the object has neither
+    ETag nor time)."""
+    if storage.is_remote(path):
+        return _identity(path, store)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return os.path.abspath(path), st.st_size, {"mtime_ns": st.st_mtime_ns}
+
+
+def _identity(path: str, store: storage.Storage | None) -> Identity | None:
     """(the real path or URL, the size, what tells this version of it: the modification time of
     a file; the endpoint and ETag, else modification time, of an object, through ``store``), or None."""
     if storage.is_remote(path):
@@ -250,5 +276,66 @@ def save_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any], array
     real, size, stamp = ident
     meta = {"path": real, "size": size, **stamp, "params": dict(params)}
     name = _entry_name(real, {"arrays": ARRAYS_VERSION, **params}, stamp.get("endpoint", "")).replace(".json", ".npz")
+    named: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
+    _write_entry(index_dir, folder, name, lambda f: np.savez(f, **named))
+
+
+TABLE_VERSION = 1
+
+
+def _table_file(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any],
+                store: storage.Storage | None) -> tuple[Path, str, list[str]] | None:
+    """Where the table describing ``paths`` together lives: (folder, name, the paths as keyed:
+    absolute for files, with the endpoint for objects), or None when nothing is kept."""
+    if not paths:
+        return None
+    folder = index_folder(index_dir, paths[0], store)
+    if folder is None:
+        return None
+    keyed = [p if storage.is_remote(p) else os.path.abspath(p) for p in paths]
+    where = storage.needs_store(paths[0], store).endpoint if storage.is_remote(paths[0]) else ""
+    digest = hashlib.sha1(json.dumps({"paths": keyed, "endpoint": where, **params}, sort_keys=True).encode()).hexdigest()[:20]
+    stem = os.path.basename(keyed[0])[:40]
+    return folder, f"{stem}.{len(keyed)}-files.{digest}.npz", keyed
+
+
+def load_table(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any],
+               store: storage.Storage | None = None) -> tuple[list[Any], dict[str, np.ndarray]] | None:
+    """The table :func:`save_table` kept for ``paths`` (in this order) under ``params``: the
+    identities it recorded, one per path (an :data:`Identity` as a list, or None), and its
+    arrays; None when there is none (or it is not a readable table of these paths). The caller
+    uses a path's part only while :func:`identity` still gives what was recorded, and checks
+    the arrays themselves (NOTE [ Block index ]: an entry is data)."""
+    where = _table_file(index_dir, paths, params, store)
+    if where is None:
+        return None
+    folder, name, keyed = where
+    try:
+        with np.load(folder / name, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        meta = json.loads(bytes(arrays.pop("__meta__")).decode())
+        if not isinstance(meta, dict) or (
+            meta.get("version") != TABLE_VERSION or meta.get("paths") != keyed or meta.get("params") != dict(params)
+        ):
+            return None
+        idents = meta.get("identities")
+        if not isinstance(idents, list) or len(idents) != len(keyed):
+            return None
+        return idents, arrays
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, zipfile.BadZipFile, EOFError):
+        return None  # missing or malformed: walk again
+
+
+def save_table(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any], idents: Sequence[Identity | None],
+               arrays: Mapping[str, np.ndarray], store: storage.Storage | None = None) -> None:
+    """Keep ``arrays`` describing ``paths`` together, with each path's identity as it was when
+    its part was made (None: that part is never used), for the next process: written whole,
+    then renamed into place, as :func:`save_index`; best effort."""
+    where = _table_file(index_dir, paths, params, store)
+    if where is None:
+        return
+    folder, name, keyed = where
+    meta = {"version": TABLE_VERSION, "paths": keyed, "params": dict(params),
+            "identities": [None if i is None else list(i) for i in idents]}
     named: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
     _write_entry(index_dir, folder, name, lambda f: np.savez(f, **named))
