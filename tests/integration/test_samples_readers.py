@@ -9,6 +9,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -254,22 +255,21 @@ def test_the_member_indexes_are_kept_in_one_file_and_a_changed_shard_alone_is_wa
 
 @pytest.mark.timeout(120)
 def test_training_starts_before_every_shard_is_indexed(tmp_path, monkeypatch):
-    # The first reads are planned from the byte grid (early reads, NOTE [ Sample blocks ]): the
-    # shards past the first two are held unindexed until the first batch has arrived. Samples of
-    # 1 MiB, so that a read group (4 MiB) closes inside the first shard.
-    monkeypatch.setattr("naiad.stream.early.EARLY_MIN_BYTES", 0)
+    # The first reads are planned from the byte grid (early reads, NOTE [ Sample blocks ]),
+    # whatever the shards' size: the shards past the first two are held unindexed until the
+    # first batch has arrived (in order, without a transform; tests/integration/test_early_shards.py
+    # shuffles and decodes). Samples of 1 MiB, so that a read group (4 MiB) closes inside the
+    # first shard.
     keys = []
     with wds.ShardWriter(str(tmp_path / "big-%04d.tar"), maxcount=6, verbose=0) as sink:
         for k in range(24):
             keys.append(f"s{k:05d}")
             sink.write({"__key__": keys[-1], "bin": np.random.default_rng(k).bytes(1 << 20), "cls": k})
     release = threading.Event()
-    held: list[str] = []
     real = naiad.sources.webdataset.scan_shard
 
     def slow(path: str, store: Any = None) -> Any:
         if not path.endswith(("0000.tar", "0001.tar")):
-            held.append(path)
             assert release.wait(60), "the first batch never came while shards were held"
         return real(path, store)
 
@@ -279,9 +279,11 @@ def test_training_starts_before_every_shard_is_indexed(tmp_path, monkeypatch):
     # half of the blocks (what early reads cover) holds before it delivers.
     loader = naiad.DataLoader(src, batch_size=3, shuffle=False, num_workers=1, worker_mode="thread", prefetch_factor=2)
     it = iter(loader)
-    first = next(it)
-    assert held and not release.is_set()  # the count is waiting on a held shard
-    release.set()
+    try:
+        first = next(it)
+        assert not src.counted() and set(src._indexes) <= {src.paths[0], src.paths[1]}  # the others are held
+    finally:
+        release.set()
     rest = [k for b in it for k in b["__key__"]]
     assert first["__key__"] + rest == keys
 
@@ -527,3 +529,23 @@ def test_shards_behind_s3_urls_read_by_brace_range_through_the_cache(tmp_path):
         assert sorted(again) == sorted(s["png"] for s in samples)
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_reading_and_decoding_shards_does_not_import_pandas(shards, tmp_path):
+    # pyarrow's to_numpy and pyarrow.array import pandas the first time a process calls them
+    # (0.2-0.4 s before its first batch, and in every worker process); samples are read without.
+    pattern, _ = shards
+    script = (
+        "import sys, naiad\n"
+        f"src = naiad.read_webdataset({pattern!r}, index_dir=False, block_bytes=4096)\n"
+        "loader = naiad.DataLoader(src, batch_size=8, shuffle=True, seed=0, shuffle_buffer=16,\n"
+        "                          transform=naiad.decode_images('png', size=(4, 4), crop='center'))\n"
+        "batches = [b for b in loader]\n"
+        "assert sum(len(b['__key__']) for b in batches) == 92, len(batches)\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

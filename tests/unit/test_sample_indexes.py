@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import pickle
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+import naiad
 from naiad.errors import SourceError
 from naiad.sources import paths
 from naiad.sources.index import identity
@@ -116,3 +119,65 @@ def test_members_decode_by_extension_and_name_the_bad_ones() -> None:
 def test_grid_blocks_hold_the_samples_starting_in_them() -> None:
     blocks = grid_blocks("s.tar", np.array([0, 100, 5000, 5100]), 9000, 4096)
     assert [(b.start, b.stop, b.rows, b.first_line) for b in blocks] == [(0, 4096, 2, 0), (4096, 8192, 2, 2), (8192, 9000, 0, 4)]
+
+
+def write_shards(folder: Path, count: int, bad: dict[tuple[int, int], str] | None = None) -> list[str]:
+    """``count`` shards of 4 samples (``.bin`` and ``.cls``); ``bad[(shard, sample)]``: what to
+    do wrong there ("no-cls", "bad-cls", "two-bin")."""
+    paths = []
+    for s in range(count):
+        members = []
+        for i in range(4):
+            how = (bad or {}).get((s, i))
+            members.append((f"s{s}_{i}.bin", bytes([s, i]) * 300))
+            if how == "two-bin":
+                members.append((f"s{s}_{i}.bin", b"again"))
+            if how != "no-cls":
+                members.append((f"s{s}_{i}.cls", b"x" if how == "bad-cls" else str(10 * s + i).encode()))
+        write_tar(folder / f"t{s}.tar", members)
+        paths.append(str(folder / f"t{s}.tar"))
+    return paths
+
+
+def test_a_read_group_over_many_shards_is_their_reads_joined(tmp_path: Path) -> None:
+    # One pass makes the columns of every shard of a group (NOTE [ Shard reads ]): the same rows,
+    # and the same bad samples at the same positions, as reading the blocks one by one.
+    bad = {(0, 1): "no-cls", (2, 0): "bad-cls", (2, 3): "two-bin", (3, 2): "no-cls"}
+    paths = write_shards(tmp_path, 4, bad)
+    src = naiad.read_webdataset(paths, index_dir=False, on_bad_rows="skip", extensions=["bin", "cls"])
+    blocks = src.blocks()
+    parts = [(b, 0, b.rows, None) for b in blocks] + [(blocks[1], 1, 3, None), (blocks[3], 0, 4, np.array([0, 2, 3]))]
+    group = src.read_group(parts)
+    one_by_one = [src.read_group([p]) for p in parts]
+    assert group.columns["__key__"].tolist() == [k for d in one_by_one for k in d.columns["__key__"].tolist()]
+    assert group.columns["cls"].tolist() == [c for d in one_by_one for c in d.columns["cls"].tolist()]
+    assert group.columns["bin"].tolist() == [v for d in one_by_one for v in d.columns["bin"].tolist()]
+    at = np.cumsum([0] + [len(p[3]) if p[3] is not None else p[2] - p[1] for p in parts])
+    assert [(e["at"], e["key"], e.get("column")) for e in group.bad] == [
+        (int(at[k]) + e["at"], e["key"], e.get("column")) for k, d in enumerate(one_by_one) for e in d.bad]
+    assert [e["key"] for e in group.bad] == ["s0_1", "s2_0", "s2_3", "s3_2", "s3_2"]
+    strict = naiad.read_webdataset(paths, index_dir=False, extensions=["bin", "cls"])
+    with pytest.raises(SourceError, match=r"t0\.tar.*'s0_1' \(sample 1 of the shard\) has no \.cls member"):
+        strict.read_group([(b, 0, b.rows, None) for b in strict.blocks()])
+
+
+def test_a_copy_reads_the_kept_indexes_again_once_another_process_has_kept_them(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker's copy of the source that found nothing kept reads the file again when its
+    # parent has written it (after counting every shard): it walks no shard its parent walked.
+    paths = write_shards(tmp_path, 3)
+    src = naiad.read_webdataset(paths, index_dir=str(tmp_path / "idx"))
+    worker = pickle.loads(pickle.dumps(src))
+    walked: list[str] = []
+    real = naiad.sources.webdataset.scan_shard
+
+    def counted(path: str, store: Any = None) -> Any:
+        walked.append(path)
+        return real(path, store)
+
+    monkeypatch.setattr(naiad.sources.webdataset, "scan_shard", counted)
+    worker.shard_index(paths[0])  # nothing kept yet: walked
+    src.blocks()  # the count: every shard indexed, kept in one file
+    assert walked == paths
+    worker.shard_index(paths[2])
+    assert walked == paths  # from the file written since

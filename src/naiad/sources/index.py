@@ -62,7 +62,7 @@ from naiad.sources.cache import user_cache_dir
 
 __all__ = [
     "INDEX_VERSION", "Identity", "IndexDir", "identity", "index_folder", "load_arrays", "load_index", "load_table",
-    "save_arrays", "save_index", "save_table",
+    "save_arrays", "save_index", "save_table", "table_stamp",
 ]
 
 INDEX_VERSION = 1
@@ -297,6 +297,20 @@ def _table_file(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, 
     digest = hashlib.sha1(json.dumps({"paths": keyed, "endpoint": where, **params}, sort_keys=True).encode()).hexdigest()[:20]
     stem = os.path.basename(keyed[0])[:40]
     return folder, f"{stem}.{len(keyed)}-files.{digest}.npz", keyed
+
+
+def table_stamp(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any],
+                store: storage.Storage | None = None) -> tuple[int, int] | None:
+    """The (size, modification time) of the table kept for ``paths``, or None when there is none:
+    whether another process has written it since it was read."""
+    where = _table_file(index_dir, paths, params, store)
+    if where is None:
+        return None
+    try:
+        st = os.stat(where[0] / where[1])
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 def load_table(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any],

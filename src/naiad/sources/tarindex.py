@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.sources import storage
-from naiad.sources.index import Identity, IndexDir, load_table, save_table
+from naiad.sources.index import Identity, IndexDir, load_table, save_table, table_stamp
 from naiad.sources.samples import indices, objects
 from naiad.sources.tarwalk import Member, walk_members
 
@@ -215,7 +215,9 @@ class KeptIndexes:
     at once when the file is read (a shard whose part fails is walked again); :meth:`get` gives
     a shard's index while the shard is the one it was made from."""
 
-    def __init__(self, paths: Sequence[str] = (), idents: Sequence[Any] = (), arrays: Mapping[str, np.ndarray] | None = None) -> None:
+    def __init__(self, paths: Sequence[str] = (), idents: Sequence[Any] = (), arrays: Mapping[str, np.ndarray] | None = None,
+                 stamp: tuple[int, int] | None = None) -> None:
+        self.stamp = stamp  # the file's (size, modification time) when it was read
         self._where: dict[str, int] = {}
         self._idents = list(idents)
         try:
@@ -267,11 +269,18 @@ class KeptIndexes:
     @classmethod
     def load(cls, index_dir: IndexDir, paths: Sequence[str], store: storage.Storage | None = None) -> KeptIndexes:
         """What is kept for the shards ``paths`` (in this order) under ``index_dir``."""
-        stored = load_table(index_dir, paths, TABLE_PARAMS, store)
+        stamp = table_stamp(index_dir, paths, TABLE_PARAMS, store)
+        stored = load_table(index_dir, paths, TABLE_PARAMS, store) if stamp is not None else None
         if stored is None:
-            return cls()
+            return cls(stamp=stamp)
         idents, arrays = stored
-        return cls(paths, idents, arrays)
+        return cls(paths, idents, arrays, stamp)
+
+    def outdated(self, index_dir: IndexDir, paths: Sequence[str], store: storage.Storage | None = None) -> bool:
+        """Whether the file was written again since it was read (a process that indexed every
+        shard kept them while this one was reading: worth reading again)."""
+        now = table_stamp(index_dir, paths, TABLE_PARAMS, store)
+        return now is not None and now != self.stamp
 
     def get(self, path: str, now: Identity | None) -> ShardIndex | None:
         """Shard ``path``'s kept index, when it was made from the shard as it is ``now`` (its

@@ -86,6 +86,12 @@ def read_webdataset(
 class WebDatasetSource(Source):
     """WebDataset tar shards cut into byte ranges of samples (see :func:`read_webdataset`)."""
 
+    # Counting a shard's samples is walking its headers, far more than the first reads need:
+    # a fresh pass reads from the byte grid while the shards are indexed beside it, whatever
+    # their size, keying its samples by shard and sample (NOTE [ Early reads ]).
+    reads_before_count = True
+    keys_by_file = True
+
     def __init__(
         self,
         paths: PathLike,
@@ -168,17 +174,22 @@ class WebDatasetSource(Source):
         by the next process)."""
         if self.index_dir is False:
             return scan_shard(path, self.storage)
-        with self._index_lock:
-            if self._kept_indexes is None:
-                self._kept_indexes = KeptIndexes.load(self.index_dir, self.paths, self.storage)
-            kept = self._kept_indexes
         now = identity(path, self.storage)
         self._idents[path] = now
-        index = kept.get(path, now)
-        if index is None:
-            index = scan_shard(path, self.storage)
-            self._walked += 1
-        return index
+        for again in (False, True):
+            with self._index_lock:
+                kept = self._kept_indexes
+                if kept is None or (again and kept.outdated(self.index_dir, self.paths, self.storage)):
+                    # Read once, and again when another process (the one that counted every
+                    # shard: a worker's parent) has kept them since: a worker walks no shard twice.
+                    kept = self._kept_indexes = KeptIndexes.load(self.index_dir, self.paths, self.storage)
+                elif again:
+                    break
+            index = kept.get(path, now)
+            if index is not None:
+                return index
+        self._walked += 1
+        return scan_shard(path, self.storage)
 
     def _cut_files(self) -> list[Block]:
         blocks = super()._cut_files()
@@ -220,8 +231,14 @@ class WebDatasetSource(Source):
 
     def early_rows(self, block: Block) -> int:
         """The samples of a block of ``early_blocks()``: its shard indexed (once), counted."""
+        return self.early_block(block).rows
+
+    def early_block(self, block: Block) -> Block:
+        """A block of ``early_blocks()`` as ``blocks()`` has it: its shard indexed (once), its
+        samples counted and its first sample's number known (the shard alone tells both)."""
         starts = self.shard_index(block.path).starts
-        return int(np.searchsorted(starts, block.stop) - np.searchsorted(starts, block.start))
+        first, stop = np.searchsorted(starts, [block.start, block.stop]).tolist()
+        return block._replace(rows=stop - first, first_line=first)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         first = self._first_sample(block)

@@ -2,7 +2,7 @@
 loop on an ordered stage of threads (NOTE [ Decode in the workers ] in pipeline.py).
 
 The stream cuts its batches in the loop's process, after the shuffle buffer; each carries
-``__index__`` (the samples' row numbers in the source) and ``__epoch__``. Here the transform runs
+``__index__`` (the samples' keys, ``reads.row_keys``) and ``__epoch__``. Here the transform runs
 on :class:`~naiad.parallel.ahead.OrderedStage` threads, under a worker context with the pass's
 base seed and epoch, so random crops are keyed by (seed, epoch, sample) whichever thread decodes
 them; results leave in the stream's order. Samples that do not decode are ledgered with the
@@ -23,7 +23,7 @@ from naiad.parallel import WorkerContext
 from naiad.parallel.ahead import OrderedStage
 from naiad.parallel.context import enter, leave
 from naiad.stream.batches import BatchStream
-from naiad.stream.reads import RowNumbers
+from naiad.stream.reads import RowKeys, row_keys
 
 __all__ = ["DecodeAhead"]
 
@@ -38,7 +38,7 @@ class DecodeAhead(Iterator[Any]):
     Args:
         stream: the pass's batches (each with ``index_column`` and ``__epoch__``).
         transform: the worker-side transform (``runs_in_workers``).
-        index_column: the column of source row numbers.
+        index_column: the column of the samples' keys (``reads.row_keys``).
         base_seed: the pass's base seed (the loader's, kept in its state): the crops' seed.
         depth: batches in flight ahead of the loop.
         stage_seconds: where the decode time is added (the pool's, read by the telemetry).
@@ -52,7 +52,7 @@ class DecodeAhead(Iterator[Any]):
         self.context = WorkerContext(0, 0, base_seed, "inline", base_seed, stream.rank)
         self.skip = stream.source.on_bad_rows == "skip"
         self.stage_seconds = stage_seconds
-        self._numbers: RowNumbers | None = None
+        self._numbers: RowKeys | None = None
         self._stage: OrderedStage[tuple[int, Any], tuple[Any, list[dict[str, Any]], int, float]] = OrderedStage(
             self._numbered(), self._apply, threads=STAGE_THREADS, depth=max(STAGE_THREADS, depth), name="naiad-decode-stage",
         )
@@ -95,7 +95,7 @@ class DecodeAhead(Iterator[Any]):
         """The ledger entries of a batch's samples that did not decode, and the batch without
         them; or, without ``on_bad_rows="skip"``, the error naming their shard or file."""
         if self._numbers is None:
-            self._numbers = RowNumbers(self.stream.source)
+            self._numbers = row_keys(self.stream.source)
         index = batch[self.index_column]
         rows = np.asarray(index.numpy() if hasattr(index, "numpy") else index, np.int64)[exc.rows]
         places = self._numbers.locate(rows)

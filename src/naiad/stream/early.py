@@ -48,7 +48,7 @@ from naiad.stream.plan import (
 )
 from naiad.stream.reads import read_task  # the read a worker makes
 
-__all__ = ["EARLY_MIN_BYTES", "EarlyReads", "big_enough"]
+__all__ = ["EARLY_MIN_BYTES", "EarlyReads", "may_read_early"]
 
 EARLY_MIN_BYTES = 256 << 20
 """Sources smaller than this are counted before their first read: the count then takes less
@@ -57,11 +57,13 @@ a CSV), and a 150 MB CSV's first epoch measured 0.90-0.94x as fast with early re
 (bench/RESULTS.md, "early reads")."""
 
 
-def big_enough(source: Source) -> bool:
-    """Whether ``source``'s local files reach ``EARLY_MIN_BYTES``: the size from which a fresh
-    pass may read before its rows are counted (the plan then permutes single blocks, NOTE [
-    Block runs ] in plan.py, since the early reads cannot know the count)."""
-    return (source.local_bytes() or 0) >= EARLY_MIN_BYTES
+def may_read_early(source: Source) -> bool:
+    """Whether a fresh pass over ``source`` may read before its rows are counted: a format whose
+    count costs more than the first reads (``reads_before_count``: tar shards, whatever their
+    size, local or remote), else local files of ``EARLY_MIN_BYTES`` or more. Such a source's plan
+    permutes single blocks (NOTE [ Block runs ] in plan.py), since the early reads cannot know
+    the count; it is a property of the data alone, so a resume or another rank plans the same."""
+    return source.reads_before_count or (source.local_bytes() or 0) >= EARLY_MIN_BYTES
 
 
 class EarlyReads:
@@ -90,7 +92,7 @@ class EarlyReads:
               plan: Callable[[], RankPlan]) -> EarlyReads | None:
         """Early reads for ``source`` with its count started beside, or None where they do not
         apply to the source (NOTE [ Early reads ])."""
-        if source.on_bad_rows != "raise" or not big_enough(source):
+        if source.on_bad_rows != "raise" or not may_read_early(source):
             return None
         blocks = source.early_blocks()
         if blocks is None or len(blocks) < 4:
@@ -110,11 +112,11 @@ class EarlyReads:
             # The first group is known once the reads after it are: when the pending ones pass
             # either bound of a group (plan.group_tasks cuts before the read that would).
             while not (len(pending) > 1 and (rows_in > self.max_rows or bytes_in > GROUP_MAX_BYTES)) and k < stop:
-                block = self.blocks[int(self.order[k])]
+                block = self.source.early_block(self.blocks[int(self.order[k])])
                 k += 1
-                rows = self.source.early_rows(block)
-                if rows:  # a block of blank lines only is never read (as in plan.tasks_for)
-                    pending.append(ReadTask(block._replace(rows=rows), 0, rows))
+                rows = block.rows
+                if rows:  # a block of blank lines only (no sample) is never read (as in plan.tasks_for)
+                    pending.append(ReadTask(block, 0, rows))
                     rows_in, bytes_in = rows_in + rows, bytes_in + block.stop - block.start
             groups = group_tasks(pending, self.max_rows)
             if len(groups) < 2:

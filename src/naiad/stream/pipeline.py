@@ -59,7 +59,7 @@ class StreamPipeline:
                  read_ahead: int | None = None, batch_transform: Callable[[Any], Any] | None = None) -> None:
         """``read_ahead``: the user's read-ahead threads (None: the default, tuned);
         ``batch_transform``: a worker-side transform (NOTE [ Decode in the workers ]), run on
-        the pass's decode stage, its batches carrying their samples' row numbers."""
+        the pass's decode stage, its batches carrying their samples' keys."""
         self.source = source
         self.batch_transform = batch_transform
         if batch_transform is not None and options.index_column is None:
