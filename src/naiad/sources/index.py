@@ -52,7 +52,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Union
+from typing import Any, BinaryIO, Literal, NamedTuple, Union
 
 import numpy as np
 
@@ -62,7 +62,7 @@ from naiad.sources.cache import user_cache_dir
 
 __all__ = [
     "INDEX_VERSION", "Identity", "IndexDir", "identity", "index_folder", "load_arrays", "load_index", "load_table",
-    "save_arrays", "save_index", "save_table", "table_stamp",
+    "TableFile", "save_arrays", "save_index", "save_table", "table_file", "table_stamp",
 ]
 
 INDEX_VERSION = 1
@@ -283,10 +283,22 @@ def save_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any], array
 TABLE_VERSION = 1
 
 
-def _table_file(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any],
-                store: storage.Storage | None) -> tuple[Path, str, list[str]] | None:
-    """Where the table describing ``paths`` together lives: (folder, name, the paths as keyed:
-    absolute for files, with the endpoint for objects), or None when nothing is kept."""
+class TableFile(NamedTuple):
+    """Where the table describing some files together lives (:func:`table_file`)."""
+
+    folder: Path
+    name: str
+    keyed: list[str]  # the files as keyed: absolute paths, or URLs
+    params: dict[str, Any]
+    index_dir: IndexDir
+
+
+def table_file(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any],
+               store: storage.Storage | None = None) -> TableFile | None:
+    """Where the table describing ``paths`` (in this order) under ``params`` lives, or None when
+    nothing is kept (``index_dir=False``, no files): named by a hash of the paths (absolute for
+    files, with the endpoint for objects) and the parameters. Worked out once by its user: a
+    thousand paths are hashed each time."""
     if not paths:
         return None
     folder = index_folder(index_dir, paths[0], store)
@@ -296,60 +308,46 @@ def _table_file(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, 
     where = storage.needs_store(paths[0], store).endpoint if storage.is_remote(paths[0]) else ""
     digest = hashlib.sha1(json.dumps({"paths": keyed, "endpoint": where, **params}, sort_keys=True).encode()).hexdigest()[:20]
     stem = os.path.basename(keyed[0])[:40]
-    return folder, f"{stem}.{len(keyed)}-files.{digest}.npz", keyed
+    return TableFile(folder, f"{stem}.{len(keyed)}-files.{digest}.npz", keyed, dict(params), index_dir)
 
 
-def table_stamp(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any],
-                store: storage.Storage | None = None) -> tuple[int, int] | None:
-    """The (size, modification time) of the table kept for ``paths``, or None when there is none:
-    whether another process has written it since it was read."""
-    where = _table_file(index_dir, paths, params, store)
-    if where is None:
-        return None
+def table_stamp(where: TableFile) -> tuple[int, int] | None:
+    """The (size, modification time) of the table, or None when there is none: whether another
+    process has written it since it was read."""
     try:
-        st = os.stat(where[0] / where[1])
+        st = os.stat(where.folder / where.name)
     except OSError:
         return None
     return st.st_size, st.st_mtime_ns
 
 
-def load_table(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any],
-               store: storage.Storage | None = None) -> tuple[list[Any], dict[str, np.ndarray]] | None:
-    """The table :func:`save_table` kept for ``paths`` (in this order) under ``params``: the
-    identities it recorded, one per path (an :data:`Identity` as a list, or None), and its
-    arrays; None when there is none (or it is not a readable table of these paths). The caller
-    uses a path's part only while :func:`identity` still gives what was recorded, and checks
-    the arrays themselves (NOTE [ Block index ]: an entry is data)."""
-    where = _table_file(index_dir, paths, params, store)
-    if where is None:
-        return None
-    folder, name, keyed = where
+def load_table(where: TableFile) -> tuple[list[Any], dict[str, np.ndarray]] | None:
+    """The table :func:`save_table` kept there: the identities it recorded, one per path (an
+    :data:`Identity` as a list, or None), and its arrays; None when there is none (or it is not
+    a readable table of these paths). The caller uses a path's part only while :func:`identity`
+    still gives what was recorded, and checks the arrays themselves (NOTE [ Block index ]: an
+    entry is data)."""
     try:
-        with np.load(folder / name, allow_pickle=False) as npz:
+        with np.load(where.folder / where.name, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
         meta = json.loads(bytes(arrays.pop("__meta__")).decode())
         if not isinstance(meta, dict) or (
-            meta.get("version") != TABLE_VERSION or meta.get("paths") != keyed or meta.get("params") != dict(params)
+            meta.get("version") != TABLE_VERSION or meta.get("paths") != where.keyed or meta.get("params") != where.params
         ):
             return None
         idents = meta.get("identities")
-        if not isinstance(idents, list) or len(idents) != len(keyed):
+        if not isinstance(idents, list) or len(idents) != len(where.keyed):
             return None
         return idents, arrays
     except (OSError, ValueError, KeyError, TypeError, RecursionError, zipfile.BadZipFile, EOFError):
         return None  # missing or malformed: walk again
 
 
-def save_table(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any], idents: Sequence[Identity | None],
-               arrays: Mapping[str, np.ndarray], store: storage.Storage | None = None) -> None:
-    """Keep ``arrays`` describing ``paths`` together, with each path's identity as it was when
-    its part was made (None: that part is never used), for the next process: written whole,
-    then renamed into place, as :func:`save_index`; best effort."""
-    where = _table_file(index_dir, paths, params, store)
-    if where is None:
-        return
-    folder, name, keyed = where
-    meta = {"version": TABLE_VERSION, "paths": keyed, "params": dict(params),
+def save_table(where: TableFile, idents: Sequence[Identity | None], arrays: Mapping[str, np.ndarray]) -> None:
+    """Keep ``arrays`` describing the table's paths together, with each path's identity as it
+    was when its part was made (None: that part is never used), for the next process: written
+    whole, then renamed into place, as :func:`save_index`; best effort."""
+    meta = {"version": TABLE_VERSION, "paths": where.keyed, "params": where.params,
             "identities": [None if i is None else list(i) for i in idents]}
     named: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
-    _write_entry(index_dir, folder, name, lambda f: np.savez(f, **named))
+    _write_entry(where.index_dir, where.folder, where.name, lambda f: np.savez(f, **named))

@@ -43,11 +43,19 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.sources import storage
-from naiad.sources.index import Identity, IndexDir, load_table, save_table, table_stamp
+from naiad.sources.index import (
+    Identity,
+    IndexDir,
+    TableFile,
+    load_table,
+    save_table,
+    table_file,
+    table_stamp,
+)
 from naiad.sources.samples import indices, objects
 from naiad.sources.tarwalk import Member, walk_members
 
-__all__ = ["KeptIndexes", "ShardIndex", "index_members", "keep_indexes", "scan_shard"]
+__all__ = ["KeptIndexes", "ShardIndex", "index_members", "keep_indexes", "scan_shard", "table_of"]
 
 # webdataset.tariterators.base_plus_ext: the key is the name up to the first dot of the base name.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -267,19 +275,20 @@ class KeptIndexes:
         self._ok = ~bad
 
     @classmethod
-    def load(cls, index_dir: IndexDir, paths: Sequence[str], store: storage.Storage | None = None) -> KeptIndexes:
-        """What is kept for the shards ``paths`` (in this order) under ``index_dir``."""
-        stamp = table_stamp(index_dir, paths, TABLE_PARAMS, store)
-        stored = load_table(index_dir, paths, TABLE_PARAMS, store) if stamp is not None else None
+    def load(cls, where: TableFile | None, paths: Sequence[str]) -> KeptIndexes:
+        """What is kept for the shards ``paths`` (in this order) in the table file ``where``
+        (:func:`table_of`; None: nothing is kept)."""
+        stamp = None if where is None else table_stamp(where)
+        stored = load_table(where) if where is not None and stamp is not None else None
         if stored is None:
             return cls(stamp=stamp)
         idents, arrays = stored
         return cls(paths, idents, arrays, stamp)
 
-    def outdated(self, index_dir: IndexDir, paths: Sequence[str], store: storage.Storage | None = None) -> bool:
+    def outdated(self, where: TableFile | None) -> bool:
         """Whether the file was written again since it was read (a process that indexed every
         shard kept them while this one was reading: worth reading again)."""
-        now = table_stamp(index_dir, paths, TABLE_PARAMS, store)
+        now = None if where is None else table_stamp(where)
         return now is not None and now != self.stamp
 
     def get(self, path: str, now: Identity | None) -> ShardIndex | None:
@@ -300,10 +309,16 @@ class KeptIndexes:
                           a["key_bytes"][self._key_at[i]:self._key_at[i + 1]], a["flags"][lo:hi])
 
 
-def keep_indexes(index_dir: IndexDir, paths: Sequence[str], idents: Sequence[Identity | None], indexes: Sequence[ShardIndex],
-                 store: storage.Storage | None = None) -> None:
-    """Keep the member indexes of the shards ``paths`` in one file for the next process, each
+def table_of(index_dir: IndexDir, paths: Sequence[str], store: storage.Storage | None = None) -> TableFile | None:
+    """Where the member indexes of the shards ``paths`` (in this order) are kept, or None."""
+    return table_file(index_dir, paths, TABLE_PARAMS, store)
+
+
+def keep_indexes(where: TableFile | None, idents: Sequence[Identity | None], indexes: Sequence[ShardIndex]) -> None:
+    """Keep the member indexes of the table's shards in one file for the next process, each
     with the shard's identity from before its walk (NOTE [ Member index ]); best effort."""
+    if where is None:
+        return
     parts = [index.arrays() for index in indexes]
     arrays = {
         "samples": np.array([len(index) for index in indexes], np.int64),
@@ -313,4 +328,4 @@ def keep_indexes(index_dir: IndexDir, paths: Sequence[str], idents: Sequence[Ide
     }
     for name in ("starts", "ends", "key_ends", "key_bytes", "flags", "offsets", "sizes"):
         arrays[name] = np.concatenate([p[name].ravel() for p in parts]) if parts else np.zeros(0, np.int64)
-    save_table(index_dir, paths, TABLE_PARAMS, idents, arrays, store)
+    save_table(where, idents, arrays)

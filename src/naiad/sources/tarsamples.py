@@ -60,16 +60,21 @@ def read_samples(asks: Sequence[Ask], schema: pa.Schema, on_bad_rows: OnBadRows,
     offsets: dict[str, list[np.ndarray]] = {f.name: [] for f in schema if f.name != KEY}
     lengths: dict[str, list[np.ndarray]] = {name: [] for name in offsets}
     for k, ((_, index, rows), (_, shift)) in enumerate(zip(asks, fetched, strict=True)):
-        for i in np.flatnonzero(index.flags[rows]).tolist():
-            bad[int(first[k]) + i] = ("", "has two members with the same extension")
+        # A few NumPy calls an ask and column; the checks look at each bad sample alone.
+        if index.flags[rows].any():
+            for i in np.flatnonzero(index.flags[rows]).tolist():
+                bad[int(first[k]) + i] = ("", "has two members with the same extension")
         for name in offsets:
             e = index.ext_row(name)
             offs = index.offsets[e, rows] if e >= 0 else np.full(len(rows), -1, np.int64)
-            for i in np.flatnonzero(offs < 0).tolist():  # the bad ones only
-                if int(first[k]) + i not in bad:
-                    have = ", ".join(x for j, x in enumerate(index.exts) if index.offsets[j, rows[i]] >= 0)
-                    bad[int(first[k]) + i] = (name, f"has no .{name} member (it has: {have or 'none'})")
-            offsets[name].append(np.where(offs >= 0, offs + shift + byte_at[k], -1))
+            missing = offs < 0
+            if missing.any():
+                for i in np.flatnonzero(missing).tolist():
+                    if int(first[k]) + i not in bad:
+                        have = ", ".join(x for j, x in enumerate(index.exts) if index.offsets[j, rows[i]] >= 0)
+                        bad[int(first[k]) + i] = (name, f"has no .{name} member (it has: {have or 'none'})")
+                offs = np.where(missing, -1 - shift - byte_at[k], offs)  # -1 once shifted (never read)
+            offsets[name].append(offs + (shift + byte_at[k]))
             lengths[name].append(index.sizes[e, rows] if e >= 0 else np.zeros(len(rows), np.int64))
     good = np.ones(int(first[-1]), bool)
     good[list(bad)] = False
@@ -92,24 +97,32 @@ def read_samples(asks: Sequence[Ask], schema: pa.Schema, on_bad_rows: OnBadRows,
     return BlockData(columns, _bad(asks, first, bad, on_bad_rows))
 
 
-def _fetch(ask: Ask, store: storage.Storage | None) -> tuple[bytes, np.ndarray]:
+def _fetch(ask: Ask, store: storage.Storage | None) -> tuple[bytes, np.ndarray | int]:
     """The bytes of an ask's samples, one range read per run of consecutive samples, joined;
-    and per sample the shift from a file offset to its place in the joined bytes."""
+    and per sample (or for all, when they are one run) the shift from a file offset to its
+    place in the joined bytes."""
     path, index, rows = ask
+    first, last = int(rows[0]), int(rows[-1])
+    if last - first + 1 == len(rows):  # one run: a whole block, or a range of one
+        a, b = int(index.starts[first]), int(index.ends[last])
+        return _read(path, a, b, store), -a
     cuts = np.flatnonzero(np.diff(rows) != 1) + 1
     firsts = rows[np.concatenate(([0], cuts))]
     lasts = rows[np.concatenate((cuts - 1, [len(rows) - 1]))]
     lo, hi = index.starts[firsts], index.ends[lasts]
-    parts = []
-    for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
-        data = storage.read_range(path, a, b, store=store)
-        if len(data) != b - a:
-            raise SourceError(f"expected {b - a:,} bytes at offset {a:,}, read {len(data):,}: the shard is cut "
-                              "short or changed since it was indexed.", path=path)
-        parts.append(data)
+    parts = [_read(path, a, b, store) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
     at = np.concatenate(([0], np.cumsum(hi - lo)[:-1]))
     run = np.repeat(np.arange(len(firsts)), np.diff(np.concatenate(([0], cuts, [len(rows)]))))
-    return parts[0] if len(parts) == 1 else b"".join(parts), (at - lo)[run]
+    return b"".join(parts), (at - lo)[run]
+
+
+def _read(path: str, a: int, b: int, store: storage.Storage | None) -> bytes:
+    """Bytes ``a:b`` of a shard, all of them (else the shard changed since it was indexed)."""
+    data = storage.read_range(path, a, b, store=store)
+    if len(data) != b - a:
+        raise SourceError(f"expected {b - a:,} bytes at offset {a:,}, read {len(data):,}: the shard is cut "
+                          "short or changed since it was indexed.", path=path)
+    return data
 
 
 def _keys(asks: Sequence[Ask], good: np.ndarray, first: np.ndarray) -> np.ndarray:

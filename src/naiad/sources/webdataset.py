@@ -15,11 +15,11 @@ from naiad.sources import storage
 from naiad.sources.base import Source
 from naiad.sources.cache import CacheDir
 from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows
-from naiad.sources.index import Identity, IndexDir, check_index_dir, identity
+from naiad.sources.index import Identity, IndexDir, TableFile, check_index_dir, identity
 from naiad.sources.paths import PathLike
 from naiad.sources.retries import RetryPolicy
 from naiad.sources.samples import early_grid, extension_type, grid_blocks, sample_block_bytes
-from naiad.sources.tarindex import KeptIndexes, ShardIndex, keep_indexes, scan_shard
+from naiad.sources.tarindex import KeptIndexes, ShardIndex, keep_indexes, scan_shard, table_of
 from naiad.sources.tarsamples import KEY, read_samples
 
 __all__ = ["KEY", "WebDatasetSource", "read_webdataset"]
@@ -128,6 +128,7 @@ class WebDatasetSource(Source):
         self._indexing: dict[str, Future[ShardIndex]] = {}
         self._index_lock = threading.Lock()
         self._kept_indexes: KeptIndexes | None = None  # the kept indexes, read once when first needed
+        self._table: TableFile | None = None  # where they are kept (worked out with them)
         self._idents: dict[str, Identity | None] = {}  # each shard's, as its index was made
         self._walked = 0  # shards walked here (not kept): the kept file is written again
 
@@ -135,7 +136,7 @@ class WebDatasetSource(Source):
         # Indexes are loaded again where they are needed (a worker reads few shards), from the
         # index folder when it is kept; locks and futures are this process's.
         state = super().__getstate__()
-        for name in ("_indexes", "_indexing", "_index_lock", "_kept_indexes", "_idents", "_walked"):
+        for name in ("_indexes", "_indexing", "_index_lock", "_kept_indexes", "_table", "_idents", "_walked"):
             state.pop(name, None)
         return state
 
@@ -179,10 +180,12 @@ class WebDatasetSource(Source):
         for again in (False, True):
             with self._index_lock:
                 kept = self._kept_indexes
-                if kept is None or (again and kept.outdated(self.index_dir, self.paths, self.storage)):
+                if kept is None:
+                    self._table = table_of(self.index_dir, self.paths, self.storage)
+                if kept is None or (again and kept.outdated(self._table)):
                     # Read once, and again when another process (the one that counted every
                     # shard: a worker's parent) has kept them since: a worker walks no shard twice.
-                    kept = self._kept_indexes = KeptIndexes.load(self.index_dir, self.paths, self.storage)
+                    kept = self._kept_indexes = KeptIndexes.load(self._table, self.paths)
                 elif again:
                     break
             index = kept.get(path, now)
@@ -195,8 +198,7 @@ class WebDatasetSource(Source):
         blocks = super()._cut_files()
         if self._walked and self.index_dir is not False:
             # Every shard is indexed now: one file for the next process (NOTE [ Member index ]).
-            keep_indexes(self.index_dir, self.paths, [self._idents.get(p) for p in self.paths],
-                         [self._indexes[p] for p in self.paths], self.storage)
+            keep_indexes(self._table, [self._idents.get(p) for p in self.paths], [self._indexes[p] for p in self.paths])
             self._walked = 0
         return blocks
 
