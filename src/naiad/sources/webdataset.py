@@ -48,9 +48,11 @@ def read_webdataset(
     ``flac``...) as a list of ``bytes``, to decode (docs/SAMPLES.md).
 
     Each shard's members are indexed once by walking its tar headers (NOTE [ Member index ]),
-    and the index is kept like the block index, so a worker, a resume or a remote read goes
-    straight to its samples with range reads. Blocks are byte ranges of about 1/4096 of the
-    source (NOTE [ Sample blocks ]).
+    and the indexes of all the shards are kept in one file like the block index, so a worker, a
+    resume or a remote read goes straight to its samples with range reads. Blocks are byte
+    ranges of about 1/4096 of the source (NOTE [ Sample blocks ]); a fresh pass on one rank
+    reads before every shard is indexed (NOTE [ Early reads ]), and a worker-side transform
+    keys each sample by its shard's number times 2**32 plus its number in the shard.
 
     Args:
         paths: shards: a file, a glob (``train-*.tar``), a brace range
@@ -65,9 +67,10 @@ def read_webdataset(
             fraction (float); past it, a SourceError summarises them.
         block_bytes: the grid step blocks are cut on (None: about 1/4096 of the source,
             between 1 MiB and 32 MiB).
-        index_dir: where member indexes are kept: None (naiad's user cache folder; for URLs
-            the ``cache_dir`` if given), "beside" (a ``.naiad-index`` folder next to the
-            shards), a folder, or False (never kept: each process walks the headers again).
+        index_dir: where the member indexes are kept (one file for all the shards): None
+            (naiad's user cache folder; for URLs the ``cache_dir`` if given), "beside" (a
+            ``.naiad-index`` folder next to the first shard), a folder, or False (never kept:
+            each process walks the headers again).
         storage_options: for URLs: options of the fsspec filesystem (docs/STORAGE.md).
         retry: how transient errors of remote reads are retried.
         cache_dir: for URLs: a folder where fetched byte ranges are kept on local disk ("auto":

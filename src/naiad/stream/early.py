@@ -1,30 +1,39 @@
-"""The first reads of a fresh line-based source, planned while its rows are still being counted.
+"""The first reads of a fresh source, planned while its rows are still being counted.
 
 NOTE [ Early reads ]
 A plan needs every block's row count (NOTE [ Exactly once across ranks ] in plan.py), and a
 CSV, JSON Lines or text file has none until a newline scan has read all of it: about 0.5 s for
-2 GB on two cores, before the first batch. But one rank's plan of a fresh epoch needs much
-less to begin:
+2 GB on two cores, before the first batch; a tar shard has none until its headers are walked
+(NOTE [ Member index ] in tarindex.py): a second for a thousand small shards, minutes for a
+terabyte of them behind a URL. But one rank's plan of a fresh epoch needs much less to begin:
 
 * The blocks' byte ranges, and so their number and the epoch's block order, come from the bytes
   near the steps' ends alone (``scan.early_cut``: NOTE [ Newline scan ]'s rule, searched back
-  from each grid point).
+  from each grid point), or, for shards, from their sizes alone (NOTE [ Sample blocks ]).
 * On a single rank, from the start of an epoch, the plan reads every row of every block in
   that order, grouped greedily (NOTE [ Read groups ]): a group is known once the rows of its
-  blocks and of the next are, and each block can be counted alone (``scan.span_rows``).
+  blocks and of the next are, and each block can be counted alone (``scan.span_rows``; a
+  shard's block by walking that shard: ``Source.early_block``).
 * Batches are all ``batch_size`` but the last.
 
 So the full count runs on a thread of its own (``Source.count_beside``) while the reads start
 from these early tasks; once the count ends, the early tasks are checked against the plan it
 gives (the same reads, in the same groups) and the rest of the pass is that plan's. The order
 is the plan's own, whichever came first: a resume, ``len()`` and a state see only the plan.
+Which sources read early is a property of the data alone (``may_read_early``), and such a
+source's plan permutes single blocks whether or not it read early, so a resume and every rank
+plan the same.
 
 Two things the count alone knows wait for it. The line numbers that errors name: an early
 read that fails is read again from its planned block once the count ends, so the message names
-the right line. And the epoch's rows: the batch sizes, the number of batches (``len()``).
+the right line. And the epoch's rows: the batch sizes, the number of batches (``len()``). A
+row's number in the source needs every block before it counted too, so a worker-side transform,
+which keys rows by it (``__index__``), reads early only over a format that keys rows by file
+(``keys_by_file``: tar shards, their shard and sample, ``reads.FileRowKeys``).
 Early reads are made only from the start of an epoch on one rank, with ``on_bad_rows="raise"``
 (skipped rows are tracked against the rank's rows), for local plain files of at least
-``EARLY_MIN_BYTES`` without a block index entry, and never past the first half of the blocks.
+``EARLY_MIN_BYTES`` without a block index entry and for tar shards of any size
+(``reads_before_count``), and never past the first half of the blocks.
 """
 
 from __future__ import annotations
