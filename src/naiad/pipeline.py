@@ -34,9 +34,11 @@ pipeline took). Every other callable is applied as before, in the loop's process
   "Images end to end"): for JPEGs the stage did as well as decoding in worker processes, with
   less CPU per image (no pixels cross processes); for 28x28 PNGs, where the per-image Python
   under one GIL counts, the reads' worker processes did better, and ``naiad convert --decode``
-  better still. Each batch carries ``__index__`` (the sample's row number in the source, read
-  beside its columns and moved by the shuffle buffer like any column: stable across epochs,
-  ranks, workers and resumes) and ``__epoch__``; the decode runs under the pass's base seed, so
+  better still. Each batch carries ``__index__`` (the sample's key: its row number in the source,
+  or for tar shards its shard's number times 2**32 plus its number in the shard, known before
+  the other shards are indexed: ``stream.reads.row_keys``; read beside its columns and moved by
+  the shuffle buffer like any column: stable across epochs, ranks, workers and resumes) and
+  ``__epoch__``; the decode runs under the pass's base seed, so
   random crops are keyed by (seed, epoch, sample). A sample that does not decode is a skipped
   row with the reader's ``on_bad_rows="skip"`` (the batch keeps the others), else a
   ``DecodeError`` naming the shard or file and the key, which ends the pass as a read error does.

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -228,52 +229,61 @@ def test_skipped_samples_go_into_the_ledger_with_their_keys(tmp_path):
     assert "no .cls member" in ledger[1]["reason"]
 
 
-def test_the_member_index_is_kept_and_loaded_by_the_next_source(shards, tmp_path, monkeypatch):
+def test_the_member_indexes_are_kept_in_one_file_and_a_changed_shard_alone_is_walked_again(shards, tmp_path, monkeypatch):
     pattern, _ = shards
     first = open_shards(pattern, tmp_path)
     blocks = first.blocks()
-    assert list((tmp_path / "index").glob("*.npz"))
+    assert len(list((tmp_path / "index").glob("*.npz"))) == 1  # one file for the four shards
+    walked: list[str] = []
+    real = naiad.sources.webdataset.scan_shard
 
-    def no_scan(path: str) -> Any:
-        raise AssertionError(f"walked {path} again")
+    def counted(path: str, store: Any = None) -> Any:
+        walked.append(path)
+        return real(path, store)
 
-    monkeypatch.setattr("naiad.sources.tarindex.scan_shard", no_scan)
+    monkeypatch.setattr("naiad.sources.webdataset.scan_shard", counted)
     again = open_shards(pattern, tmp_path)
-    assert again.blocks() == blocks
+    assert again.blocks() == blocks and not walked
     assert keys_of(naiad.DataLoader(again, batch_size=9)) == keys_of(naiad.DataLoader(first, batch_size=9))
+    changed = Path(pattern).parent / "train-0001.tar"
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    third = open_shards(pattern, tmp_path)
+    assert third.blocks() == blocks and walked == [str(changed)]
+    fourth = open_shards(pattern, tmp_path)  # the file was written again with the new identity
+    assert fourth.blocks() == blocks and walked == [str(changed)]
 
 
 @pytest.mark.timeout(120)
 def test_training_starts_before_every_shard_is_indexed(tmp_path, monkeypatch):
-    # The first reads are planned from the byte grid (early reads, NOTE [ Sample blocks ]): the
-    # shards past the first two are held unindexed until the first batch has arrived. Samples of
-    # 1 MiB, so that a read group (4 MiB) closes inside the first shard.
-    monkeypatch.setattr("naiad.stream.early.EARLY_MIN_BYTES", 0)
+    # The first reads are planned from the byte grid (early reads, NOTE [ Sample blocks ]),
+    # whatever the shards' size: the shards past the first two are held unindexed until the
+    # first batch has arrived (in order, without a transform; tests/integration/test_early_shards.py
+    # shuffles and decodes). Samples of 1 MiB, so that a read group (4 MiB) closes inside the
+    # first shard.
     keys = []
     with wds.ShardWriter(str(tmp_path / "big-%04d.tar"), maxcount=6, verbose=0) as sink:
         for k in range(24):
             keys.append(f"s{k:05d}")
             sink.write({"__key__": keys[-1], "bin": np.random.default_rng(k).bytes(1 << 20), "cls": k})
     release = threading.Event()
-    held: list[str] = []
-    from naiad.sources import tarindex
-    real = tarindex.load_or_scan
+    real = naiad.sources.webdataset.scan_shard
 
-    def slow(path: str, index_dir: Any, store: Any = None) -> Any:
+    def slow(path: str, store: Any = None) -> Any:
         if not path.endswith(("0000.tar", "0001.tar")):
-            held.append(path)
             assert release.wait(60), "the first batch never came while shards were held"
-        return real(path, index_dir, store)
+        return real(path, store)
 
-    monkeypatch.setattr("naiad.sources.webdataset.load_or_scan", slow)
+    monkeypatch.setattr("naiad.sources.webdataset.scan_shard", slow)
     src = naiad.read_webdataset(str(tmp_path / "big-{0000..0003}.tar"), block_bytes=1 << 20, index_dir=False)
     # One read-ahead thread, two tasks ahead: the pool asks for no more tasks than the first
     # half of the blocks (what early reads cover) holds before it delivers.
     loader = naiad.DataLoader(src, batch_size=3, shuffle=False, num_workers=1, worker_mode="thread", prefetch_factor=2)
     it = iter(loader)
-    first = next(it)
-    assert held and not release.is_set()  # the count is waiting on a held shard
-    release.set()
+    try:
+        first = next(it)
+        assert not src.counted() and set(src._indexes) <= {src.paths[0], src.paths[1]}  # the others are held
+    finally:
+        release.set()
     rest = [k for b in it for k in b["__key__"]]
     assert first["__key__"] + rest == keys
 
@@ -519,3 +529,23 @@ def test_shards_behind_s3_urls_read_by_brace_range_through_the_cache(tmp_path):
         assert sorted(again) == sorted(s["png"] for s in samples)
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_reading_and_decoding_shards_does_not_import_pandas(shards, tmp_path):
+    # pyarrow's to_numpy and pyarrow.array import pandas the first time a process calls them
+    # (0.2-0.4 s before its first batch, and in every worker process); samples are read without.
+    pattern, _ = shards
+    script = (
+        "import sys, naiad\n"
+        f"src = naiad.read_webdataset({pattern!r}, index_dir=False, block_bytes=4096)\n"
+        "loader = naiad.DataLoader(src, batch_size=8, shuffle=True, seed=0, shuffle_buffer=16,\n"
+        "                          transform=naiad.decode_images('png', size=(4, 4), crop='center'))\n"
+        "batches = [b for b in loader]\n"
+        "assert sum(len(b['__key__']) for b in batches) == 92, len(batches)\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

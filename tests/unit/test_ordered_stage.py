@@ -36,9 +36,27 @@ def test_the_function_runs_on_the_stage_threads_and_keeps_depth_items_in_flight(
 
     stage = OrderedStage(items(), fn, threads=2, depth=3, name="test-stage")
     assert next(stage) == 0
-    assert len(taken) == 4  # the head handed over, three more in flight
-    assert list(stage) == list(range(1, 10))
+    assert len(taken) == 1  # the first result waits for its own item only
+    assert next(stage) == 1
+    assert len(taken) == 5  # the head handed over, three more in flight
+    assert list(stage) == list(range(2, 10))
     assert names and all(n.startswith("test-stage") for n in names)
+
+
+def test_the_first_result_waits_for_its_own_item_only() -> None:
+    # The second item is not there until the first result has been handed over (a stream's
+    # second batch waiting on reads): the first result does not wait for it.
+    handed = threading.Event()
+
+    def items() -> Iterator[int]:
+        yield 0
+        assert handed.wait(10), "the stage waited for the second item before its first result"
+        yield from range(1, 6)
+
+    stage = OrderedStage(items(), lambda x: x, threads=2, depth=3)
+    assert next(stage) == 0
+    handed.set()
+    assert list(stage) == [1, 2, 3, 4, 5]
 
 
 def test_an_error_of_the_function_is_raised_at_its_turn_and_ends_the_stage() -> None:

@@ -9,6 +9,8 @@ pipeline.py) runs here instead: :class:`OrderedStage` keeps up to ``depth`` item
 are taken from the source iterator on the consumer's thread, when it asks for a result (so the
 source, a ``BatchStream`` with its shuffle buffer and ledger, is only ever driven by one thread),
 and each item's function runs on a stage thread; the consumer waits only for the head's result.
+The first result waits only for its own item: the stage fills up at the next call (a stream's
+first batch does not wait for the reads of the batches after it).
 
 An exception of the function is raised at its item's turn, and ends the stage (the pass ends, as
 a stream's read error does); so does one from the source iterator, after the results before it.
@@ -55,12 +57,13 @@ class OrderedStage(Generic[T, R], Iterator[R]):
         self._source_error: BaseException | None = None
         self._source_done = False
         self._closed = False
+        self._handed = False  # a result has been handed over
 
     def __iter__(self) -> OrderedStage[T, R]:
         return self
 
-    def _fill(self) -> None:
-        while not self._source_done and len(self._flight) < self._depth:
+    def _fill(self, depth: int | None = None) -> None:
+        while not self._source_done and len(self._flight) < (depth or self._depth):
             try:
                 item = next(self._items)
             except StopIteration:
@@ -77,7 +80,10 @@ class OrderedStage(Generic[T, R], Iterator[R]):
         if self._closed:
             raise StopIteration
         try:
-            self._fill()
+            # The first result takes one item and waits for it alone: the next items may wait on
+            # more of the source (a stream's reads), and are taken at the next call.
+            first = not self._handed
+            self._fill(1 if first else None)
             if not self._flight:
                 if self._source_error is not None:
                     error, self._source_error = self._source_error, None
@@ -85,7 +91,9 @@ class OrderedStage(Generic[T, R], Iterator[R]):
                 raise StopIteration
             head = self._flight.popleft()
             result = head.result()
-            self._fill()  # the next item starts before the consumer works on this one
+            self._handed = True
+            if not first:
+                self._fill()  # the next item starts before the consumer works on this one
             return result
         except BaseException:
             self.close()

@@ -16,8 +16,12 @@ threads, or counted beside the first reads), parsed blocks kept across epochs, r
 scattered rows for a resume, the row counts the plan needs. A format may do more where it can
 do it cheaper, each optional and each with a default that is always right:
 
-- ``_early_cut(path)`` and ``early_rows(block)``: the blocks before their rows are counted, so
-  reads start beside the count (NOTE [ Early reads ] in naiad/stream/early.py); default: no early cut.
+- ``_early_cut(path)`` and ``early_rows(block)`` (or ``early_block(block)``): the blocks before
+  their rows are counted, so reads start beside the count (NOTE [ Early reads ] in
+  naiad/stream/early.py); default: no early cut. ``reads_before_count``: such reads whatever the
+  source's size (a count that costs a walk of every file); ``keys_by_file``: rows keyed by their
+  file and their row in it, known from a block alone, so a worker-side transform's reads start
+  early too.
 - ``_group_table(parts, use_threads)``: several whole reads of local files as one Arrow table
   (one decode call); default None, read one by one.
 - ``_read_group(parts, use_threads)`` and ``_read_rows_many(parts, use_threads)``: a read group,
@@ -148,6 +152,19 @@ class SourceFormat(ABC):
     """Whether the blocks are the file's own parts, read from its metadata (row groups, record
     batches) rather than cut to a size: they may be large (see ``stream.default_buffer_rows``)."""
 
+    reads_before_count: ClassVar[bool] = False
+    """Whether a fresh pass on one rank reads before the rows are counted whatever the source's
+    size (NOTE [ Early reads ] in naiad/stream/early.py): counting its rows costs far more than
+    the first reads need (a walk of every tar shard's headers); else only sources of
+    ``early.EARLY_MIN_BYTES`` or more do."""
+
+    keys_by_file: ClassVar[bool] = False
+    """Whether a row's key, the ``__index__`` a worker-side transform keys its randomness by
+    (NOTE [ Decode in the workers ] in pipeline.py), is its file's number times 2**32 plus its row
+    in that file (``stream.reads.FileRowKeys``): known from its block alone (its ``first_line``),
+    so those reads need no count either; else it is the row's number in the source, which needs
+    every block counted."""
+
     keeps_parsed: ClassVar[bool] = False
     """Whether this format keeps its parsed blocks across epochs by default, when they fit the
     budget: parsing costs far more than reading (NOTE [ Kept blocks ] in sources/decoded.py)."""
@@ -175,6 +192,11 @@ class SourceFormat(ABC):
     def early_rows(self, block: Block) -> int:
         """The rows of a block of ``early_blocks()``, counted alone as ``blocks()`` would."""
         raise NotImplementedError(f"{type(self).__name__} has no early blocks")
+
+    def early_block(self, block: Block) -> Block:
+        """A block of ``early_blocks()`` with its rows counted alone, as ``blocks()`` would count
+        them (and its ``first_line`` where the format knows it from the block's file alone)."""
+        return block._replace(rows=self.early_rows(block))
 
     def sample_bytes(self) -> int | None:
         """About the bytes one row holds in memory, where its values are bytes of their own

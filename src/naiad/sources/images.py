@@ -36,7 +36,7 @@ from naiad.sources.base import Source, check_max_bad_rows
 from naiad.sources.columns import Columns
 from naiad.sources.contract import Block, BlockData, OnBadRows, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir, load_arrays, save_arrays
-from naiad.sources.samples import grid_blocks, sample_block_bytes
+from naiad.sources.samples import grid_blocks, indices, sample_block_bytes
 from naiad.sources.storage import Storage, is_remote, local_path
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderSource", "read_images"]
@@ -217,7 +217,7 @@ def _paths(listing: Mapping[str, np.ndarray], rows: np.ndarray, root: str) -> np
     ends = listing["path_ends"]
     offsets = np.concatenate(([0], ends)).astype(np.int64)
     arr = pa.Array.from_buffers(pa.large_string(), len(ends), [None, pa.py_buffer(offsets), pa.py_buffer(listing["path_bytes"])])
-    rel = arr.take(pa.array(rows, pa.int64()))
+    rel = arr.take(indices(rows))
     joined = pc.binary_join_element_wise(pa.scalar(root, pa.large_string()), rel, pa.scalar(os.sep, pa.large_string()))
     return joined.to_numpy(zero_copy_only=False)
 

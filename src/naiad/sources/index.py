@@ -33,9 +33,13 @@ the check on loading reads only the header and the blocks said to be empty, and 
 checked to end a line as it is read (``lines.read_block_bytes``).
 
 Readers of samples keep what they found once the same way, as ``.npz`` files of plain arrays
-(``load_arrays``/``save_arrays``, ``allow_pickle=False``): a tar shard's member index (NOTE [
-Member index ] in tarindex.py) and an image folder's listing (NOTE [ Folder listing ] in
-images.py), each checked by its reader before use.
+(``allow_pickle=False``), each checked by its reader before use: an image folder's listing
+(NOTE [ Folder listing ] in images.py), one file per folder (``load_arrays``/``save_arrays``),
+and the member indexes of a source's tar shards (NOTE [ Member index ] in tarindex.py), one
+file for all its shards (``load_table``/``save_table``): a thousand shards are one file to
+read, not a thousand. Such a table is keyed by the files it describes, in order, and records
+each file's identity (real path, size, modification time or ETag), so each file's part is
+used only while that file is unchanged, and a changed file alone is read again.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Union
+from typing import Any, BinaryIO, Literal, NamedTuple, Union
 
 import numpy as np
 
@@ -56,7 +60,10 @@ from naiad.errors import ConfigError, NaiadError
 from naiad.sources import storage
 from naiad.sources.cache import user_cache_dir
 
-__all__ = ["INDEX_VERSION", "IndexDir", "index_folder", "load_arrays", "load_index", "save_arrays", "save_index"]
+__all__ = [
+    "INDEX_VERSION", "Identity", "IndexDir", "identity", "index_folder", "load_arrays", "load_index", "load_table",
+    "TableFile", "save_arrays", "save_index", "save_table", "table_file", "table_stamp",
+]
 
 INDEX_VERSION = 1
 
@@ -100,7 +107,26 @@ def _entry_name(real: str, params: Mapping[str, Any], where: str = "") -> str:
     return f"{stem}.{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
 
 
-def _identity(path: str, store: storage.Storage | None) -> tuple[str, int, dict[str, Any]] | None:
+Identity = tuple[str, int, dict[str, Any]]
+"""What identifies one version of a file in a table: (its absolute path or URL, its size, the
+modification time of a file or the endpoint and ETag of an object)."""
+
+
+def identity(path: str, store: storage.Storage | None = None) -> Identity | None:
+    """The :data:`Identity` of ``path`` now, with one ``stat`` for a file (a table is keyed by
+    its files' absolute paths, so no link need be resolved) and an object's through ``store``,
+    its source's Storage; None when it cannot be had (the file is gone; the object has neither
+    ETag nor time)."""
+    if storage.is_remote(path):
+        return _identity(path, store)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return os.path.abspath(path), st.st_size, {"mtime_ns": st.st_mtime_ns}
+
+
+def _identity(path: str, store: storage.Storage | None) -> Identity | None:
     """(the real path or URL, the size, what tells this version of it: the modification time of
     a file; the endpoint and ETag, else modification time, of an object, through ``store``), or None."""
     if storage.is_remote(path):
@@ -252,3 +278,76 @@ def save_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any], array
     name = _entry_name(real, {"arrays": ARRAYS_VERSION, **params}, stamp.get("endpoint", "")).replace(".json", ".npz")
     named: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
     _write_entry(index_dir, folder, name, lambda f: np.savez(f, **named))
+
+
+TABLE_VERSION = 1
+
+
+class TableFile(NamedTuple):
+    """Where the table describing some files together lives (:func:`table_file`)."""
+
+    folder: Path
+    name: str
+    keyed: list[str]  # the files as keyed: absolute paths, or URLs
+    params: dict[str, Any]
+    index_dir: IndexDir
+
+
+def table_file(index_dir: IndexDir, paths: Sequence[str], params: Mapping[str, Any],
+               store: storage.Storage | None = None) -> TableFile | None:
+    """Where the table describing ``paths`` (in this order) under ``params`` lives, or None when
+    nothing is kept (``index_dir=False``, no files): named by a hash of the paths (absolute for
+    files, with the endpoint for objects) and the parameters. Worked out once by its user: a
+    thousand paths are hashed each time."""
+    if not paths:
+        return None
+    folder = index_folder(index_dir, paths[0], store)
+    if folder is None:
+        return None
+    keyed = [p if storage.is_remote(p) else os.path.abspath(p) for p in paths]
+    where = storage.needs_store(paths[0], store).endpoint if storage.is_remote(paths[0]) else ""
+    digest = hashlib.sha1(json.dumps({"paths": keyed, "endpoint": where, **params}, sort_keys=True).encode()).hexdigest()[:20]
+    stem = os.path.basename(keyed[0])[:40]
+    return TableFile(folder, f"{stem}.{len(keyed)}-files.{digest}.npz", keyed, dict(params), index_dir)
+
+
+def table_stamp(where: TableFile) -> tuple[int, int] | None:
+    """The (size, modification time) of the table, or None when there is none: whether another
+    process has written it since it was read."""
+    try:
+        st = os.stat(where.folder / where.name)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def load_table(where: TableFile) -> tuple[list[Any], dict[str, np.ndarray]] | None:
+    """The table :func:`save_table` kept there: the identities it recorded, one per path (an
+    :data:`Identity` as a list, or None), and its arrays; None when there is none (or it is not
+    a readable table of these paths). The caller uses a path's part only while :func:`identity`
+    still gives what was recorded, and checks the arrays themselves (NOTE [ Block index ]: an
+    entry is data)."""
+    try:
+        with np.load(where.folder / where.name, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        meta = json.loads(bytes(arrays.pop("__meta__")).decode())
+        if not isinstance(meta, dict) or (
+            meta.get("version") != TABLE_VERSION or meta.get("paths") != where.keyed or meta.get("params") != where.params
+        ):
+            return None
+        idents = meta.get("identities")
+        if not isinstance(idents, list) or len(idents) != len(where.keyed):
+            return None
+        return idents, arrays
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, zipfile.BadZipFile, EOFError):
+        return None  # missing or malformed: walk again
+
+
+def save_table(where: TableFile, idents: Sequence[Identity | None], arrays: Mapping[str, np.ndarray]) -> None:
+    """Keep ``arrays`` describing the table's paths together, with each path's identity as it
+    was when its part was made (None: that part is never used), for the next process: written
+    whole, then renamed into place, as :func:`save_index`; best effort."""
+    meta = {"version": TABLE_VERSION, "paths": where.keyed, "params": where.params,
+            "identities": [None if i is None else list(i) for i in idents]}
+    named: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
+    _write_entry(where.index_dir, where.folder, where.name, lambda f: np.savez(f, **named))

@@ -29,7 +29,7 @@ from naiad.sources.contract import Block
 
 __all__ = [
     "INT_EXTENSIONS", "MIN_BLOCK_BYTES", "MAX_BLOCK_BYTES", "byte_slices", "decode_members", "extension_type",
-    "grid_blocks", "grid_edges", "sample_block_bytes",
+    "grid_blocks", "grid_edges", "indices", "objects", "sample_block_bytes",
 ]
 
 MIN_BLOCK_BYTES = 1 << 20
@@ -76,12 +76,28 @@ def byte_slices(buf: pa.Buffer, offsets: np.ndarray, sizes: np.ndarray) -> pa.Ar
     ``buf``, and every other one is taken."""
     n = len(offsets)
     if n == 0:
-        return pa.array([], pa.large_binary())
+        return pa.Array.from_buffers(pa.large_binary(), 0, [None, pa.py_buffer(np.zeros(1, np.int64)), pa.py_buffer(b"")])
     bounds = np.empty(2 * n, np.int64)
     bounds[0::2] = offsets
     bounds[1::2] = offsets + sizes
     both = pa.Array.from_buffers(pa.large_binary(), 2 * n - 1, [None, pa.py_buffer(bounds), buf])
-    return both.take(pa.array(np.arange(0, 2 * n - 1, 2, dtype=np.int64)))
+    return both.take(indices(np.arange(0, 2 * n - 1, 2, dtype=np.int64)))
+
+
+def indices(rows: np.ndarray) -> pa.Array:
+    """``rows`` as an Arrow int64 array (for a ``take``), without a copy and without
+    ``pyarrow.array``, which imports pandas the first time a process calls it (0.2-0.4 s)."""
+    rows = np.ascontiguousarray(rows, np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
+
+
+def objects(values: pa.Array) -> np.ndarray:
+    """An Arrow array's values (bytes, text) as a NumPy object array. Through ``to_pylist``, not
+    PyArrow's ``to_numpy``, whose conversion of binary and string arrays imports pandas: 0.2-0.4
+    s at a process's first read of samples (every worker process's), for nothing it needs."""
+    out = np.empty(len(values), object)
+    out[:] = values.to_pylist()
+    return out
 
 
 def extension_type(ext: str) -> pa.Field:
@@ -104,16 +120,17 @@ def decode_members(field: pa.Field, values: pa.Array) -> tuple[np.ndarray, list[
     by row."""
     kind = (field.metadata or {}).get(_KIND.encode(), b"bytes").decode()
     if kind == "bytes":
-        return values.to_numpy(zero_copy_only=False), []
+        return objects(values), []
     if kind == "int":
         try:
             text = pc.utf8_trim_whitespace(values.cast(pa.large_string()))
-            return pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False), []
+            ints = pc.cast(text, pa.int64())  # no nulls: a view of its buffer (to_numpy imports pandas)
+            return np.frombuffer(ints.buffers()[1], np.int64, count=len(ints), offset=ints.offset * 8), []
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return _ints_row_by_row(values.to_pylist())
     if kind == "text":
         try:
-            return values.cast(pa.large_string()).to_numpy(zero_copy_only=False), []
+            return objects(values.cast(pa.large_string())), []
         except pa.ArrowInvalid:
             return _text_row_by_row(values.to_pylist())
     return _json_row_by_row(values.to_pylist())

@@ -14,27 +14,15 @@ from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
 from naiad.sources.base import Source
 from naiad.sources.cache import CacheDir
-from naiad.sources.columns import Columns
-from naiad.sources.contract import Block, BlockData, OnBadRows, bad_entry
-from naiad.sources.engine import join_data
-from naiad.sources.index import IndexDir, check_index_dir
+from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows
+from naiad.sources.index import Identity, IndexDir, TableFile, check_index_dir, identity
 from naiad.sources.paths import PathLike
-from naiad.sources.readahead import io_map
 from naiad.sources.retries import RetryPolicy
-from naiad.sources.samples import (
-    byte_slices,
-    decode_members,
-    early_grid,
-    extension_type,
-    grid_blocks,
-    sample_block_bytes,
-)
-from naiad.sources.tarindex import ShardIndex, load_or_scan
+from naiad.sources.samples import early_grid, extension_type, grid_blocks, sample_block_bytes
+from naiad.sources.tarindex import KeptIndexes, ShardIndex, keep_indexes, scan_shard, table_of
+from naiad.sources.tarsamples import KEY, read_samples
 
 __all__ = ["KEY", "WebDatasetSource", "read_webdataset"]
-
-KEY = "__key__"
-"""The column of the samples' keys, as WebDataset names it."""
 
 
 def read_webdataset(
@@ -60,9 +48,11 @@ def read_webdataset(
     ``flac``...) as a list of ``bytes``, to decode (docs/SAMPLES.md).
 
     Each shard's members are indexed once by walking its tar headers (NOTE [ Member index ]),
-    and the index is kept like the block index, so a worker, a resume or a remote read goes
-    straight to its samples with range reads. Blocks are byte ranges of about 1/4096 of the
-    source (NOTE [ Sample blocks ]).
+    and the indexes of all the shards are kept in one file like the block index, so a worker, a
+    resume or a remote read goes straight to its samples with range reads. Blocks are byte
+    ranges of about 1/4096 of the source (NOTE [ Sample blocks ]); a fresh pass on one rank
+    reads before every shard is indexed (NOTE [ Early reads ]), and a worker-side transform
+    keys each sample by its shard's number times 2**32 plus its number in the shard.
 
     Args:
         paths: shards: a file, a glob (``train-*.tar``), a brace range
@@ -77,9 +67,10 @@ def read_webdataset(
             fraction (float); past it, a SourceError summarises them.
         block_bytes: the grid step blocks are cut on (None: about 1/4096 of the source,
             between 1 MiB and 32 MiB).
-        index_dir: where member indexes are kept: None (naiad's user cache folder; for URLs
-            the ``cache_dir`` if given), "beside" (a ``.naiad-index`` folder next to the
-            shards), a folder, or False (never kept: each process walks the headers again).
+        index_dir: where the member indexes are kept (one file for all the shards): None
+            (naiad's user cache folder; for URLs the ``cache_dir`` if given), "beside" (a
+            ``.naiad-index`` folder next to the first shard), a folder, or False (never kept:
+            each process walks the headers again).
         storage_options: for URLs: options of the fsspec filesystem (docs/STORAGE.md).
         retry: how transient errors of remote reads are retried.
         cache_dir: for URLs: a folder where fetched byte ranges are kept on local disk ("auto":
@@ -97,6 +88,12 @@ def read_webdataset(
 
 class WebDatasetSource(Source):
     """WebDataset tar shards cut into byte ranges of samples (see :func:`read_webdataset`)."""
+
+    # Counting a shard's samples is walking its headers, far more than the first reads need:
+    # a fresh pass reads from the byte grid while the shards are indexed beside it, whatever
+    # their size, keying its samples by shard and sample (NOTE [ Early reads ]).
+    reads_before_count = True
+    keys_by_file = True
 
     def __init__(
         self,
@@ -133,12 +130,16 @@ class WebDatasetSource(Source):
         self._indexes: dict[str, ShardIndex] = {}
         self._indexing: dict[str, Future[ShardIndex]] = {}
         self._index_lock = threading.Lock()
+        self._kept_indexes: KeptIndexes | None = None  # the kept indexes, read once when first needed
+        self._table: TableFile | None = None  # where they are kept (worked out with them)
+        self._idents: dict[str, Identity | None] = {}  # each shard's, as its index was made
+        self._walked = 0  # shards walked here (not kept): the kept file is written again
 
     def __getstate__(self) -> dict[str, Any]:
         # Indexes are loaded again where they are needed (a worker reads few shards), from the
         # index folder when it is kept; locks and futures are this process's.
         state = super().__getstate__()
-        for name in ("_indexes", "_indexing", "_index_lock"):
+        for name in ("_indexes", "_indexing", "_index_lock", "_kept_indexes", "_table", "_idents", "_walked"):
             state.pop(name, None)
         return state
 
@@ -150,7 +151,7 @@ class WebDatasetSource(Source):
 
     def shard_index(self, path: str) -> ShardIndex:
         """The member index of shard ``path``: made once per process (threads asking together
-        wait for one walk), from the kept index when it still describes the file."""
+        wait for one walk), from the kept indexes when they still describe the file."""
         index = self._indexes.get(path)
         if index is not None:
             return index
@@ -161,7 +162,7 @@ class WebDatasetSource(Source):
                 future = self._indexing[path] = Future()
         if mine:
             try:
-                index = load_or_scan(path, self.index_dir, self.storage)
+                index = self._load_or_walk(path)
             except BaseException as exc:
                 future.set_exception(exc)
                 with self._index_lock:
@@ -170,6 +171,39 @@ class WebDatasetSource(Source):
             self._indexes[path] = index
             future.set_result(index)
         return future.result()
+
+    def _load_or_walk(self, path: str) -> ShardIndex:
+        """Shard ``path``'s index from the kept ones when they describe the shard as it is now,
+        else walked (its identity taken first: a shard changed during the walk is walked again
+        by the next process)."""
+        if self.index_dir is False:
+            return scan_shard(path, self.storage)
+        now = identity(path, self.storage)
+        self._idents[path] = now
+        for again in (False, True):
+            with self._index_lock:
+                kept = self._kept_indexes
+                if kept is None:
+                    self._table = table_of(self.index_dir, self.paths, self.storage)
+                if kept is None or (again and kept.outdated(self._table)):
+                    # Read once, and again when another process (the one that counted every
+                    # shard: a worker's parent) has kept them since: a worker walks no shard twice.
+                    kept = self._kept_indexes = KeptIndexes.load(self._table, self.paths)
+                elif again:
+                    break
+            index = kept.get(path, now)
+            if index is not None:
+                return index
+        self._walked += 1
+        return scan_shard(path, self.storage)
+
+    def _cut_files(self) -> list[Block]:
+        blocks = super()._cut_files()
+        if self._walked and self.index_dir is not False:
+            # Every shard is indexed now: one file for the next process (NOTE [ Member index ]).
+            keep_indexes(self._table, [self._idents.get(p) for p in self.paths], [self._indexes[p] for p in self.paths])
+            self._walked = 0
+        return blocks
 
     def grid_step(self) -> int:
         """The byte step blocks are cut on (NOTE [ Sample blocks ]): ``block_bytes``, or about
@@ -202,21 +236,30 @@ class WebDatasetSource(Source):
 
     def early_rows(self, block: Block) -> int:
         """The samples of a block of ``early_blocks()``: its shard indexed (once), counted."""
+        return self.early_block(block).rows
+
+    def early_block(self, block: Block) -> Block:
+        """A block of ``early_blocks()`` as ``blocks()`` has it: its shard indexed (once), its
+        samples counted and its first sample's number known (the shard alone tells both)."""
         starts = self.shard_index(block.path).starts
-        return int(np.searchsorted(starts, block.stop) - np.searchsorted(starts, block.start))
+        first, stop = np.searchsorted(starts, [block.start, block.stop]).tolist()
+        return block._replace(rows=stop - first, first_line=first)
 
     def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
         first = self._first_sample(block)
-        return self._read_samples(block.path, np.arange(first + lo, first + hi, dtype=np.int64))
+        return self._read_samples([(block.path, np.arange(first + lo, first + hi, dtype=np.int64))])
+
+    def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
+        # The group's shards read, then made into columns together (NOTE [ Shard reads ]).
+        asks = []
+        for block, lo, hi, take in parts:
+            first = self._first_sample(block)
+            asks.append((block.path, first + (np.arange(lo, hi, dtype=np.int64) if take is None else lo + take)))
+        return self._read_samples(asks)
 
     def _read_rows_many(self, parts: list[tuple[Block, np.ndarray]], use_threads: bool) -> BlockData:
         # Only the samples asked for: each run of consecutive ones is one range read.
-        def one(part: tuple[Block, np.ndarray]) -> BlockData:
-            block, rows = part
-            return self._read_samples(block.path, self._first_sample(block) + rows)
-
-        datas = io_map(one, parts) if any(storage.is_remote(b.path) for b, _ in parts) else [one(p) for p in parts]
-        return join_data(datas, [len(rows) for _, rows in parts])
+        return self._read_samples([(block.path, self._first_sample(block) + rows) for block, rows in parts])
 
     def sample_bytes(self) -> int | None:
         """The first shard's bytes per sample (what the default shuffle buffer is sized by)."""
@@ -234,77 +277,10 @@ class WebDatasetSource(Source):
         (an early block, not yet counted, has no first sample of its own)."""
         return int(np.searchsorted(self.shard_index(block.path).starts, block.start))
 
-    def _read_samples(self, path: str, rows: np.ndarray) -> BlockData:
-        """Samples ``rows`` (ascending numbers in the shard) as columns, bad ones raised or
-        skipped: one range read per run of consecutive samples, sliced per extension."""
-        schema = self.schema()
-        if not len(rows):
+    def _read_samples(self, asks: list[tuple[str, np.ndarray]]) -> BlockData:
+        """Samples of shards (each ask: a shard and its sample numbers, ascending) as columns, bad
+        ones raised or skipped (NOTE [ Shard reads ] in tarsamples.py)."""
+        if not any(len(rows) for _, rows in asks):
             return BlockData(self.empty_columns())
-        index = self.shard_index(path)
-        if rows[-1] >= len(index):
-            raise SourceError(f"sample {int(rows[-1])} asked for, the shard has {len(index)}; did it change?", path=path)
-        buf, shift = self._read_runs(path, index, rows)
-        bad: dict[int, tuple[str, str]] = {}  # position among rows -> (column, reason)
-        for i in np.flatnonzero(index.flags[rows]).tolist():
-            bad[i] = ("", "has two members with the same extension")
-        offsets: dict[str, np.ndarray] = {}
-        for field in schema:
-            if field.name == KEY:
-                continue
-            e = index.ext_row(field.name)
-            offs = index.offsets[e, rows] if e >= 0 else np.full(len(rows), -1, np.int64)
-            for i in np.flatnonzero(offs < 0).tolist():
-                if i not in bad:
-                    have = ", ".join(x for j, x in enumerate(index.exts) if index.offsets[j, rows[i]] >= 0)
-                    bad[i] = (field.name, f"has no .{field.name} member (it has: {have or 'none'})")
-            offsets[field.name] = offs
-        good = np.ones(len(rows), bool)
-        good[list(bad)] = False
-        keep = np.flatnonzero(good)  # decoded: rows with every member
-        decoded: dict[str, np.ndarray] = {}
-        for field in schema:
-            if field.name == KEY:
-                continue
-            e = index.ext_row(field.name)
-            values = byte_slices(buf, offsets[field.name][keep] + shift[keep], index.sizes[e, rows[keep]])
-            decoded[field.name], failed = decode_members(field, values)
-            for j, reason in failed:
-                bad.setdefault(int(keep[j]), (field.name, f"has a .{field.name} that {reason}"))
-        good[list(bad)] = False
-        still = good[keep]  # of the decoded rows, those no column failed
-        columns: Columns = {KEY: index.keys(rows[good])}
-        for name, values in decoded.items():
-            columns[name] = values if still.all() else values[still]
-        if not bad:
-            return BlockData(columns)
-        return BlockData(columns, self._bad(path, index, rows, bad))
-
-    def _bad(self, path: str, index: ShardIndex, rows: np.ndarray, bad: dict[int, tuple[str, str]]) -> tuple[dict[str, Any], ...]:
-        if self.on_bad_rows == "raise":
-            i = min(bad)
-            column, reason = bad[i]
-            raise SourceError(
-                f"sample {index.key(int(rows[i]))!r} (sample {int(rows[i])} of the shard) {reason}; pass "
-                "on_bad_rows='skip' to skip such samples.", path=path, column=column or None)
-        return tuple(
-            bad_entry(i, path, reason, row=int(rows[i]), key=index.key(int(rows[i])), column=bad[i][0] or None)
-            for i, reason in ((i, bad[i][1]) for i in sorted(bad)))
-
-    def _read_runs(self, path: str, index: ShardIndex, rows: np.ndarray) -> tuple[pa.Buffer, np.ndarray]:
-        """The bytes of samples ``rows``, one range read per run of consecutive samples, joined;
-        and per row the shift from a file offset to its place in the joined bytes."""
-        cuts = np.flatnonzero(np.diff(rows) != 1) + 1
-        firsts = rows[np.concatenate(([0], cuts))]
-        lasts = rows[np.concatenate((cuts - 1, [len(rows) - 1]))]
-        lo, hi = index.starts[firsts], index.ends[lasts]
-        parts = []
-        for a, b in zip(lo.tolist(), hi.tolist()):
-            data = storage.read_range(path, a, b, store=self.storage)
-            if len(data) != b - a:
-                raise SourceError(f"expected {b - a:,} bytes at offset {a:,}, read {len(data):,}: the shard is cut "
-                                  "short or changed since it was indexed.", path=path)
-            parts.append(data)
-        at = np.concatenate(([0], np.cumsum(hi - lo)[:-1]))
-        run = np.repeat(np.arange(len(firsts)), np.diff(np.concatenate(([0], cuts, [len(rows)]))))
-        shift = (at - lo)[run]
-        return pa.py_buffer(parts[0] if len(parts) == 1 else b"".join(parts)), shift
+        return read_samples([(path, self.shard_index(path), rows) for path, rows in asks if len(rows)], self.schema(),
+                            self.on_bad_rows, self.storage)

@@ -44,7 +44,7 @@ from naiad.order.elastic import (
 from naiad.sources.base import Source
 from naiad.sources.columns import row_bytes
 from naiad.stream.batching import Batcher, to_torch
-from naiad.stream.early import EarlyReads, big_enough
+from naiad.stream.early import EarlyReads, may_read_early
 from naiad.stream.ledger import BadRowLedger, BadRowTracker
 from naiad.stream.plan import (
     TAG_BUFFER,
@@ -125,13 +125,15 @@ def default_buffer_rows(source: Source, *, decoded_bytes: int | None = None) -> 
     return int(max(floor, min(2 * biggest, cap)))
 
 
-STREAM_STATE_VERSION = 6
+STREAM_STATE_VERSION = 7
 """Version 2 added the data's fingerprint and the epoch's legs (elastic resume); version 3 the
 read groups (NOTE [ Read groups ]), which change the shuffle buffer's chunks; version 4 the keyed
 permutation big buffers draw from (NOTE [ Keyed permutation ]), which changes their order;
 version 5 read groups of half the buffer, not a quarter (``plan.group_rows``), and the stratified
 block order (NOTE [ Stratified block order ]); version 6 the runs of blocks a buffer that holds
-most of the rows permutes (NOTE [ Block runs ])."""
+most of the rows permutes (NOTE [ Block runs ]); version 7 tar shards of any size permute single
+blocks (their first reads come before the count: ``early.may_read_early``) and key their samples
+by shard and sample (``reads.FileRowKeys``), which changes their order and their crops."""
 
 Batch = dict[str, Any]
 Imap = Callable[[Iterable[Any]], Iterator[Any]]
@@ -151,8 +153,9 @@ class StreamOptions:
         rank: this process's rank (None: from torch.distributed when initialised, else 0).
         world_size: number of ranks (None: from torch.distributed when initialised, else 1).
         transform: called on every whole batch dict (after conversion to tensors).
-        index_column: when set, every batch carries this int64 column, each sample's row number
-            in the source (its blocks in source order), read beside its columns, and
+        index_column: when set, every batch carries this int64 column, each sample's key
+            (``reads.row_keys``: its row number in the source, its blocks in source order, or
+            its file's number and its row in the file), read beside its columns, and
             ``__epoch__`` (NOTE [ Decode in the workers ] in pipeline.py).
     """
 
@@ -288,8 +291,8 @@ def plan_for(source: Source, options: StreamOptions, epoch: int, legs: Sequence[
 def run_for(source: Source, buffer_rows: int, world_size: int) -> int:
     """How many consecutive blocks of ``source`` its epoch permutation moves as one
     (``plan.block_runs``): one for a source whose first reads may come before its rows are
-    counted (``early.big_enough``, NOTE [ Early reads ]), in the order of single blocks."""
-    if big_enough(source):
+    counted (``early.may_read_early``, NOTE [ Early reads ]), in the order of single blocks."""
+    if may_read_early(source):
         return 1
     return block_runs(len(source.blocks()), len(source), buffer_rows, world_size)
 
@@ -503,8 +506,8 @@ class BatchStream(Iterator[Batch]):
         """Reads planned before the rows are counted: a fresh pass on one rank (NOTE [ Early reads ])."""
         if self._plan is not None or self.batches_yielded or self.legs or self.world_size != 1:
             return None
-        if self.options.index_column is not None:
-            return None  # a row's number needs every block's count before the first read
+        if self.options.index_column is not None and not self.source.keys_by_file:
+            return None  # a row's number in the source needs every block's count before the first read
         o = self.options
         return EarlyReads.start(self.source, seed=o.seed, epoch=self.epoch, shuffle=o.shuffle,
                                 max_rows=group_rows(current_leg(o).buffer_rows), plan=lambda: self.plan)

@@ -14,7 +14,7 @@ gives every sample the same shape of at most ``READ_DECODE_MAX_BYTES`` (a fixed 
 
 * the buffer then holds pixels, no bigger than the encoded bytes by much at that size, and its
   default size counts the decoded bytes (``default_buffer_rows``);
-* a sample's random crop is keyed by (seed, epoch, its row number in the source) wherever it is
+* a sample's random crop is keyed by (seed, epoch, its key: ``reads.row_keys``) wherever it is
   decoded, so the pixels are the same as on the stage; each read task carries the pass's epoch
   and base seed (:class:`SeededRead`), not the worker's;
 * a resume reads the buffer's held rows again, and decodes them again: the same pixels;
@@ -47,7 +47,7 @@ from naiad.sources.base import Source
 from naiad.sources.contract import bad_entry
 from naiad.stream.batches import BatchStream
 from naiad.stream.plan import GroupTask, RestoreTask, Task
-from naiad.stream.reads import RowNumbers, make_handler_factory
+from naiad.stream.reads import RowKeys, make_handler_factory, row_keys
 
 __all__ = ["READ_DECODE_MAX_BYTES", "DecodeAhead", "SeededRead", "decodes_in_reads", "make_decoding_handler_factory"]
 
@@ -74,7 +74,7 @@ class DecodeAhead(Iterator[Any]):
     Args:
         stream: the pass's batches (each with ``index_column`` and ``__epoch__``).
         transform: the worker-side transform (``runs_in_workers``).
-        index_column: the column of source row numbers.
+        index_column: the column of the samples' keys (``reads.row_keys``).
         base_seed: the pass's base seed (the loader's, kept in its state): the crops' seed.
         depth: batches in flight ahead of the loop.
         stage_seconds: where the decode time is added (the pool's, read by the telemetry).
@@ -88,7 +88,7 @@ class DecodeAhead(Iterator[Any]):
         self.context = WorkerContext(0, 0, base_seed, "inline", base_seed, stream.rank)
         self.skip = stream.source.on_bad_rows == "skip"
         self.stage_seconds = stage_seconds
-        self._numbers: RowNumbers | None = None
+        self._numbers: RowKeys | None = None
         self._stage: OrderedStage[tuple[int, Any], tuple[Any, list[dict[str, Any]], int, float]] = OrderedStage(
             self._numbered(), self._apply, threads=STAGE_THREADS, depth=max(STAGE_THREADS, depth), name="naiad-decode-stage",
         )
@@ -123,7 +123,7 @@ class DecodeAhead(Iterator[Any]):
                 return self.transform(batch), [], number, time.perf_counter() - t0
             except DecodeError as exc:
                 if self._numbers is None:
-                    self._numbers = RowNumbers(self.stream.source)
+                    self._numbers = row_keys(self.stream.source)
                 failed = _failed(exc, batch, self.index_column, self._numbers)
                 if not self.skip or exc.kept is None:
                     raise _named(exc, failed, f"batch {number} of epoch {self.stream.epoch}", keep=True) from exc
@@ -158,7 +158,7 @@ def _build_decoding_handler(read_factory: HandlerFactory, source: Source, index_
                             context: WorkerContext) -> Callable[[SeededRead], tuple[dict[str, Any], list[dict[str, Any]]]]:
     read = read_factory(context)
     skip = source.on_bad_rows == "skip"
-    numbers: list[RowNumbers] = []  # made on the first failure: most reads have none
+    numbers: list[RowKeys] = []  # made on the first failure: most reads have none
 
     def handle(seeded: SeededRead) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         columns, bad = read(seeded.task)
@@ -173,7 +173,7 @@ def _build_decoding_handler(read_factory: HandlerFactory, source: Source, index_
                 out = transform(batch)
             except DecodeError as exc:
                 if not numbers:
-                    numbers.append(RowNumbers(source))
+                    numbers.append(row_keys(source))
                 failed = _failed(exc, batch, index_column, numbers[0])
                 if not skip or exc.kept is None:
                     raise _named(exc, failed, f"epoch {seeded.epoch}") from None
@@ -198,7 +198,7 @@ def _merge(bad: list[dict[str, Any]], failed: list[dict[str, Any]], good: int) -
 # -- naming what did not decode -----------------------------------------------------------------
 
 
-def _failed(exc: DecodeError, batch: Mapping[str, Any], index_column: str, numbers: RowNumbers) -> list[dict[str, Any]]:
+def _failed(exc: DecodeError, batch: Mapping[str, Any], index_column: str, numbers: RowKeys) -> list[dict[str, Any]]:
     """A ledger entry for each sample of ``batch`` that did not decode (``at``: its row in the
     batch): its shard or file, its sample number there, its key and the decoder's complaint."""
     index = batch[index_column]

@@ -1,30 +1,39 @@
-"""The first reads of a fresh line-based source, planned while its rows are still being counted.
+"""The first reads of a fresh source, planned while its rows are still being counted.
 
 NOTE [ Early reads ]
 A plan needs every block's row count (NOTE [ Exactly once across ranks ] in plan.py), and a
 CSV, JSON Lines or text file has none until a newline scan has read all of it: about 0.5 s for
-2 GB on two cores, before the first batch. But one rank's plan of a fresh epoch needs much
-less to begin:
+2 GB on two cores, before the first batch; a tar shard has none until its headers are walked
+(NOTE [ Member index ] in tarindex.py): a second for a thousand small shards, minutes for a
+terabyte of them behind a URL. But one rank's plan of a fresh epoch needs much less to begin:
 
 * The blocks' byte ranges, and so their number and the epoch's block order, come from the bytes
   near the steps' ends alone (``scan.early_cut``: NOTE [ Newline scan ]'s rule, searched back
-  from each grid point).
+  from each grid point), or, for shards, from their sizes alone (NOTE [ Sample blocks ]).
 * On a single rank, from the start of an epoch, the plan reads every row of every block in
   that order, grouped greedily (NOTE [ Read groups ]): a group is known once the rows of its
-  blocks and of the next are, and each block can be counted alone (``scan.span_rows``).
+  blocks and of the next are, and each block can be counted alone (``scan.span_rows``; a
+  shard's block by walking that shard: ``Source.early_block``).
 * Batches are all ``batch_size`` but the last.
 
 So the full count runs on a thread of its own (``Source.count_beside``) while the reads start
 from these early tasks; once the count ends, the early tasks are checked against the plan it
 gives (the same reads, in the same groups) and the rest of the pass is that plan's. The order
 is the plan's own, whichever came first: a resume, ``len()`` and a state see only the plan.
+Which sources read early is a property of the data alone (``may_read_early``), and such a
+source's plan permutes single blocks whether or not it read early, so a resume and every rank
+plan the same.
 
 Two things the count alone knows wait for it. The line numbers that errors name: an early
 read that fails is read again from its planned block once the count ends, so the message names
-the right line. And the epoch's rows: the batch sizes, the number of batches (``len()``).
+the right line. And the epoch's rows: the batch sizes, the number of batches (``len()``). A
+row's number in the source needs every block before it counted too, so a worker-side transform,
+which keys rows by it (``__index__``), reads early only over a format that keys rows by file
+(``keys_by_file``: tar shards, their shard and sample, ``reads.FileRowKeys``).
 Early reads are made only from the start of an epoch on one rank, with ``on_bad_rows="raise"``
 (skipped rows are tracked against the rank's rows), for local plain files of at least
-``EARLY_MIN_BYTES`` without a block index entry, and never past the first half of the blocks.
+``EARLY_MIN_BYTES`` without a block index entry and for tar shards of any size
+(``reads_before_count``), and never past the first half of the blocks.
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ from naiad.stream.plan import (
 )
 from naiad.stream.reads import read_task  # the read a worker makes
 
-__all__ = ["EARLY_MIN_BYTES", "EarlyReads", "big_enough"]
+__all__ = ["EARLY_MIN_BYTES", "EarlyReads", "may_read_early"]
 
 EARLY_MIN_BYTES = 256 << 20
 """Sources smaller than this are counted before their first read: the count then takes less
@@ -57,11 +66,13 @@ a CSV), and a 150 MB CSV's first epoch measured 0.90-0.94x as fast with early re
 (bench/RESULTS.md, "early reads")."""
 
 
-def big_enough(source: Source) -> bool:
-    """Whether ``source``'s local files reach ``EARLY_MIN_BYTES``: the size from which a fresh
-    pass may read before its rows are counted (the plan then permutes single blocks, NOTE [
-    Block runs ] in plan.py, since the early reads cannot know the count)."""
-    return (source.local_bytes() or 0) >= EARLY_MIN_BYTES
+def may_read_early(source: Source) -> bool:
+    """Whether a fresh pass over ``source`` may read before its rows are counted: a format whose
+    count costs more than the first reads (``reads_before_count``: tar shards, whatever their
+    size, local or remote), else local files of ``EARLY_MIN_BYTES`` or more. Such a source's plan
+    permutes single blocks (NOTE [ Block runs ] in plan.py), since the early reads cannot know
+    the count; it is a property of the data alone, so a resume or another rank plans the same."""
+    return source.reads_before_count or (source.local_bytes() or 0) >= EARLY_MIN_BYTES
 
 
 class EarlyReads:
@@ -90,7 +101,7 @@ class EarlyReads:
               plan: Callable[[], RankPlan]) -> EarlyReads | None:
         """Early reads for ``source`` with its count started beside, or None where they do not
         apply to the source (NOTE [ Early reads ])."""
-        if source.on_bad_rows != "raise" or not big_enough(source):
+        if source.on_bad_rows != "raise" or not may_read_early(source):
             return None
         blocks = source.early_blocks()
         if blocks is None or len(blocks) < 4:
@@ -110,11 +121,11 @@ class EarlyReads:
             # The first group is known once the reads after it are: when the pending ones pass
             # either bound of a group (plan.group_tasks cuts before the read that would).
             while not (len(pending) > 1 and (rows_in > self.max_rows or bytes_in > GROUP_MAX_BYTES)) and k < stop:
-                block = self.blocks[int(self.order[k])]
+                block = self.source.early_block(self.blocks[int(self.order[k])])
                 k += 1
-                rows = self.source.early_rows(block)
-                if rows:  # a block of blank lines only is never read (as in plan.tasks_for)
-                    pending.append(ReadTask(block._replace(rows=rows), 0, rows))
+                rows = block.rows
+                if rows:  # a block of blank lines only (no sample) is never read (as in plan.tasks_for)
+                    pending.append(ReadTask(block, 0, rows))
                     rows_in, bytes_in = rows_in + rows, bytes_in + block.stop - block.start
             groups = group_tasks(pending, self.max_rows)
             if len(groups) < 2:

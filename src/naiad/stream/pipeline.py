@@ -67,7 +67,7 @@ class StreamPipeline:
         """``read_ahead``: the user's read-ahead threads (None: the default, tuned);
         ``batch_transform``: a worker-side transform (NOTE [ Decode in the workers ]), run in
         the reads for small fixed-size samples, else on the pass's decode stage, with their
-        samples' row numbers (NOTE [ Small samples decode in the reads ] in decode.py)."""
+        samples' keys (NOTE [ Small samples decode in the reads ] in decode.py)."""
         self.source = source
         self.batch_transform = batch_transform
         self.decode_in_reads = batch_transform is not None and decodes_in_reads(batch_transform)

@@ -214,9 +214,10 @@ def block_runs(num_blocks: int, total_rows: int, buffer_rows: int, world_size: i
     in 1-4 MiB blocks, for the same order figures. The run follows the buffer and the world
     size, so a buffer given smaller than the default gets the single blocks its order needs;
     it is part of the plan, a pure function of the rows, the blocks and the epoch's first
-    topology (an elastic resume keeps it). Only sources under ``early.EARLY_MIN_BYTES`` get
-    runs (see ``stream.plan_for``): a bigger one may start reading before its rows are counted,
-    in an order that must not depend on them.
+    topology (an elastic resume keeps it). Only sources that never read before their rows are
+    counted get runs (``batches.run_for``): one that may (``early.may_read_early``: files of
+    ``early.EARLY_MIN_BYTES`` or more, tar shards) starts in an order that must not depend on
+    the count.
 
     Example:
         >>> block_runs(297, 135_135, 131_072), block_runs(2_288, 2_027_027, 131_072)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from naiad.parallel import HandlerFactory, WorkerContext
 from naiad.sources.base import Source
 from naiad.stream.plan import GroupTask, RestoreTask, Task
 
-__all__ = ["RowNumbers", "make_handler_factory", "read_task"]
+__all__ = ["FileRowKeys", "RowKeys", "RowNumbers", "make_handler_factory", "read_task", "row_keys"]
 
 
 def make_handler_factory(source: Source, index_column: str | None = None) -> HandlerFactory:
@@ -27,9 +27,51 @@ def make_handler_factory(source: Source, index_column: str | None = None) -> Han
 
     ``columns`` is a plain dict of NumPy arrays (numeric; they cross processes through shared
     memory) and lists (strings and other values). With ``index_column``, one more int64 column:
-    each good row's number in the source (:class:`RowNumbers`).
+    each good row's key (:func:`row_keys`).
     """
     return functools.partial(_build_handler, source, index_column)
+
+
+class RowKeys(Protocol):
+    """What keys a stream's rows for a worker-side transform (NOTE [ Decode in the workers ] in
+    pipeline.py): a stable int64 per row, the same in every epoch, on every rank and worker and
+    after a resume."""
+
+    def of(self, task: Task | RestoreTask) -> np.ndarray:
+        """The keys of the rows ``task`` asks for, in the order it yields them."""
+
+    def locate(self, rows: np.ndarray) -> list[tuple[str, int]]:
+        """Each key's file and its row (sample) in that file."""
+
+
+def row_keys(source: Source) -> RowKeys:
+    """The keys of ``source``'s rows: :class:`FileRowKeys` for a format that keys its rows by file
+    (``keys_by_file``: tar shards), else :class:`RowNumbers`, which needs the rows counted."""
+    return FileRowKeys(source.paths) if source.keys_by_file else RowNumbers(source)
+
+
+class FileRowKeys:
+    """Each row's key is its file's number (its place in the source's files) times 2**32 plus its
+    row in that file (a block's ``first_line`` is its first row's): known from the block alone,
+    so reads keyed so start before the other files are counted (NOTE [ Early reads ] in
+    early.py). Keys ascend in the source's order, as row numbers do, without being dense."""
+
+    SHIFT = 32
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self._paths = list(paths)
+        self._number = {path: i for i, path in enumerate(self._paths)}
+
+    def of(self, task: Task | RestoreTask) -> np.ndarray:
+        """The keys of the rows ``task`` asks for, in the order it yields them."""
+        reads = task.reads if isinstance(task, (RestoreTask, GroupTask)) else (task,)
+        parts = [(self._number[t.block.path] << self.SHIFT) + t.block.first_line + t.row_numbers() for t in reads]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def locate(self, rows: np.ndarray) -> list[tuple[str, int]]:
+        """Each key's file and its row (sample) in that file."""
+        keys = np.asarray(rows, np.int64)
+        return [(self._paths[f], int(r)) for f, r in zip((keys >> self.SHIFT).tolist(), (keys & 0xFFFFFFFF).tolist(), strict=True)]
 
 
 class RowNumbers:
@@ -71,7 +113,7 @@ def _build_handler(source: Source, index_column: str | None,
     read = functools.partial(read_task, source, context.num_workers == 0)
     if index_column is None:
         return read
-    numbers = RowNumbers(source)
+    numbers = row_keys(source)
 
     def read_numbered(task: Task | RestoreTask) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         columns, bad = read(task)
