@@ -76,6 +76,7 @@ print(json.dumps({{"first_s": time.perf_counter() - t, "shape": list(images.shap
 NAIAD = """
 import json, sys, time
 import naiad
+import PIL.Image  # imported before the clock as `import webdataset` imports it for its loader
 pattern, batch, size, workers = {pattern!r}, {batch}, {size}, {workers}
 t = time.perf_counter()
 loader = naiad.DataLoader(naiad.read_webdataset(pattern), batch_size=batch, shuffle=True, seed=0, num_workers=workers,

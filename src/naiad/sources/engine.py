@@ -89,8 +89,13 @@ class BlockEngine(SourceFormat):
             self._blocks = self._cut_files()
         return self._blocks
 
+    def count_threads(self) -> int:
+        """Threads that cut and count the files: one per core (8 at most); a format whose count
+        is Python under the GIL says fewer."""
+        return min(usable_cores(), len(self.paths), 8)
+
     def _cut_files(self) -> list[Block]:
-        threads = min(usable_cores(), len(self.paths), 8)
+        threads = self.count_threads()
         if threads > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="naiad-blocks", initializer=one_core_each) as pool:
                 per_file = list(pool.map(self._file_blocks, self.paths))

@@ -197,6 +197,14 @@ class WebDatasetSource(Source):
         self._walked += 1
         return scan_shard(path, self.storage)
 
+    def count_threads(self) -> int:
+        """One thread for local shards: their header walk is Python under the GIL, and two
+        threads walked 1,000 shards in 0.75-0.87 s against one's 0.58 s (the shards' bytes in the
+        page cache); remote shards' threads wait on requests, so they get the default."""
+        if not any(storage.is_remote(p) for p in self.paths):
+            return 1
+        return super().count_threads()
+
     def _cut_files(self) -> list[Block]:
         blocks = super()._cut_files()
         if self._walked and self.index_dir is not False:

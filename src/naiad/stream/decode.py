@@ -13,7 +13,8 @@ read pool's workers (processes with ``num_workers``), before the shuffle buffer,
 gives every sample the same shape of at most ``READ_DECODE_MAX_BYTES`` (a fixed ``size``):
 
 * the buffer then holds pixels, no bigger than the encoded bytes by much at that size, and its
-  default size counts the decoded bytes (``default_buffer_rows``);
+  default size counts the decoded bytes (``default_buffer_rows``); every row it holds is decoded
+  before the first batch, where the stage decodes only the first batch's;
 * a sample's random crop is keyed by (seed, epoch, its key: ``reads.row_keys``) wherever it is
   decoded, so the pixels are the same as on the stage; each read task carries the pass's epoch
   and base seed (:class:`SeededRead`), not the worker's;
@@ -55,10 +56,13 @@ STAGE_THREADS = 2
 """Batches decoded at once: each spreads its images over the decode threads (NOTE [ Decode
 threads ]); a second keeps the cores busy while the first waits on its slowest image."""
 
-READ_DECODE_MAX_BYTES = 16 * 1024
+READ_DECODE_MAX_BYTES = 4 * 1024
 """The largest decoded sample (``C * H * W`` bytes) a stream decodes in its reads (NOTE [ Small
-samples decode in the reads ]): 64x64 RGB is 12 KiB; ImageNet's 224x224 RGB (147 KiB) decodes
-on the stage, where its threads release the GIL and the buffer keeps the smaller JPEG."""
+samples decode in the reads ]): 28x28 and 32x32 RGB, 64x64 grayscale. Decoded in the reads, every
+row the shuffle buffer holds is decoded before the first batch; at 64x64 RGB (12 KiB) that cost
+the first batch from 1,000 fresh shards (10,000 samples in the buffer) a second more than the
+stage, whose first batch decodes its own 64 images. ImageNet's 224x224 RGB (147 KiB) decodes on
+the stage too, where its threads release the GIL and the buffer keeps the smaller JPEG."""
 
 
 def decodes_in_reads(transform: Any) -> bool:
