@@ -163,6 +163,10 @@ class TokenReader:
             raise ValueError(f"{len(self.stores)} storages for {len(files)} files")
         self._local = [not storage.is_remote(f.path) for f in files]
         self._offsets = np.array([f.offset for f in files], np.int64)  # each file's token 0, in bytes
+        # Every file local and of one dtype (one source's files, most mixtures): a batch's rows are
+        # read straight into the result, with no grouping by file.
+        dtypes = {f.dtype for f in files}
+        self._uniform: np.dtype | None = next(iter(dtypes)) if len(dtypes) == 1 and all(self._local) else None
         self._fds: dict[int, int] = {}
         self._pid = -1
         self._lock = threading.Lock()
@@ -218,9 +222,12 @@ class TokenReader:
         ``[len(starts), length]`` in the files' dtype (their common integer dtype when the rows
         come from files of several); one read per row, grouped by file. Rows of local files in
         the result's dtype are read straight into it: the only copy is the read's."""
-        if len(self.files) == 1 and self._local[0]:  # every batch of a one-file source: no grouping
-            out = np.empty((len(starts), length), self.files[0].dtype)
-            self._pread(0, out, starts)
+        if self._uniform is not None:
+            out = np.empty((len(starts), length), self._uniform)
+            if len(self.files) == 1:
+                self._pread(0, out, starts)
+            else:
+                self._read_rows(out, file_ids, starts)
             return out
         unique = np.unique(file_ids)
         ids = unique.tolist()
@@ -232,7 +239,7 @@ class TokenReader:
         if len(ids) > 1 and all(self._local[i] and self.files[i].dtype == common for i in ids):
             # Local files of one dtype (a mixture's sources, a folder of shards): each row from its
             # own file into its row of the result, with no buffer per file and no copy after.
-            self._read_rows(out, file_ids, starts, unique)
+            self._read_rows(out, file_ids, starts)
             return out
         for i in ids:
             f = self.files[i]
@@ -251,14 +258,17 @@ class TokenReader:
                 out[rows] = buf
         return out
 
-    def _read_rows(self, out: np.ndarray, file_ids: np.ndarray, starts: np.ndarray, ids: np.ndarray) -> None:
+    def _read_rows(self, out: np.ndarray, file_ids: np.ndarray, starts: np.ndarray) -> None:
         """``out[j]`` from file ``file_ids[j]`` at token ``starts[j]``, one ``preadv`` per row
-        (``ids``: the files, sorted; all local, all of ``out``'s dtype)."""
-        fds = np.array([self._fd(i) for i in ids.tolist()])[np.searchsorted(ids, file_ids)].tolist()
+        (the files all local, all of ``out``'s dtype)."""
+        if len(file_ids):
+            self._fd(int(file_ids[0]))  # in a forked child, its own descriptors' table from here on
+        opened = self._fds
+        fds = [opened[i] if i in opened else self._fd(i) for i in file_ids.tolist()]
         offsets = (self._offsets[file_ids] + starts * out.dtype.itemsize).tolist()
         nbytes = out.shape[1] * out.dtype.itemsize
-        for j, (fd, off) in enumerate(zip(fds, offsets)):
-            got = os.preadv(fd, [out[j]], off)
-            if got != nbytes:
-                raise SourceError(f"read {got} of {nbytes} bytes at offset {off}: the file shrank after it was "
-                                  "opened.", path=self.files[int(file_ids[j])].path)
+        got = [os.preadv(fd, [row], off) for fd, row, off in zip(fds, out, offsets)]
+        if got.count(nbytes) != len(got):
+            j = next(j for j, n in enumerate(got) if n != nbytes)
+            raise SourceError(f"read {got[j]} of {nbytes} bytes at offset {offsets[j]}: the file shrank after it was "
+                              "opened.", path=self.files[int(file_ids[j])].path)
