@@ -132,15 +132,17 @@ def endless(make: Callable[[], Any]) -> Iterator[Any]:
             close()
 
 
-def timed(batches: Iterator[Any], count: int, tokens_per_batch: int) -> tuple[float, float]:
-    """Tokens/s over ``count`` batches after the first, and the RSS added meanwhile (MB)."""
+def timed(batches: Iterator[Any], count: int, tokens_per_batch: int) -> tuple[float, float, float]:
+    """Tokens/s over ``count`` batches after the first, the RSS added meanwhile (MB), and tokens
+    per CPU second of this process (all of the work with no worker processes: the cost, which a
+    shared machine's scheduling does not change)."""
     next(batches)
     before = rss_mb()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(count):
         next(batches)
-    dt = time.perf_counter() - t0
-    return count * tokens_per_batch / dt, rss_mb() - before
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return count * tokens_per_batch / dt, rss_mb() - before, count * tokens_per_batch / max(cpu, 1e-9)
 
 
 def throughput(args: argparse.Namespace, path: str) -> None:
@@ -173,21 +175,26 @@ def throughput(args: argparse.Namespace, path: str) -> None:
 
 
 def run_rounds(methods: dict[str, Callable[[], Iterator[Any]]], args: argparse.Namespace,
-               per_batch: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+               per_batch: int, cpu_rates: dict[str, float] | None = None) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Each method ``--batches`` batches per round, alternating, ``--rounds`` rounds: the median
-    tokens/s of each, and the RSS each added per round."""
+    tokens/s of each, and the RSS each added per round (and, into ``cpu_rates``, the median
+    tokens per CPU second of this process)."""
     rates: dict[str, list[float]] = {k: [] for k in methods}
     grown: dict[str, list[float]] = {k: [] for k in methods}
+    per_cpu: dict[str, list[float]] = {k: [] for k in methods}
     for r in range(args.rounds):
         for name, make in methods.items():
             it = make()
-            rate, rss = timed(it, args.batches, per_batch)
+            rate, rss, cpu_rate = timed(it, args.batches, per_batch)
+            per_cpu[name].append(cpu_rate)
             close = getattr(it, "close", None)
             if close is not None:
                 close()
             rates[name].append(rate)
             grown[name].append(rss)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1] / 1e6:.1f}M" for k, v in rates.items()), flush=True)
+    if cpu_rates is not None:
+        cpu_rates.update({k: statistics.median(v) for k, v in per_cpu.items()})
     return {k: statistics.median(v) for k, v in rates.items()}, grown
 
 
@@ -209,12 +216,18 @@ def mixture_throughput(args: argparse.Namespace, path: str, halves: list[str]) -
             methods[f"{name}, {config}"] = (lambda ds=ds, kw=kw: endless(
                 lambda: naiad.DataLoader(ds, batch_size=B, shuffle=True, seed=0, **kw)))
     print(f"\nmixture: {data['mixture']!r}", flush=True)
-    med, _ = run_rounds(methods, args, B * L)
+    cpu: dict[str, float] = {}
+    med, _ = run_rounds(methods, args, B * L, cpu)
+    # Per CPU second of the loop's process: the whole cost without worker processes (with them,
+    # the work is theirs, and this column would not count it).
     rows = [[config, f"{med[f'one source, {config}'] / 1e6:.1f}", f"{med[f'mixture, {config}'] / 1e6:.1f}",
-             f"{med[f'mixture, {config}'] / med[f'one source, {config}']:.3f}"] for config in configs]
+             f"{med[f'mixture, {config}'] / med[f'one source, {config}']:.3f}",
+             "-" if config == f"{W} workers" else f"{cpu[f'mixture, {config}'] / cpu[f'one source, {config}']:.3f}"]
+            for config in configs]
     print(f"\n(a) two token files mixed 0.5/0.5 by tokens against one file of the same {args.n:,} tokens, "
           f"seq_len {L}, batch {B}, {args.batches} batches x {args.rounds} rounds (medians); target >= 0.95\n")
-    print(markdown_table(["loader", "one source, M tokens/s", "mixture, M tokens/s", "mixture / one source"], rows))
+    print(markdown_table(["loader", "one source, M tokens/s", "mixture, M tokens/s", "mixture / one source",
+                          "the same per CPU second"], rows))
 
 
 def resume_child(args: argparse.Namespace) -> None:
