@@ -14,7 +14,8 @@ to 100,000 events (about 14 MiB) and then stays: ``trace_events`` shows where it
 With ``--image-epochs N`` (default 20; 0 skips them) it also runs images with
 ``naiad.decode_images`` for N epochs, each loader with persistent process workers: 28x28 PNGs
 from a class folder (decoded in the reads: NOTE [ Small samples decode in the reads ]), 96x96
-JPEGs from WebDataset shards (decoded on the stream's stage), and, side by side, torch's
+JPEGs from WebDataset shards (decoded on the stream's stage, read by worker processes; a stream's
+default thread workers would live in the loop's process), and, side by side, torch's
 DataLoader over the same PNG folder opened with PIL per sample.
 
     python bench/bench_soak.py                 # about 3 minutes on 2 cores
@@ -100,7 +101,8 @@ def soak(name: str, loader: Any, epochs: int) -> list[dict[str, float]]:
         if isinstance(loader, naiad.DataLoader):
             pool = loader._pool  # the persistent workers
             assert pool is not None
-            pids = [p for p in pool.worker_pids if p is not None]
+            # Thread workers (a stream's default) live in this process: no workers' rows then.
+            pids = [p for p in pool.worker_pids if p is not None and p != os.getpid()]
         else:  # torch's DataLoader: its persistent iterator's worker processes
             pids = [w.pid for w in loader._iterator._workers]
         series.append(_measure(pids, loader))
@@ -162,7 +164,8 @@ def image_soaks(root: Path, args: argparse.Namespace) -> list[list[Any]]:
             transform=naiad.decode_images("image", mode="L", size=(28, 28), crop="center"), **common),
         "JPEG shards, decoded on the stage": naiad.DataLoader(
             naiad.read_webdataset(str(shards / "*.tar"), index_dir=str(root / "index")), batch_size=64, seed=0,
-            transform=naiad.decode_images("jpg", resize=112, crop="center", size=96), **common),
+            transform=naiad.decode_images("jpg", resize=112, crop="center", size=96), worker_mode="process",
+            **common),
         "torch, PNG folder": torch.utils.data.DataLoader(FolderDataset(str(folder), pil_gray), batch_size=256,
                                                          **common),
     }
