@@ -53,6 +53,14 @@ def by_sample(batches: list[dict[str, Any]]) -> dict[int, torch.Tensor]:
     return {int(k): image for b in batches for k, image in zip(b["__index__"], b["image"], strict=True)}
 
 
+def assert_resumed_alike(first: list[dict[str, Any]], rest: list[dict[str, Any]], again: list[dict[str, Any]]) -> None:
+    """The resumed pass delivered what the interrupted one did after its ``first`` batches."""
+    assert len(first) + len(rest) == 8
+    assert [b["__index__"].tolist() for b in again] == [b["__index__"].tolist() for b in rest]
+    for a, b in zip(again, rest, strict=True):
+        assert torch.equal(a["image"], b["image"])
+
+
 def run(loader: naiad.DataLoader, epoch: int) -> list[dict[str, Any]]:
     loader.set_epoch(epoch)
     return list(loader)
@@ -92,10 +100,7 @@ def test_a_resumed_epoch_delivers_the_same_pixels() -> None:
     finally:
         loader.close()
         resumed.close()
-    assert len(first) + len(rest) == 8
-    assert [b["__index__"].tolist() for b in again] == [b["__index__"].tolist() for b in rest]
-    for a, b in zip(again, rest, strict=True):
-        assert torch.equal(a["image"], b["image"])
+    assert_resumed_alike(first, rest, again)
 
 
 @pytest.mark.timeout(180)
@@ -125,7 +130,4 @@ def test_a_resumed_epoch_without_a_seed_delivers_the_same_pixels(workers: int, p
     finally:
         loader.close()
         resumed.close()
-    assert len(first) + len(rest) == 8
-    assert [b["__index__"].tolist() for b in again] == [b["__index__"].tolist() for b in rest]
-    for a, b in zip(again, rest, strict=True):
-        assert torch.equal(a["image"], b["image"])
+    assert_resumed_alike(first, rest, again)
