@@ -103,7 +103,8 @@ class DataLoader(TorchDataLoader[T_co]):
         worker_mode: ``"process"`` or ``"thread"`` for work that releases the GIL (NumPy,
             PyArrow, torch ops). Default: processes (torch's behaviour) for datasets, threads for
             streaming sources, whose parsing is PyArrow's and releases the GIL (and results then
-            need no copy through shared memory).
+            need no copy through shared memory), but processes for a stream whose small images
+            decode in its reads (NOTE [ Small samples decode in the reads ]).
         read_ahead: for a streaming source left at ``num_workers=0``: threads that read and
             parse its blocks ahead of the training loop, in this process (they run no user
             code). None: two on a machine with two or more cores, none on one
