@@ -157,3 +157,43 @@ def test_damaged_and_cut_tars_give_what_tarfile_gives() -> None:
         cases.append(bytes(damaged))
     for case in cases:
         assert outcome(tarwalk.walk_members, case) == reference(case)
+
+
+def test_the_plain_headers_check_agrees_with_the_full_check_on_mutated_headers() -> None:
+    # NOTE [ Header walk ]: headers written the plain way are checked by one regex and summed
+    # checksums; anything else goes to the full check. Both must answer alike on any header.
+    seen: list[bytes] = []
+    full = tarwalk._headers_ok_any
+
+    def keep(blocks: bytes) -> bool:  # the headers the walk checks, as it checks them
+        seen.append(blocks)
+        return full(blocks)
+
+    data = write(tarfile.PAX_FORMAT, members_of(tarfile.PAX_FORMAT))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tarwalk, "_headers_ok", keep)
+        tarwalk.walk_members(io.BytesIO(data), len(data), "t.tar")
+    (blocks,) = seen
+    heads = [blocks[k:k + 512] for k in range(0, len(blocks), 512)][:6]
+    blocks = b"".join(heads)
+    assert tarwalk._PLAIN_NUMBERS.fullmatch(blocks) is not None  # the plain way is what is tested
+    assert tarwalk._headers_ok(blocks) and tarwalk._headers_ok_any(blocks)
+    rng = np.random.default_rng(0)
+    answers = set()
+    fields = [range(lo, hi) for lo, hi in tarwalk._NUMBERS]
+    for _ in range(600):
+        raw = bytearray(blocks)
+        for _ in range(int(rng.integers(1, 4))):
+            h = int(rng.integers(0, len(heads)))
+            at = h * 512 + int(rng.choice(list(fields[int(rng.integers(0, len(fields)))])))
+            raw[at] = int(rng.choice([0x00, 0x20, 0x30, 0x37, 0x38, 0x41, int(rng.integers(0, 256))]))
+        if rng.random() < 0.3:  # a checksum field written again to fit the bytes as they are now
+            h = int(rng.integers(0, len(heads)))
+            head = bytearray(raw[h * 512:(h + 1) * 512])
+            head[148:156] = b" " * 8
+            head[148:156] = b"%06o\x00 " % sum(head)
+            raw[h * 512:(h + 1) * 512] = head
+        answer = tarwalk._headers_ok_any(bytes(raw))
+        assert tarwalk._headers_ok(bytes(raw)) == answer, bytes(raw)
+        answers.add(answer)
+    assert answers == {True, False}  # both answers were met

