@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from naiad.cli.argtypes import at_least
-from naiad.cli.steps import RunResult
+from naiad.cli.steps import RunResult, speed_ups
 
 NAME = "demo"
 HELP = ("Train the diabetes tutorial's model (or, with `images`, the FashionMNIST tutorial's) with torch's "
@@ -161,13 +161,7 @@ def format_table(results: list[RunResult]) -> str:
         lines.append(
             f"{r.name:<30} {r.rows_per_s:>12,.0f} {r.wait_per_step_us:>9,.1f} us {r.total_s:>8.2f}s {r.final_loss:>11.4f}"
         )
-    base = results[0]
-    for r in results[1:]:
-        lines.append(
-            f"speed-up of {r.name}: {base.total_s / r.total_s:.2f}x total time, "
-            f"{base.wait_s / max(r.wait_s, 1e-9):.1f}x less time waiting for data"
-        )
-    return "\n".join(lines)
+    return "\n".join(lines + speed_ups(results))
 
 
 def resolve_mode(args: argparse.Namespace) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from naiad.cli.steps import RunResult
+from naiad.cli.steps import RunResult, speed_ups
 from naiad.parallel.threads import usable_cores
 
 __all__ = ["FashionModel", "ImageFolderDataset", "ImageRunResult", "format_image_table", "run_images"]
@@ -274,13 +274,7 @@ def format_image_table(results: list[ImageRunResult]) -> str:
             f"{r.name:<34} {r.rows_per_s:>10,.0f} {r.wait_per_step_us:>9,.1f} us {r.total_s:>8.2f}s "
             f"{r.final_loss:>11.4f} {r.test_loss:>10.4f} {100 * r.accuracy:>8.1f}%"
         )
-    base = results[0]
-    for r in results[1:]:
-        lines.append(
-            f"speed-up of {r.name}: {base.total_s / r.total_s:.2f}x total time, "
-            f"{base.wait_s / max(r.wait_s, 1e-9):.1f}x less time waiting for data"
-        )
-    return "\n".join(lines)
+    return "\n".join(lines + speed_ups(results))
 
 
 def converted(root: Path, seed: int) -> tuple[Path, Path, float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ import torch
 
 from naiad.errors import ConfigError
 
-__all__ = ["RunResult", "Step", "cuda_cycles_per_ms", "synthetic_step", "training_step"]
+__all__ = ["RunResult", "Step", "cuda_cycles_per_ms", "speed_ups", "synthetic_step", "training_step"]
 
 Step = Callable[[Any], None]
 """One training step on one batch."""
@@ -140,3 +140,11 @@ class RunResult:
     def wait_per_step_us(self) -> float:
         """Mean time the loop waited for the next batch, in microseconds."""
         return 1e6 * self.wait_s / max(1, self.steps)
+
+
+def speed_ups(results: Sequence[RunResult]) -> list[str]:
+    """A line for each run after the first: its speed-up over the first, in total time and in
+    time spent waiting for data (the demos' tables end with them)."""
+    base = results[0]
+    return [f"speed-up of {r.name}: {base.total_s / r.total_s:.2f}x total time, "
+            f"{base.wait_s / max(r.wait_s, 1e-9):.1f}x less time waiting for data" for r in results[1:]]
