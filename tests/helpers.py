@@ -105,6 +105,15 @@ def started(args: list[str], **kwargs: Any) -> Iterator[subprocess.Popen]:
             assert not left, f"processes that SIGKILL did not end: {left}"
 
 
+def run_to_end(args: list[str], *, timeout_s: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``args`` run to their end with stdout and stderr captured as text, as ``subprocess.run``
+    does, but with the whole process tree killed however the call ends (:func:`started`): a
+    command that starts workers leaves none behind when it hangs past ``timeout_s``."""
+    with started(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs) as proc:
+        out, err = proc.communicate(timeout=timeout_s)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
 def kill_tree(pid: int, timeout_s: float = 10.0) -> None:
     """SIGKILL the process ``pid`` (one this process started and has not reaped) and all its
     descendants, and wait for them to go."""

@@ -12,6 +12,7 @@ import pytest
 from naiad.cli import main
 from naiad.cli.bench import measure, resolve_source
 from naiad.errors import ConfigError
+from tests.helpers import run_to_end
 
 SMALL = [
     "--rows",
@@ -27,11 +28,10 @@ SMALL = [
 ]
 
 
-def run_cli(*argv: str):
-    """Run the ``naiad`` command in a fresh interpreter, as a user does."""
-    return subprocess.run(
-        [sys.executable, "-m", "naiad", *argv], capture_output=True, text=True, timeout=90
-    )
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``naiad`` command in a fresh interpreter, as a user does (its workers killed with
+    it whatever happens)."""
+    return run_to_end([sys.executable, "-m", "naiad", *argv], timeout_s=90)
 
 
 @pytest.mark.timeout(120)

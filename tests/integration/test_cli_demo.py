@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
+from tests.helpers import run_to_end
+
 pytestmark = pytest.mark.timeout(180)
 
 
 def run_naiad(*args: str, cache: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NAIAD_CACHE_DIR": cache}
-    return subprocess.run(
-        [sys.executable, "-m", "naiad", *args], capture_output=True, text=True, timeout=170, env=env
-    )
+    return run_to_end([sys.executable, "-m", "naiad", *args], timeout_s=170, env=env)
 
 
 def test_demo_on_builtin_data_prints_the_comparison(tmp_path: os.PathLike[str]) -> None:

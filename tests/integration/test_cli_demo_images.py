@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from naiad.cli import main
 from naiad.cli.demo_images import check_coverage
+from tests.helpers import run_to_end
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,19 +26,9 @@ LOADERS = (
 
 
 def run_naiad(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m naiad ...` in its own session, the whole group killed whatever happens."""
+    """`python -m naiad ...`, its whole process tree killed whatever happens."""
     env = {**os.environ, "NAIAD_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-m", "naiad", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=280)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # its workers too, if any were left
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_to_end([sys.executable, "-m", "naiad", *args], timeout_s=280, env=env)
 
 
 def table_rows(stdout: str) -> dict[str, list[str]]:

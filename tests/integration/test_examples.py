@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_to_end
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run_example(script: str, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
-    """``python examples/<script> ...`` in its own session, the whole group killed whatever happens."""
+    """``python examples/<script> ...``, its whole process tree killed whatever happens."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, str(EXAMPLES / script), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # its workers too, if any were left
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_to_end([sys.executable, str(EXAMPLES / script), *args], timeout_s=timeout_s, env=env)
 
 
 @pytest.mark.timeout(300)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_to_end
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -20,20 +21,11 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def run_check(*args: str, out: Path, python: str = sys.executable, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
-    """The script in its own process group, so that a hang ends every process it started."""
+    """The script, its whole process tree killed whatever happens (a hang ends every process it
+    started)."""
     env = {**os.environ, "PYTHON": python, "GPU_CHECK_OUT": str(out)}
     env.pop("OUT", None)
-    proc = subprocess.Popen(
-        ["bash", str(SCRIPT), *args], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return run_to_end(["bash", str(SCRIPT), *args], timeout_s=timeout_s, cwd=ROOT, env=env)
 
 
 def step_rows(report: Path) -> dict[str, str]:
