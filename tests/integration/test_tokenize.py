@@ -50,11 +50,13 @@ def source(corpus, fmt: str) -> naiad.Source:
     return naiad.read_parquet(str(corpus["parquet"]))
 
 
-def run(loader: naiad.DataLoader, limit: int | None = None) -> list[dict]:
+def run(loader: naiad.DataLoader, limit: int | None = None, *, clone: bool = True) -> list[dict]:
+    """The loader's batches (the first ``limit``, the loader left open), each copied unless
+    ``clone=False`` (raw batches, to be tokenized by hand)."""
     out = []
     try:
         for b in loader:
-            out.append({k: v.clone() for k, v in b.items()})
+            out.append({k: v.clone() for k, v in b.items()} if clone else b)
             if limit is not None and len(out) == limit:
                 break
     finally:
@@ -101,21 +103,8 @@ def test_windows_equal_tokenizing_the_plain_batches_in_this_process(corpus, mode
     t = naiad.tokenize(corpus["tokenizer"], seq_len=SEQ)
     kw = dict(batch_size=10, shuffle=True, seed=1, shuffle_buffer=50, num_workers=2, worker_mode=mode)
     split = run(naiad.DataLoader(source(corpus, "jsonl"), transform=t, **kw))
-    plain = [t(b) for b in run_plain(naiad.DataLoader(source(corpus, "jsonl"), **kw))]
+    plain = [t(b) for b in run(naiad.DataLoader(source(corpus, "jsonl"), **kw), clone=False)]
     assert_same(split, plain)
-
-
-def run_plain(loader: naiad.DataLoader, limit: int | None = None) -> list[dict]:
-    out = []
-    try:
-        for b in loader:
-            out.append(b)
-            if limit is not None and len(out) == limit:
-                break
-    finally:
-        if limit is None:
-            loader.close()
-    return out
 
 
 @pytest.mark.timeout(300)
@@ -152,7 +141,7 @@ def test_elastic_resume_two_to_three_ranks_trains_every_document_once(corpus):
         for transform in (t, None):
             loader = make(rank, 2, transform)
             try:
-                got = run(loader, limit=5) if transform is not None else run_plain(loader, limit=5)
+                got = run(loader, limit=5) if transform is not None else run(loader, limit=5, clone=False)
                 if transform is not None:
                     before += got
                 if rank == 0:  # ranks step in lockstep: rank 0's state is the job's
@@ -164,7 +153,7 @@ def test_elastic_resume_two_to_three_ranks_trains_every_document_once(corpus):
         for into, transform in ((after, t), (again, t), (plain, None)):
             loader = make(rank, 3, transform)
             loader.load_state_dict(states[transform is None])  # the plain source's state has its own columns
-            into += run(loader) if transform is not None else [t(b) for b in run_plain(loader)]
+            into += run(loader) if transform is not None else [t(b) for b in run(loader, clone=False)]
     got = documents_of(before + after, corpus["eos"])
     assert Counter(got) == Counter(corpus["expected"])
     assert_same(after, again)  # a resume is a pure function of the state
