@@ -205,18 +205,6 @@ class TokenReader:
                     self._fds[i] = fd
         return fd
 
-    def _pread(self, i: int, out: np.ndarray, starts: np.ndarray) -> None:
-        """``out[j] = tokens[starts[j] : ...]`` of local file ``i``, one ``preadv`` per row."""
-        f = self.files[i]
-        fd = self._fd(i)
-        offsets = (f.offset + starts * f.dtype.itemsize).tolist()
-        nbytes = out.shape[1] * f.dtype.itemsize
-        got = [os.preadv(fd, [row], off) for row, off in zip(out, offsets)]
-        if got.count(nbytes) != len(got):
-            j = next(j for j, n in enumerate(got) if n != nbytes)
-            raise SourceError(f"read {got[j]} of {nbytes} bytes at offset {offsets[j]}: the file shrank after it was "
-                              "opened.", path=f.path)
-
     def read(self, file_ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
         """``out[j] = tokens[starts[j] : starts[j] + length]`` of file ``file_ids[j]``, as
         ``[len(starts), length]`` in the files' dtype (their common integer dtype when the rows
@@ -224,10 +212,7 @@ class TokenReader:
         the result's dtype are read straight into it: the only copy is the read's."""
         if self._uniform is not None:
             out = np.empty((len(starts), length), self._uniform)
-            if len(self.files) == 1:
-                self._pread(0, out, starts)
-            else:
-                self._read_rows(out, file_ids, starts)
+            self._read_rows(out, file_ids, starts)
             return out
         unique = np.unique(file_ids)
         ids = unique.tolist()
@@ -247,7 +232,7 @@ class TokenReader:
             rows = None if whole else np.flatnonzero(file_ids == i)
             buf = out if rows is None else np.empty((len(rows), length), f.dtype)
             if self._local[i]:
-                self._pread(i, buf, starts if rows is None else starts[rows])
+                self._read_rows(buf, file_ids if rows is None else file_ids[rows], starts if rows is None else starts[rows])
             else:
                 offsets = (f.offset + (starts if rows is None else starts[rows]) * f.dtype.itemsize).tolist()
                 nbytes = length * f.dtype.itemsize
@@ -260,7 +245,7 @@ class TokenReader:
 
     def _read_rows(self, out: np.ndarray, file_ids: np.ndarray, starts: np.ndarray) -> None:
         """``out[j]`` from file ``file_ids[j]`` at token ``starts[j]``, one ``preadv`` per row
-        (the files all local, all of ``out``'s dtype)."""
+        (the files all local, all of ``out``'s dtype: its item size is theirs)."""
         if len(file_ids):
             self._fd(int(file_ids[0]))  # in a forked child, its own descriptors' table from here on
         opened = self._fds
