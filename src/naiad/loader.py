@@ -402,9 +402,8 @@ class DataLoader(TorchDataLoader[T_co]):
                 resume = handoff[0] if handoff else None
             if resume is not None and resume["epoch"] != epoch:
                 resume = None  # set_epoch() moved on: that epoch starts afresh
-            seed = base_seed
-            if resume is not None and resume.get("base_seed") is not None:
-                seed = int(resume["base_seed"])  # the interrupted pass's, for its workers' draws
+            seed = _resumed_seed(resume, epoch)  # the interrupted pass's, for its workers' draws
+            seed = base_seed if seed is None else seed
             run = pipeline.open_pass(epoch, seed, None if resume is None else resume["pipeline"])
             progress.deliveries = run.deliveries  # which batches it delivered (NOTE [ Out-of-order delivery ])
             if loader is not None:
@@ -520,8 +519,8 @@ class DataLoader(TorchDataLoader[T_co]):
         persistent = (self.persistent_workers and self.num_workers > 0) or self._tuner is not None
         # A resumed pass draws with the interrupted pass's base seed, in the workers too (their
         # context's seed keys a decode's random crops): kept workers of another seed start again.
-        resumed = self._resume.get("base_seed") if self._resume is not None and self._resume.get("epoch") == self._epoch - 1 else None
-        if persistent and self._pool is not None and resumed is not None and int(resumed) != self._pool_base_seed:
+        resumed = _resumed_seed(self._resume, self._epoch - 1)
+        if persistent and self._pool is not None and resumed is not None and resumed != self._pool_base_seed:
             if self.persistent_workers and self.num_workers > 0:
                 self._close_pass()
             self._pool.close()
@@ -540,7 +539,7 @@ class DataLoader(TorchDataLoader[T_co]):
         # torch draws the base seed once per iterator, or once per persistent iterator.
         base_seed = self._base_seed()  # drawn either way: the generator moves on as torch's does
         if resumed is not None:
-            base_seed = int(resumed)
+            base_seed = resumed
         threads = self.read_ahead_threads()
         if threads:
             ahead_tuner = self._pipeline.read_ahead_tuner(threads, self.prefetch_factor or 2)
@@ -626,3 +625,11 @@ class DataLoader(TorchDataLoader[T_co]):
             # No pass uses the kept workers: stop them now. A live pass holds them, and they
             # stop when it goes (as torch's persistent workers go with their iterator).
             pool.close()
+
+
+def _resumed_seed(resume: dict[str, Any] | None, epoch: int) -> int | None:
+    """The base seed a pending resume gives the pass of ``epoch``: the interrupted pass's, or
+    None (no resume for that epoch, or a state without one)."""
+    if resume is None or resume.get("epoch") != epoch or resume.get("base_seed") is None:
+        return None
+    return int(resume["base_seed"])
