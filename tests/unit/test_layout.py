@@ -18,7 +18,7 @@ import naiad
 SRC = pathlib.Path(naiad.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "tree", "stats", "batch_compare"),
+    ("errors", "tree", "stats", "batch_compare", "trust"),
     ("parallel", "telemetry", "device", "media"),
     ("sources",),
     ("order",),
