@@ -146,8 +146,11 @@ def test_kept_indexes_start_the_next_process_without_a_walk(pattern, tmp_path, m
     index = tmp_path / "index"
     first = delivered([b for b in loader_of(source(pattern, index))])  # not list(): len() counts first
     gate = CountGate(monkeypatch)
-    gate.open.set()
-    again = delivered([b for b in loader_of(source(pattern, index))])
+    batches = []
+    for b in loader_of(source(pattern, index)):  # the count held until the first batch is out
+        batches.append(b)
+        gate.open.set()
+    again = delivered(batches)
     assert again == first and not gate.walked
     assert gate.made and gate.made[0].early  # early reads, from the kept indexes
 

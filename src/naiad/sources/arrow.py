@@ -29,6 +29,7 @@ from naiad.sources.media import has_binary, is_media_struct, media_schema, resol
 from naiad.sources.paths import PathLike
 from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage
+from naiad.trust.paths import MediaAccess
 
 __all__ = ["ArrowSource", "read_arrow"]
 
@@ -44,6 +45,8 @@ def read_arrow(
     retry: RetryPolicy | None = None,
     cache_dir: CacheDir = None,
     cache_bytes: int | None = None,
+    media_roots: str | Sequence[str] | None = None,
+    max_media_bytes: int | None = None,
 ) -> ArrowSource:
     """A lazy source over Arrow IPC *file* format (Feather v2) files; a block is a record batch.
 
@@ -71,13 +74,16 @@ def read_arrow(
             naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
         cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
             (None: half the disk's free space).
+        media_roots: folders or URL prefixes that the paths of ``{bytes, path}`` media structs
+            may name besides the table's own folder (docs/SECURITY.md); None: that folder only.
+        max_media_bytes: the most bytes a file such a path names may hold (None: 256 MiB).
 
     Example:
         >>> ds = naiad.read_arrow("train.arrow")  # doctest: +SKIP
     """
     return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows,
                        block_rows=block_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir,
-                       cache_bytes=cache_bytes)
+                       cache_bytes=cache_bytes, media_roots=media_roots, max_media_bytes=max_media_bytes)
 
 
 def _open(path: str, store: Storage | None) -> pa.ipc.RecordBatchFileReader:
@@ -118,6 +124,8 @@ class ArrowSource(Source):
         retry: RetryPolicy | None = None,
         cache_dir: CacheDir = None,
         cache_bytes: int | None = None,
+        media_roots: str | Sequence[str] | None = None,
+        max_media_bytes: int | None = None,
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options,
                          retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
@@ -130,6 +138,7 @@ class ArrowSource(Source):
         self._batches: dict[tuple[str, int], pa.RecordBatch] = {}
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
+        self.media = MediaAccess.of(media_roots, max_media_bytes)
         self.schema()  # the schema is metadata: check columns and dtypes now
 
     def _read_schema(self) -> pa.Schema:
@@ -195,7 +204,7 @@ class ArrowSource(Source):
         schema = self.schema()
         piece = self._batch(block).slice(self._offset(block) + lo, hi - lo)
         table, no_bytes = resolve_media(pa.Table.from_batches([piece]), block.path, self.storage, block.first_line + lo,
-                                        self.on_bad_rows == "skip")
+                                        self.on_bad_rows == "skip", self.media)
         table = cast_to_schema(table, schema, f"record batch {block.start}", block.path)
         table, bad = check_no_nulls(table, block, lo, self.on_bad_rows, no_bytes)
         return BlockData(table_to_columns(table), bad)
@@ -216,7 +225,7 @@ class ArrowSource(Source):
         if any(is_media_struct(t) for t in table.schema.types):
             if len({b.path for b, _, _, _ in parts}) > 1:
                 return None  # read one by one: each file's relative paths are its own
-            table, no_bytes = resolve_media(table, parts[0][0].path, self.storage, 0, True)
+            table, no_bytes = resolve_media(table, parts[0][0].path, self.storage, 0, True, self.media)
             if no_bytes:
                 return None  # read one by one: that path names the row or skips it
         return table

@@ -22,6 +22,7 @@ column (``class_to_idx`` empty): a label of -1 would pass unseen into a loss tha
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Mapping
@@ -38,13 +39,15 @@ from naiad.sources.contract import Block, BlockData, OnBadRows, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir, load_arrays, save_arrays
 from naiad.sources.samples import grid_blocks, indices, sample_block_bytes
 from naiad.sources.storage import Storage, is_remote, local_path
+from naiad.trust.kept import miss
+from naiad.trust.paths import DEFAULT_MAX_MEDIA_BYTES, decode_names, encode_name, read_local_file, relative_names_ok, under, walk_once
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderSource", "read_images"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``datasets.folder.IMG_EXTENSIONS`` (torchvision 0.28), matched in any case."""
 
-LISTING_PARAMS: Mapping[str, Any] = {"kind": "image-folder", "version": 1, "extensions": list(IMG_EXTENSIONS)}
+LISTING_PARAMS: Mapping[str, Any] = {"kind": "image-folder", "version": 2, "extensions": list(IMG_EXTENSIONS)}
 
 
 def read_images(
@@ -54,6 +57,7 @@ def read_images(
     max_bad_rows: int | float | None = None,
     block_bytes: int | None = None,
     index_dir: IndexDir = None,
+    max_media_bytes: int | None = None,
 ) -> ImageFolderSource:
     """A lazy source over a folder of images: one sample per file, in blocks of runs of files.
 
@@ -74,6 +78,8 @@ def read_images(
             folder, between 1 MiB and 32 MiB).
         index_dir: where the listing is kept: None (naiad's user cache folder), "beside" (a
             ``.naiad-index`` folder next to ``root``), a folder, or False (never kept).
+        max_media_bytes: the most bytes one file may hold (None: 256 MiB); a larger one is a
+            bad row, as a file that cannot be read is.
 
     Example:
         >>> ds = naiad.read_images("train/")  # doctest: +SKIP
@@ -81,7 +87,7 @@ def read_images(
         {'cat': 0, 'dog': 1}
     """
     return ImageFolderSource(root, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-                             index_dir=index_dir)
+                             index_dir=index_dir, max_media_bytes=max_media_bytes)
 
 
 class ImageFolderSource(Source):
@@ -95,7 +101,7 @@ class ImageFolderSource(Source):
 
     def __init__(self, root: str | os.PathLike[str], *, on_bad_rows: OnBadRows = "raise",
                  max_bad_rows: int | float | None = None, block_bytes: int | None = None,
-                 index_dir: IndexDir = None) -> None:
+                 index_dir: IndexDir = None, max_media_bytes: int | None = None) -> None:
         text = os.fspath(root)
         if is_remote(text):
             raise ConfigError(f"`root` must be a local folder, got the URL {text!r}; image folders behind URLs are not "
@@ -107,6 +113,9 @@ class ImageFolderSource(Source):
             raise ConfigError(f"`block_bytes` must be an int >= 1 or None, got {block_bytes!r}.")
         if on_bad_rows not in ("raise", "skip"):
             raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {on_bad_rows!r}.")
+        if max_media_bytes is not None and (isinstance(max_media_bytes, bool) or not isinstance(max_media_bytes, int)
+                                            or max_media_bytes < 1):
+            raise ConfigError(f"`max_media_bytes` must be an int >= 1 or None (256 MiB), got {max_media_bytes!r}.")
         # Not Source.__init__, which would list the folder's files as a table's: the root is
         # this source's one "file", its blocks runs of the files listed under it.
         if max_bad_rows is not None and on_bad_rows != "skip":
@@ -118,6 +127,7 @@ class ImageFolderSource(Source):
         self.max_bad_rows = check_max_bad_rows(max_bad_rows)
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)
+        self.max_media_bytes = DEFAULT_MAX_MEDIA_BYTES if max_media_bytes is None else max_media_bytes
         self._listing: dict[str, np.ndarray] | None = None
         listing = self.listing()
         self.classes: list[str] = [str(c) for c in listing["classes"].tolist()]
@@ -130,7 +140,8 @@ class ImageFolderSource(Source):
         """The files, labels and sizes (NOTE [ Folder listing ]): kept, or listed now and kept."""
         if self._listing is None:
             stored = load_arrays(self.index_dir, self.root, LISTING_PARAMS)
-            if stored is not None and _still_holds(stored):
+            why = None if stored is None else check_listing(stored, self.root)
+            if stored is not None and why is None:
                 self._listing = stored
             else:
                 self._listing = _list_folder(self.root)
@@ -155,7 +166,9 @@ class ImageFolderSource(Source):
 
     def _file_blocks(self, path: str) -> list[Block]:
         listing = self.listing()
-        sizes = listing["sizes"]
+        # Each file weighs at least a byte on the grid: an empty file at the end of the listing
+        # would start at the grid's end, in no block, and never be read.
+        sizes = np.maximum(listing["sizes"], 1)
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         total = int(sizes.sum())
         step = self.block_bytes or sample_block_bytes(total)
@@ -193,10 +206,10 @@ class ImageFolderSource(Source):
         bad: list[dict[str, Any]] = []
         for i, p in enumerate(paths.tolist()):  # one open and read per file: the format's unit
             try:
-                with open(p, "rb") as f:
-                    images.append(f.read())
+                images.append(read_local_file(p, self.max_media_bytes))  # a regular file, bounded
             except OSError as exc:
-                reason = f"cannot read the image ({exc.strerror or exc}); was it removed since the folder was listed?"
+                reason = f"cannot read the image ({exc.strerror or exc})" + (
+                    "; was it removed since the folder was listed?" if exc.errno == errno.ENOENT else "")
                 if self.on_bad_rows == "raise":
                     raise SourceError(reason + " Pass on_bad_rows='skip' to skip such files.", path=p) from None
                 images.append(None)
@@ -217,9 +230,10 @@ def _paths(listing: Mapping[str, np.ndarray], rows: np.ndarray, root: str) -> np
     ends = listing["path_ends"]
     offsets = np.concatenate(([0], ends)).astype(np.int64)
     arr = pa.Array.from_buffers(pa.large_string(), len(ends), [None, pa.py_buffer(offsets), pa.py_buffer(listing["path_bytes"])])
-    rel = arr.take(indices(rows))
-    joined = pc.binary_join_element_wise(pa.scalar(root, pa.large_string()), rel, pa.scalar(os.sep, pa.large_string()))
-    return joined.to_numpy(zero_copy_only=False)
+    rel = arr.take(indices(rows)).view(pa.large_binary())  # names kept as bytes (NOTE [ Names as bytes ])
+    joined = pc.binary_join_element_wise(pa.scalar(encode_name(root), pa.large_binary()), rel,
+                                         pa.scalar(os.sep.encode(), pa.large_binary()))
+    return decode_names(joined)
 
 
 def _is_image(name: str) -> bool:
@@ -227,7 +241,9 @@ def _is_image(name: str) -> bool:
 
 
 def _list_folder(root: str) -> dict[str, np.ndarray]:
-    """List ``root`` as ImageFolder does (NOTE [ Folder listing ]): the arrays that are kept."""
+    """List ``root`` as ImageFolder does (NOTE [ Folder listing ]): the arrays that are kept. Each
+    class folder's walk visits every folder once (``trust.walk_once``: a link that loops is
+    walked once), and only regular files are listed."""
     with os.scandir(root) as it:
         entries = sorted(it, key=lambda e: e.name)
     classes = [e.name for e in entries if e.is_dir()]
@@ -238,14 +254,13 @@ def _list_folder(root: str) -> dict[str, np.ndarray]:
     if classes:
         for label, name in enumerate(classes):
             count = len(rel)
-            for folder, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+            for folder, files in sorted(walk_once(os.path.join(root, name)), key=lambda walked: walked[0]):
                 dirs.append(folder)
-                for fname in sorted(files):
-                    if _is_image(fname):
-                        full = os.path.join(folder, fname)
-                        rel.append(os.path.relpath(full, root))
+                for entry in sorted(files, key=lambda e: e.name):
+                    if _is_image(entry.name):
+                        rel.append(os.path.relpath(entry.path, root))
                         labels.append(label)
-                        sizes.append(_size(full))
+                        sizes.append(_size(entry))
             if len(rel) == count:
                 raise SourceError(f"the class folder {name!r} holds no image file (extensions {', '.join(IMG_EXTENSIONS)}); "
                                   "remove it or add its images, as torchvision's ImageFolder requires.",
@@ -255,11 +270,11 @@ def _list_folder(root: str) -> dict[str, np.ndarray]:
             if _is_image(e.name) and e.is_file():
                 rel.append(e.name)
                 labels.append(-1)
-                sizes.append(e.stat().st_size)
+                sizes.append(_size(e))
         if not rel:
             raise SourceError(f"the folder holds no image file (extensions {', '.join(IMG_EXTENSIONS)}) and no class "
                               "folder.", path=root)
-    blobs = [r.encode("utf-8", "surrogateescape") for r in rel]
+    blobs = [encode_name(r) for r in rel]
     return {
         "classes": np.array(classes, dtype=str) if classes else np.zeros(0, "<U1"),
         "labels": np.array(labels, np.int64),
@@ -271,29 +286,74 @@ def _list_folder(root: str) -> dict[str, np.ndarray]:
     }
 
 
-def _size(path: str) -> int:
+def _size(entry: os.DirEntry[str]) -> int:
     try:
-        return os.stat(path).st_size
+        return entry.stat().st_size
     except OSError:
         return 0  # read later, where a missing file is named
 
 
-def _still_holds(stored: Mapping[str, Any]) -> bool:
-    """Whether a kept listing still describes the folder (NOTE [ Folder listing ]): every folder
-    it walked has its recorded modification time, and the arrays agree in length."""
-    try:
-        dirs, mtimes = stored["dirs"].tolist(), stored["dir_mtimes"]
-        n = len(stored["labels"])
-        if not (len(stored["sizes"]) == len(stored["path_ends"]) == n and len(dirs) == len(mtimes)):
-            return False
-        if stored["labels"].dtype != np.int64 or stored["path_bytes"].dtype != np.uint8 or stored["path_ends"].dtype != np.int64:
-            return False
-        if n and (np.any(np.diff(stored["path_ends"]) <= 0) or int(stored["path_ends"][-1]) != len(stored["path_bytes"])):
-            return False
-        for d, m in zip(dirs, mtimes.tolist()):
+def check_listing(stored: Mapping[str, Any], root: str) -> str | None:
+    """Why a kept listing may not be used for ``root``, or None when it may (NOTE [ Folder
+    listing ]). A listing is data anyone who can write to the index folder may have written
+    (NOTE [ Kept files ] in naiad/trust/kept.py), so before it says which files are samples,
+    and with which labels: its arrays have the types and lengths a listing has; its paths are
+    plain relative names (no ``..``, not absolute), each inside the folder of its class; its
+    labels number its classes, which are folder names; every folder it walked lies under the
+    root and still has its recorded modification time (a file added, removed or renamed changes
+    its folder's). Anything else is logged and the folder listed again."""
+    why = _implausible(stored, root)
+    if why is not None:
+        miss(root, f"it is implausible: {why}", what="the kept listing of")
+        return why
+    for d, m in zip(stored["dirs"].tolist(), stored["dir_mtimes"].tolist()):
+        try:
             st = os.stat(d)
-            if not stat.S_ISDIR(st.st_mode) or st.st_mtime_ns != m:
-                return False
-        return True
-    except (OSError, KeyError, TypeError, ValueError, AttributeError):
-        return False
+        except OSError:
+            return "a folder it walked is gone"
+        if not stat.S_ISDIR(st.st_mode) or st.st_mtime_ns != m:
+            return "a folder it walked has changed"
+    return None
+
+
+def _implausible(a: Mapping[str, Any], root: str) -> str | None:
+    try:
+        labels, sizes, ends, blob = a["labels"], a["sizes"], a["path_ends"], a["path_bytes"]
+        classes, dirs, mtimes = a["classes"], a["dirs"], a["dir_mtimes"]
+    except KeyError as exc:
+        return f"no {exc.args[0]!r} array"
+    n = len(labels)
+    if not (labels.dtype == sizes.dtype == ends.dtype == mtimes.dtype == np.int64 and blob.dtype == np.uint8
+            and classes.dtype.kind == "U" and dirs.dtype.kind == "U"):
+        return "arrays of other types"
+    if any(x.ndim != 1 for x in (labels, sizes, ends, blob, classes, dirs, mtimes)):
+        return "arrays of other shapes"
+    if not (len(sizes) == len(ends) == n and len(dirs) == len(mtimes) and n):
+        return "arrays of other lengths"
+    if np.any(np.diff(ends) <= 0) or ends[0] <= 0 or int(ends[-1]) != len(blob) or np.any(sizes < 0):
+        return "name offsets or sizes out of order"
+    why = relative_names_ok(blob, ends)
+    if why is not None:
+        return why
+    names = classes.tolist()
+    if names != sorted(set(names)) or any(not c or "/" in c or "\0" in c or c in (".", "..") for c in names):
+        return "class names that are not folder names"
+    if not dirs.size or dirs[0] != root or any(not under(d, root) or "/../" in d + "/" for d in dirs.tolist()):
+        return "a walked folder outside the root"
+    if not names:
+        return None if np.all(labels == -1) and not np.any(blob == ord("/")) else "labels or sub-folders in a flat folder"
+    if labels[0] < 0 or np.any(np.diff(labels) < 0) or labels[-1] >= len(names):
+        return "labels outside the classes"
+    starts = np.concatenate(([0], ends[:-1]))
+    bounds = np.searchsorted(labels, np.arange(len(names) + 1))
+    for label, name in enumerate(names):
+        lo, hi = int(bounds[label]), int(bounds[label + 1])
+        if lo == hi:
+            return f"no file in class {name!r}"
+        prefix = np.frombuffer(encode_name(name) + b"/", np.uint8)
+        if np.any(ends[lo:hi] - starts[lo:hi] <= len(prefix)):
+            return f"a name outside its class folder {name!r}"
+        heads = blob[starts[lo:hi, None] + np.arange(len(prefix))]
+        if not np.all(heads == prefix):
+            return f"a name outside its class folder {name!r}"
+    return None

@@ -46,10 +46,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import stat
 import tempfile
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, NamedTuple, Union
@@ -59,6 +59,7 @@ import numpy as np
 from naiad.errors import ConfigError, NaiadError
 from naiad.sources import storage
 from naiad.sources.cache import user_cache_dir
+from naiad.trust.kept import load_npz, miss, read_kept
 
 __all__ = [
     "INDEX_VERSION", "Identity", "IndexDir", "identity", "index_folder", "load_arrays", "load_index", "load_table",
@@ -153,17 +154,25 @@ def load_index(index_dir: IndexDir, path: str, params: Mapping[str, Any],
     if folder is None or ident is None:
         return None
     real, size, stamp = ident
+    where = folder / _entry_name(real, params, stamp.get("endpoint", ""))
+    data = read_kept(where)  # NOTE [ Kept files ]: this user's, a regular file, bounded
+    if data is None:
+        return None
     try:
-        with open(folder / _entry_name(real, params, stamp.get("endpoint", "")), encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = json.loads(data.decode("utf-8"))
         if not isinstance(doc, dict) or (
             doc.get("version") != INDEX_VERSION or doc.get("path") != real or doc.get("size") != size
             or any(doc.get(k) != v for k, v in stamp.items()) or doc.get("params") != dict(params)
         ):
+            miss(where, "it describes another version of the file", level=logging.DEBUG)
             return None
-        return _checked_entries(doc, size)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return None  # missing or malformed: scan again
+        entries = _checked_entries(doc, size)
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        miss(where, f"it is not a block index ({type(exc).__name__})")
+        return None
+    if entries is None:
+        miss(where, "its blocks are not a plausible cut of the file")
+    return entries
 
 
 def _checked_entries(doc: dict[str, Any], size: int) -> list[Entry] | None:
@@ -250,19 +259,22 @@ def load_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any],
         return None
     real, size, stamp = ident
     name = _entry_name(real, {"arrays": ARRAYS_VERSION, **params}, stamp.get("endpoint", "")).replace(".json", ".npz")
+    arrays: dict[str, Any] | None = load_npz(folder / name)  # NOTE [ Kept files ]
+    if arrays is None:
+        return None
     try:
-        with np.load(folder / name, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
         meta = json.loads(bytes(arrays.pop("__meta__")).decode())
-        if not isinstance(meta, dict) or (
-            meta.get("path") != real or meta.get("size") != size
-            or any(meta.get(k) != v for k, v in stamp.items()) or meta.get("params") != dict(params)
-        ):
-            return None
-        arrays["__size__"] = size
-        return arrays
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, zipfile.BadZipFile, EOFError):
-        return None  # missing or malformed: scan again
+    except (KeyError, ValueError, RecursionError):
+        miss(folder / name, "it has no readable description")
+        return None
+    if not isinstance(meta, dict) or (
+        meta.get("path") != real or meta.get("size") != size
+        or any(meta.get(k) != v for k, v in stamp.items()) or meta.get("params") != dict(params)
+    ):
+        miss(folder / name, "it describes another version of the file", level=logging.DEBUG)
+        return None
+    arrays["__size__"] = size
+    return arrays
 
 
 def save_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
@@ -327,20 +339,25 @@ def load_table(where: TableFile) -> tuple[list[Any], dict[str, np.ndarray]] | No
     a readable table of these paths). The caller uses a path's part only while :func:`identity`
     still gives what was recorded, and checks the arrays themselves (NOTE [ Block index ]: an
     entry is data)."""
+    path = where.folder / where.name
+    arrays = load_npz(path)  # NOTE [ Kept files ]
+    if arrays is None:
+        return None
     try:
-        with np.load(where.folder / where.name, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
         meta = json.loads(bytes(arrays.pop("__meta__")).decode())
-        if not isinstance(meta, dict) or (
-            meta.get("version") != TABLE_VERSION or meta.get("paths") != where.keyed or meta.get("params") != where.params
-        ):
-            return None
-        idents = meta.get("identities")
-        if not isinstance(idents, list) or len(idents) != len(where.keyed):
-            return None
-        return idents, arrays
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, zipfile.BadZipFile, EOFError):
-        return None  # missing or malformed: walk again
+    except (KeyError, ValueError, RecursionError):
+        miss(path, "it has no readable description")
+        return None
+    if not isinstance(meta, dict) or (
+        meta.get("version") != TABLE_VERSION or meta.get("paths") != where.keyed or meta.get("params") != where.params
+    ):
+        miss(path, "it describes other files", level=logging.DEBUG)
+        return None
+    idents = meta.get("identities")
+    if not isinstance(idents, list) or len(idents) != len(where.keyed):
+        miss(path, "its files' identities do not fit its files")
+        return None
+    return idents, arrays
 
 
 def save_table(where: TableFile, idents: Sequence[Identity | None], arrays: Mapping[str, np.ndarray]) -> None:

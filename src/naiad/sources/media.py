@@ -7,11 +7,12 @@ NOTE [ Media structs ]
 bytes are embedded; made from paths without embedding (``cast_column("image", Image())`` over
 file names, then written), only ``path`` is set. A reader of such a table gets the column as
 bytes: the struct's ``bytes`` where they are there (no copy: the struct's child array), else
-the file at ``path``, read now: a relative path is resolved against the folder of the table's
-file (or its URL's folder, read through the source's storage), an absolute local path is read
-only for a local table (a remote table naming a local file is a bad row, never a read of this
-machine's files). A row with neither is a bad row: a SourceError naming the file, the row and
-the column, or skipped into the ledger with ``on_bad_rows="skip"``.
+the file at ``path``, read now where the table may read it (NOTE [ Paths inside tables ] in
+naiad/trust/paths.py: the table's own folder or bucket, or the reader's ``media_roots``; a
+local file through ``trust.read_local_file``, an object through the source's storage; at most
+``max_media_bytes`` either way). A row with neither, or whose path is refused, is a bad row: a
+SourceError naming the file, the row and the column, or skipped into the ledger with
+``on_bad_rows="skip"``.
 
 The struct is recognised by its shape alone (exactly the fields ``bytes``, binary, and
 ``path``, string), so tables that were not written by ``datasets`` but keep media the same way
@@ -20,8 +21,6 @@ read too.
 
 from __future__ import annotations
 
-import os
-import posixpath
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +29,7 @@ import pyarrow.compute as pc
 
 from naiad.errors import SourceError
 from naiad.sources import storage as storage_mod
+from naiad.trust.paths import MediaAccess, locate_media, read_local_file
 
 if TYPE_CHECKING:
     from naiad.sources.storage import Storage
@@ -62,8 +62,8 @@ def has_binary(schema: pa.Schema) -> bool:
     return any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or is_media_struct(f.type) for f in schema)
 
 
-def resolve_media(table: pa.Table, path: str, store: Storage, first_row: int,
-                  skip: bool) -> tuple[pa.Table, dict[int, tuple[str, str]]]:
+def resolve_media(table: pa.Table, path: str, store: Storage, first_row: int, skip: bool,
+                  access: MediaAccess) -> tuple[pa.Table, dict[int, tuple[str, str]]]:
     """``table`` with its media struct columns as bytes (NOTE [ Media structs ]).
 
     Args:
@@ -71,6 +71,7 @@ def resolve_media(table: pa.Table, path: str, store: Storage, first_row: int,
         store: the source's storage (a remote table's files are read through it).
         first_row: the file's row number of the table's first row (for messages).
         skip: False: a row with neither bytes nor a readable file raises; True: it is returned.
+        access: where the table's paths may reach and how large a file they may name.
 
     Returns:
         The table, and for each row that has no bytes ``{row in table: (column, reason)}`` (its
@@ -95,7 +96,7 @@ def resolve_media(table: pa.Table, path: str, store: Storage, first_row: int,
             values = data.to_pylist()
             for r in missing.tolist():
                 where = paths[r] if col[r].is_valid else None
-                value, reason = _read_media_file(where, path, store)
+                value, reason = _read_media_file(where, path, store, access)
                 if value is None:
                     if not skip:
                         raise SourceError(f"row {first_row + r}: {reason}; pass on_bad_rows='skip' to skip such rows.",
@@ -107,26 +108,21 @@ def resolve_media(table: pa.Table, path: str, store: Storage, first_row: int,
     return table, bad
 
 
-def _read_media_file(where: str | None, table_path: str, store: Storage) -> tuple[bytes | None, str]:
+def _read_media_file(where: str | None, table_path: str, store: Storage, access: MediaAccess) -> tuple[bytes | None, str]:
     """The bytes of the file a media struct's ``path`` names, or (None, why not)."""
     if not where:
         return None, "neither bytes nor a path"
-    remote_table = storage_mod.is_remote(table_path)
-    if storage_mod.is_url(where) or (remote_table and not os.path.isabs(where)):
-        url = where if storage_mod.is_url(where) else posixpath.join(posixpath.dirname(table_path), where)
-        if not storage_mod.is_remote(url):
-            url = storage_mod.local_path(url)
-        else:
-            try:
-                return store.read_range(url, 0, store.stat(url).size), ""
-            except (SourceError, OSError) as exc:
-                return None, f"no bytes, and the file at its path {where!r} cannot be read ({exc})"
-    elif remote_table:
-        return None, f"no bytes, and its path {where!r} is a local file named by a remote table (not read)"
-    else:
-        url = where if os.path.isabs(where) else os.path.join(os.path.dirname(table_path), where)
+    url, refused = locate_media(where, table_path, access)
+    if url is None:
+        return None, f"no bytes, and {refused}"
     try:
-        with open(url, "rb") as fh:
-            return fh.read(), ""
-    except OSError as exc:
-        return None, f"no bytes, and the file at its path {where!r} cannot be read ({exc.strerror or exc})"
+        if storage_mod.is_remote(url):
+            size = store.stat(url).size
+            if size > access.max_bytes:
+                return None, (f"no bytes, and the file at its path {where!r} holds {size:,} bytes, more than "
+                              f"max_media_bytes={access.max_bytes:,}")
+            return store.read_range(url, 0, size), ""
+        return read_local_file(url, access.max_bytes), ""
+    except (SourceError, OSError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        return None, f"no bytes, and the file at its path {where!r} cannot be read ({why})"

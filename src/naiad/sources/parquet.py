@@ -28,6 +28,7 @@ from naiad.sources.media import has_binary, media_schema, resolve_media
 from naiad.sources.paths import PathLike
 from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage
+from naiad.trust.paths import MediaAccess
 
 __all__ = ["ParquetSource", "read_parquet"]
 
@@ -42,6 +43,8 @@ def read_parquet(
     retry: RetryPolicy | None = None,
     cache_dir: CacheDir = None,
     cache_bytes: int | None = None,
+    media_roots: str | Sequence[str] | None = None,
+    max_media_bytes: int | None = None,
 ) -> ParquetSource:
     """A lazy source over Parquet files (a path, a glob or a list); a block is a row group.
 
@@ -69,11 +72,14 @@ def read_parquet(
             naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
         cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
             (None: half the disk's free space).
+        media_roots: folders or URL prefixes that the paths of ``{bytes, path}`` media structs
+            may name besides the table's own folder (docs/SECURITY.md); None: that folder only.
+        max_media_bytes: the most bytes a file such a path names may hold (None: 256 MiB).
 
     Example:
         >>> ds = naiad.read_parquet("train/*.parquet", columns=["x", "y"])  # doctest: +SKIP
     """
-    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, media_roots=media_roots, max_media_bytes=max_media_bytes)
 
 
 def _open(path: str, store: Storage | None) -> pq.ParquetFile:
@@ -111,10 +117,13 @@ class ParquetSource(Source):
         retry: RetryPolicy | None = None,
         cache_dir: CacheDir = None,
         cache_bytes: int | None = None,
+        media_roots: str | Sequence[str] | None = None,
+        max_media_bytes: int | None = None,
     ) -> None:
         super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
+        self.media = MediaAccess.of(media_roots, max_media_bytes)
         self.schema()  # the footer is metadata: check columns and dtypes now
 
     def _read_schema(self) -> pa.Schema:
@@ -148,7 +157,7 @@ class ParquetSource(Source):
             raise SourceError(f"cannot read row group {block.start} ({exc}); is the file truncated?", path=block.path) from None
         if (lo, hi) != (0, block.rows):
             table = table.slice(lo, hi - lo)
-        table, no_bytes = resolve_media(table, block.path, self.storage, block.first_line + lo, self.on_bad_rows == "skip")
+        table, no_bytes = resolve_media(table, block.path, self.storage, block.first_line + lo, self.on_bad_rows == "skip", self.media)
         table = cast_to_schema(table, schema, f"row group {block.start}", block.path)
         table, bad = check_no_nulls(table, block, lo, self.on_bad_rows, no_bytes)
         return BlockData(table_to_columns(table), bad)
@@ -171,7 +180,7 @@ class ParquetSource(Source):
                 for i, start in zip(members, starts.tolist()):
                     block, lo, hi, _ = parts[i]
                     pieces[i], no_bytes = resolve_media(table.slice(start + lo, hi - lo), path, self.storage,
-                                                        block.first_line + lo, True)
+                                                        block.first_line + lo, True, self.media)
                     if no_bytes:
                         return None  # read one by one: that path names the row or skips it
         except (OSError, pa.ArrowException):

@@ -52,8 +52,9 @@ from naiad.sources.index import (
     table_file,
     table_stamp,
 )
-from naiad.sources.samples import indices, objects
+from naiad.sources.samples import indices
 from naiad.sources.tarwalk import Member, walk_members
+from naiad.trust.paths import decode_names, encode_name
 
 __all__ = ["KeptIndexes", "ShardIndex", "index_members", "keep_indexes", "scan_shard", "table_of"]
 
@@ -95,15 +96,15 @@ class ShardIndex:
     def keys(self, rows: np.ndarray | None = None) -> np.ndarray:
         """The keys of samples ``rows`` (all: None) as an object array of str (no loop here)."""
         offsets = np.concatenate(([0], self.key_ends)).astype(np.int64)
-        arr = pa.Array.from_buffers(pa.large_string(), len(self), [None, pa.py_buffer(offsets), pa.py_buffer(self.key_bytes)])
+        arr = pa.Array.from_buffers(pa.large_binary(), len(self), [None, pa.py_buffer(offsets), pa.py_buffer(self.key_bytes)])
         if rows is not None:
             arr = arr.take(indices(rows))
-        return objects(arr)
+        return decode_names(arr)  # NOTE [ Names as bytes ] in naiad/trust/paths.py
 
     def key(self, row: int) -> str:
-        """The key of sample ``row``."""
+        """The key of sample ``row``, as :meth:`keys` gives it."""
         lo = int(self.key_ends[row - 1]) if row else 0
-        return bytes(self.key_bytes[lo:int(self.key_ends[row])]).decode("utf-8", "replace")
+        return bytes(self.key_bytes[lo:int(self.key_ends[row])]).decode("utf-8", "surrogateescape")
 
     def ext_row(self, ext: str) -> int:
         """The row of ``offsets`` for ``ext``, or -1 when no sample of the shard has one."""
@@ -187,7 +188,7 @@ def index_members(members: list[Member], size: int) -> ShardIndex:
         e = ext_ids.setdefault(ext, len(ext_ids))
         if key != current:
             current = key
-            keys.append(key.encode("utf-8", "surrogateescape"))
+            keys.append(encode_name(key))
             starts.append(offset)
             ends.append(offset_data + n)
             flags.append(0)

@@ -25,7 +25,8 @@ from naiad.sources import storage
 from naiad.sources.columns import Columns
 from naiad.sources.contract import BlockData, OnBadRows, bad_entry
 from naiad.sources.readahead import io_map
-from naiad.sources.samples import byte_slices, decode_members, indices, objects
+from naiad.sources.samples import byte_slices, decode_members, indices
+from naiad.trust.paths import decode_names
 from naiad.sources.tarindex import ShardIndex
 
 __all__ = ["KEY", "read_samples"]
@@ -132,10 +133,10 @@ def _keys(asks: Sequence[Ask], good: np.ndarray, first: np.ndarray) -> np.ndarra
     row_at = np.concatenate(([0], np.cumsum([len(i) for i in indexes])))
     ends = np.concatenate([i.key_ends + key_at[k] for k, i in enumerate(indexes)] + [np.zeros(0, np.int64)])
     data = indexes[0].key_bytes if len(indexes) == 1 else np.concatenate([i.key_bytes for i in indexes])
-    strings = pa.Array.from_buffers(pa.large_string(), int(row_at[-1]),
-                                    [None, pa.py_buffer(np.concatenate(([0], ends)).astype(np.int64)), pa.py_buffer(data)])
+    names = pa.Array.from_buffers(pa.large_binary(), int(row_at[-1]),
+                                  [None, pa.py_buffer(np.concatenate(([0], ends)).astype(np.int64)), pa.py_buffer(data)])
     rows = np.concatenate([rows + row_at[k] for k, (_, _, rows) in enumerate(asks)])
-    return objects(strings.take(indices(rows[good])))
+    return decode_names(names.take(indices(rows[good])))  # NOTE [ Names as bytes ]
 
 
 def _bad(asks: Sequence[Ask], first: np.ndarray, bad: dict[int, tuple[str, str]], on_bad_rows: OnBadRows) -> tuple[dict[str, Any], ...]:

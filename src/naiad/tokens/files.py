@@ -17,16 +17,16 @@ the size of the file it has read (nanoGPT#287), which on a shared machine looks 
 can trip a memory limit. ``os.preadv`` into one preallocated array reads the same bytes from the
 page cache at the same speed or better (bench/RESULTS.md, "Token windows") and the worker's
 resident memory stays the size of a batch, epoch after epoch. Each process opens its own file
-descriptors on first use (a forked worker never shares its parent's offsets or descriptors:
-``pread`` has no offset, but the descriptor table is the process's). A URL is read with one range
-request per window through the source's Storage (NOTE [ Remote files in workers ]).
+descriptors on first use and keeps a bounded number of them open, the least recently used
+closed past the budget (NOTE [ Open files ] in sources/openfiles.py: a corpus of thousands of
+files in every worker would pass the limit on open files). A URL is read with one range request
+per window through the source's Storage (NOTE [ Remote files in workers ]).
 """
 
 from __future__ import annotations
 
 import io
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +35,7 @@ import numpy as np
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
+from naiad.sources.openfiles import Descriptors, descriptors
 from naiad.sources.storage import Storage
 
 __all__ = ["HEADER_BYTES", "HEADER_MAGIC", "HEADER_VERSION", "TokenFile", "TokenReader", "inspect_token_file", "token_dtype"]
@@ -148,7 +149,8 @@ class TokenReader:
     """Reads runs of tokens at scattered offsets of many files into one int64 array
     (NOTE [ Reading windows with pread ]).
 
-    Plain data when pickled (paths, layouts, the Storages); descriptors are opened per process.
+    Plain data (paths, layouts, the Storages), so it pickles; descriptors are opened per process
+    and kept in the process's bounded table (NOTE [ Open files ]).
 
     Args:
         files: the files, in order.
@@ -167,43 +169,7 @@ class TokenReader:
         # read straight into the result, with no grouping by file.
         dtypes = {f.dtype for f in files}
         self._uniform: np.dtype | None = next(iter(dtypes)) if len(dtypes) == 1 and all(self._local) else None
-        self._fds: dict[int, int] = {}
-        self._pid = -1
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_fds"], state["_pid"], state["_lock"] = {}, -1, None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    def __del__(self) -> None:
-        if getattr(self, "_pid", -1) == os.getpid():
-            for fd in self._fds.values():
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-
-    def _fd(self, i: int) -> int:
-        if self._pid != os.getpid():  # a forked child: its own descriptors, never the parent's
-            with self._lock:
-                if self._pid != os.getpid():
-                    self._fds, self._pid = {}, os.getpid()
-        fd = self._fds.get(i)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(i)
-                if fd is None:
-                    try:
-                        fd = os.open(storage.local_path(self.files[i].path), os.O_RDONLY)
-                    except OSError as exc:
-                        raise SourceError(f"cannot open: {exc.strerror}.", path=self.files[i].path) from None
-                    self._fds[i] = fd
-        return fd
+        self._paths = [storage.local_path(f.path) for f in files]
 
     def read(self, file_ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
         """``out[j] = tokens[starts[j] : starts[j] + length]`` of file ``file_ids[j]``, as
@@ -245,14 +211,32 @@ class TokenReader:
 
     def _read_rows(self, out: np.ndarray, file_ids: np.ndarray, starts: np.ndarray) -> None:
         """``out[j]`` from file ``file_ids[j]`` at token ``starts[j]``, one ``preadv`` per row
-        (the files all local, all of ``out``'s dtype: its item size is theirs)."""
-        if len(file_ids):
-            self._fd(int(file_ids[0]))  # in a forked child, its own descriptors' table from here on
-        opened = self._fds
-        fds = [opened[i] if i in opened else self._fd(i) for i in file_ids.tolist()]
-        offsets = (self._offsets[file_ids] + starts * out.dtype.itemsize).tolist()
-        nbytes = out.shape[1] * out.dtype.itemsize
-        got = [os.preadv(fd, [row], off) for fd, row, off in zip(fds, out, offsets)]
+        (the files all local, all of ``out``'s dtype: its item size is theirs), through the
+        process's pinned descriptors, a group of files at a time when the batch's files are more
+        than a group may hold (NOTE [ Open files ])."""
+        if not len(file_ids):
+            return
+        table = descriptors()
+        ids = np.unique(file_ids)
+        step = table.groups(len(ids))
+        for lo in range(0, len(ids), step):
+            group = ids[lo:lo + step]
+            rows = None if step >= len(ids) else np.flatnonzero(np.isin(file_ids, group))
+            self._read_group(table, out, group, file_ids if rows is None else file_ids[rows],
+                             starts if rows is None else starts[rows], rows)
+
+    def _read_group(self, table: Descriptors, out: np.ndarray, group: np.ndarray, file_ids: np.ndarray, starts: np.ndarray,
+                    rows: np.ndarray | None) -> None:
+        try:
+            with table.pinned([self._paths[i] for i in group.tolist()]) as fds:
+                row_fds = np.asarray(fds, np.int64)[np.searchsorted(group, file_ids)].tolist()
+                offsets = (self._offsets[file_ids] + starts * out.dtype.itemsize).tolist()
+                targets = out if rows is None else [out[j] for j in rows.tolist()]
+                nbytes = out.shape[1] * out.dtype.itemsize
+                got = [os.preadv(fd, [row], off) for fd, row, off in zip(row_fds, targets, offsets)]
+        except OSError as exc:
+            path = exc.filename if isinstance(exc.filename, str) else self.files[int(group[0])].path
+            raise SourceError(f"cannot open or read: {exc.strerror}.", path=path) from None
         if got.count(nbytes) != len(got):
             j = next(j for j, n in enumerate(got) if n != nbytes)
             raise SourceError(f"read {got[j]} of {nbytes} bytes at offset {offsets[j]}: the file shrank after it was "
