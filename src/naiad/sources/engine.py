@@ -81,11 +81,17 @@ class BlockEngine(SourceFormat):
 
         Files are cut side by side on threads (a newline scan, a footer read, a request: all
         release the GIL); the first file that fails, in file order, raises. A count started by
-        :meth:`count_beside` is waited for."""
+        :meth:`count_beside` is waited for. A failure is not kept: the next call (the next pass)
+        counts again, so a file repaired or a transient error passed heals the source."""
         if self._blocks is None:
             counting = self._counting
             if counting is not None:
-                return counting.result()
+                try:
+                    return counting.result()
+                except BaseException:
+                    if self._counting is counting:
+                        self._counting = None  # raised once; the next pass counts again
+                    raise
             self._blocks = self._cut_files()
         return self._blocks
 
