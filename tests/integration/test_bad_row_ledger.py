@@ -162,3 +162,63 @@ def test_parquet_null_integers_are_ledgered_by_row(tmp_path: Any) -> None:
     assert got == [i for i in range(100) if i not in (3, 70, 71)]
     ledger = sorted(loader.stats().bad_row_ledger, key=lambda e: e["row"])
     assert [(e["row"], e["column"]) for e in ledger] == [(3, "a"), (70, "a"), (71, "a")]
+
+
+def write_many_bad(directory: str, files: int = 40, rows: int = 200) -> list[str]:
+    """CSV files where every other row is bad (a column too many)."""
+    paths = []
+    for f in range(files):
+        path = os.path.join(directory, f"many-{f}.csv")
+        lines = ["a,b"] + [f"{i},{i}" if i % 2 else f"{i},{i},extra-{f}-{i}-{'x' * 40}" for i in range(rows)]
+        with open(path, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_stays_a_few_kb_whatever_rows_were_skipped_and_resumes_exactly(tmp_path: Any, workers: int) -> None:
+    paths = write_many_bad(str(tmp_path))  # 4,000 bad rows in 40 files: more (file, reason) pairs than a state keeps
+    bad_total = 4000
+
+    def make(**kw: Any) -> naiad.DataLoader:
+        src = naiad.read_csv(paths, on_bad_rows="skip", **kw)
+        return naiad.DataLoader(src, batch_size=64, shuffle=True, seed=2, shuffle_buffer=500, num_workers=workers)
+
+    whole_loader = make()
+    whole = [b["a"].tolist() for b in whole_loader]
+    assert whole_loader.stats().bad_row_ledger[:3] and sum(whole_loader.bad_rows.values()) == bad_total
+    it = iter(loader := make())
+    head = [next(it)["a"].tolist() for _ in range(len(whole) - 10)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    assert len(json.dumps(state)) < 8 * 1024  # it was 226 KB after 2,500 skipped rows
+    ledger = state["pipeline"]["bad_row_ledger"]
+    assert ledger["total"] == state["pipeline"]["bad_rows"] == sum(n for _, _, n in ledger["counts"])
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b["a"].tolist() for b in resumed] == whole
+    assert sum(resumed.bad_rows.values()) == bad_total  # the total is exact
+    # max_bad_rows counts the resumed epoch's skips exactly: the same limit ends both runs.
+    for limit, fails in ((bad_total, False), (bad_total - 1, True)):
+        uninterrupted = make(max_bad_rows=limit)
+        later = make(max_bad_rows=limit)
+        later.load_state_dict(state)
+        for run in (uninterrupted, later):
+            if fails:
+                with pytest.raises(SourceError, match=f"{bad_total:,} bad rows skipped in epoch 0"):
+                    list(run)
+            else:
+                list(run)
+
+
+def test_every_skipped_row_goes_to_the_bad_rows_logger(tmp_path: Any, caplog: Any) -> None:
+    import logging
+
+    paths = write_many_bad(str(tmp_path), files=2, rows=800)
+    loader = naiad.DataLoader(naiad.read_csv(paths, on_bad_rows="skip"), batch_size=32)
+    with caplog.at_level(logging.INFO, logger="naiad.bad_rows"):
+        list(loader)
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "naiad.bad_rows"]
+    assert len(logged) == 800 and {e["file"] for e in logged} == set(paths)
+    assert all("Expected 2 columns" in e["reason"] for e in logged)

@@ -22,13 +22,28 @@ The rule that follows, and what it buys:
   batches holds the ledger of the rows skipped in those ``k`` batches (and the earlier epochs).
   With ``drop_last``, bad rows among the rows an epoch leaves unused are not counted.
 
-The ledger is bounded: the first ``KEEP_ENTRIES`` skipped rows in full, then counts per (file,
-reason) (at most ``_MAX_KEYS`` of them; the rest as one "other reasons" count per file).
+NOTE [ Ledger bounds ]
+The ledger is bounded in memory and in a state, whatever the number of skipped rows (a corpus
+with millions of bad rows must not write megabytes into every checkpoint):
+
+* in memory (``loader.stats()``): the first ``KEEP_ENTRIES`` skipped rows in full, then counts
+  per (file, reason) (at most ``_MAX_KEYS`` of them; the rest as one "other reasons" count per
+  file); a reason is kept to its first ``MAX_REASON_CHARS`` characters;
+* in a state: the ``STATE_KEYS`` commonest (file, reason) counts, the rest as one count under
+  ("(other files)", "(other reasons)"), and the first ``STATE_ENTRIES`` entries: a few KB. The
+  total, and so ``max_bad_rows`` and the state's ``bad_rows``, stay exact across a resume; the
+  entries after a resume are the state's sample and the rows skipped since.
+
+Every skipped row, in full, goes to the ``naiad.bad_rows`` logger at INFO as one line of JSON
+(silent unless a handler is added: ``logging.getLogger("naiad.bad_rows").addHandler(
+logging.FileHandler("bad_rows.jsonl"))`` and ``setLevel(logging.INFO)`` keep them all in a file).
 """
 
 from __future__ import annotations
 
 import bisect
+import json
+import logging
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,10 +53,22 @@ import numpy as np
 from naiad.errors import SourceError, StateError
 from naiad.sources.base import MaxBadRows, check_max_bad_rows
 
-__all__ = ["BAD_ID", "KEEP_ENTRIES", "BadRowLedger", "BadRowTracker", "check_max_bad_rows"]
+__all__ = ["BAD_ID", "KEEP_ENTRIES", "STATE_ENTRIES", "STATE_KEYS", "BadRowLedger", "BadRowTracker", "check_max_bad_rows"]
 
 KEEP_ENTRIES = 1000
-"""Skipped rows kept in full in a ledger (and in a state dict); later ones are only counted."""
+"""Skipped rows kept in full in a ledger in memory; later ones are only counted."""
+
+STATE_ENTRIES = 8
+"""Skipped rows kept in full in a state (NOTE [ Ledger bounds ])."""
+
+STATE_KEYS = 16
+"""(file, reason) counts kept apart in a state; the rest are one count (NOTE [ Ledger bounds ])."""
+
+MAX_REASON_CHARS = 160
+"""A reason is kept to this many characters (a parser's message can quote a whole line)."""
+
+_LOG = logging.getLogger("naiad.bad_rows")
+_OTHER_FILES = "(other files)"
 
 BAD_ID = "__naiad_bad_row__"
 """The column that tags each row of a stream with skip on: -1, or the id of its pending entry."""
@@ -76,8 +103,15 @@ class BadRowLedger:
         """Count the skipped rows of batch ``batch`` of ``epoch`` (in the batch's order)."""
         keys = []
         before = len(self.entries)
+        log = _LOG.isEnabledFor(logging.INFO)
         for e in entries:
-            key = self._key(str(e.get("file", "")), str(e.get("reason", "")))
+            if log:
+                _LOG.info("%s", json.dumps({**e, "epoch": epoch}, default=str))
+            reason = str(e.get("reason", ""))
+            if len(reason) > MAX_REASON_CHARS:
+                reason = reason[: MAX_REASON_CHARS - 3] + "..."
+                e = {**e, "reason": reason}
+            key = self._key(str(e.get("file", "")), reason)
             self.counts[key] += 1
             keys.append(key)
             if len(self.entries) < self.keep:
@@ -107,8 +141,9 @@ class BadRowLedger:
         return dict(out.most_common())
 
     def state(self, epoch: int | None = None, batch: int | None = None) -> dict[str, Any]:
-        """The ledger as JSON-able data, leaving out batches ``batch`` and later of ``epoch``
-        (the batches a stream cut ahead of the position a state describes)."""
+        """The ledger as JSON-able data of a few KB (NOTE [ Ledger bounds ]), leaving out batches
+        ``batch`` and later of ``epoch`` (the batches a stream cut ahead of the position a state
+        describes)."""
         counts = Counter(self.counts)
         left_out: set[int] = set()
         if epoch is not None and batch is not None:
@@ -116,11 +151,13 @@ class BadRowLedger:
                 if e == epoch and b >= batch:
                     counts.subtract(keys)
                     left_out.update(range(start, stop))
-        return {
-            "total": sum(counts.values()),
-            "counts": [[path, reason, n] for (path, reason), n in counts.items() if n > 0],
-            "entries": [dict(e) for i, e in enumerate(self.entries) if i not in left_out],
-        }
+        counts = +counts  # the positive ones
+        total = sum(counts.values())
+        kept = counts.most_common(STATE_KEYS)
+        rest = total - sum(n for _, n in kept)
+        rows = [[path, reason, n] for (path, reason), n in kept] + ([[_OTHER_FILES, _OTHER, rest]] if rest else [])
+        entries = [dict(e) for i, e in enumerate(self.entries[: STATE_ENTRIES + len(left_out)]) if i not in left_out]
+        return {"total": total, "counts": rows, "entries": entries[:STATE_ENTRIES]}
 
     def load(self, state: Any) -> None:
         """Replace the ledger with ``state`` (from :meth:`state`).
@@ -129,6 +166,8 @@ class BadRowLedger:
             StateError: the state is not a ledger.
         """
         try:
+            if len(state["counts"]) > _MAX_KEYS + 1:
+                raise ValueError(f"{len(state['counts'])} counts, at most {_MAX_KEYS + 1}")
             counts = Counter({(str(p), str(r)): n for p, r, n in state["counts"]})
             # Only the first `keep` entries are kept: a hostile list costs no more than it weighs.
             entries = [dict(e) for e in state["entries"][: self.keep]]
