@@ -283,3 +283,16 @@ def test_an_empty_file_at_the_end_of_a_folder_is_still_a_sample(tmp_path):
     src = naiad.read_images(root, index_dir=False)
     assert len(src) == sum(b.rows for b in src.blocks()) == 2
     assert [os.path.basename(p) for b in naiad.DataLoader(src, batch_size=4) for p in b["path"]] == ["a.png", "z.png"]
+
+
+def test_naiad_convert_leaves_a_name_that_is_not_utf8_out_as_one_bad_row(tmp_path):
+    from naiad.tools.convert import ConvertOptions, convert
+
+    latin1_shard(tmp_path / "s.tar")
+    with pytest.raises(SourceError, match=r"sample 'caf\\udce9'.*not UTF-8"):
+        convert(str(tmp_path / "s.tar"), str(tmp_path / "out" / "t.parquet"), ConvertOptions())
+    for out in ("parquet/t.parquet", "tar/"):
+        result = convert(str(tmp_path / "s.tar"), str(tmp_path / "skip" / out), ConvertOptions(on_bad_rows="skip"))
+        assert result.bad_rows == 1
+    converted = naiad.read_parquet(tmp_path / "skip" / "parquet" / "t.parquet")
+    assert [k for b in naiad.DataLoader(converted, batch_size=4) for k in b["__key__"]] == ["b"]

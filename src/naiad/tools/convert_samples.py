@@ -243,6 +243,9 @@ class SampleBatches:
         files = (np.asarray(columns["path"], dtype=object) if self.folder is not None
                  else np.full(rows, where, dtype=object))
         bad: dict[int, tuple[str, str]] = {}
+        for i, key in enumerate(keys.tolist()):
+            if not _utf8(key):  # a name kept with surrogate escapes (NOTE [ Names as bytes ])
+                bad[i] = (KEY, f"its name {key!r} is not UTF-8, which the output's names must be; rename the file")
         values: dict[str, Any] = {f.name: columns[f.name] for f in self.fields}
         for name in self.images:
             if self.max_size is not None:
@@ -376,6 +379,17 @@ def _same_size(data: Any, width: int, height: int) -> None:
     if (header.width, header.height) != (width, height):
         raise ValueError(f"the image is {header.width}x{header.height} and the first was {width}x{height}; "
                          "--decode stores one size (give --max-size so that they agree, or leave --decode out)")
+
+
+def _utf8(name: str) -> bool:
+    """Whether ``name`` is text an output can hold (not one read with surrogate escapes)."""
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _safe_key(key: str) -> str:
