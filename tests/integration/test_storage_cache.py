@@ -7,6 +7,7 @@ log every request (method, path, Range header), add latency and count the reques
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import shutil
 from collections import Counter
 
@@ -243,3 +244,17 @@ def test_small_blocks_go_through_chunks_the_scan_already_fetched(server, tmp_pat
                          block_bytes=500, index_dir=False)
     assert sorted(epoch_ids(naiad.DataLoader(src, batch_size=32, shuffle=True, seed=0))) == list(range(1000))
     assert entries(small) >= len(src.blocks())
+
+
+def test_a_fifo_planted_as_a_cache_entry_is_not_waited_on(tmp_path) -> None:
+    # An entry is opened without blocking and used only if it is a regular file of its size.
+    from naiad.sources.cache import BlockCache
+
+    cache = BlockCache(str(tmp_path / "cache"), 1 << 20)
+    key = "ab" + "0" * 38
+    path = cache.path(key)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    assert cache.get(key, 10) is None
+    assert cache.get_or_fetch(key, 10, lambda: b"0123456789") == b"0123456789"
+    assert cache.get(key, 10) == b"0123456789"

@@ -52,6 +52,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -155,12 +156,13 @@ class BlockCache:
         stop = nbytes if stop is None else stop
         path = self.path(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted there never blocks the read
         except OSError:
             return None
         try:
-            if os.fstat(fd).st_size != nbytes:
-                self._remove(path)  # cut short: never data
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != nbytes:
+                self._remove(path)  # cut short, or not a file: never data
                 return None
             data = os.pread(fd, stop - start, start)
         except OSError:
