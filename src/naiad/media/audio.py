@@ -18,6 +18,11 @@ downsampling (an FFT convolution), so downsampling does not alias. It is cheap a
 for training features (spectrograms, learned front ends); linear interpolation attenuates the top
 of the band slightly (-1 dB near 0.6 of Nyquist, more above) and upsampling leaves faint images
 above the old Nyquist. For reference-quality resampling, resample the files offline.
+
+A header is checked before it is trusted (NOTE [ Decode bounds ] in ``trust/bounds.py``): its
+rate and channel count must be plausible, and without ``seconds`` a clip longer than
+``max_seconds`` is refused before it is decoded. The frames are read in chunks, each mixed to
+mono at once, so memory follows what decodes, not what the header claims.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 from naiad.errors import ConfigError
 from naiad.media.keys import KeyedBatchTransform, sample_uniforms
 from naiad.media.rows import default_threads, encoded, raise_failures, run_rows
+from naiad.trust import bounds
 
 __all__ = ["AudioOptions", "DecodeAudio", "decode_audio", "resample"]
 
@@ -56,6 +62,7 @@ class AudioOptions:
     sample_rate: int | None = None
     seconds: float | None = None
     crop: str = "start"
+    max_seconds: float | None = bounds.DEFAULT_MAX_AUDIO_SECONDS
 
 
 class DecodeAudio(KeyedBatchTransform):
@@ -123,27 +130,23 @@ class DecodeAudio(KeyedBatchTransform):
 
 
 def _decode(sf: Any, data: bytes | memoryview, opts: AudioOptions, offset: float | None) -> tuple[np.ndarray, int]:
-    """One clip as mono float32 at the target rate, cropped and padded: ``(samples, file's rate)``."""
+    """One clip as mono float32 at the target rate, cropped and padded: ``(samples, file's rate)``.
+    Its header is checked first (NOTE [ Decode bounds ])."""
     with sf.SoundFile(io.BytesIO(data)) as f:
-        rate, frames = int(f.samplerate), int(f.frames)
+        rate, frames, channels = int(f.samplerate), int(f.frames), int(f.channels)
+        # Without `seconds` the length is the header's word, so it is bounded; a crop bounds itself.
+        most = bounds.audio_frame_budget(rate, channels, frames, opts.max_seconds if opts.seconds is None else None)
         target = opts.sample_rate or rate
-        if opts.seconds is None:
-            length, need = None, frames
-        else:
+        length: int | None = None
+        need: int | None = None  # frames to read; None: to the end, however far that is
+        if opts.seconds is not None:
             length = int(round(opts.seconds * target))
             # the source frames that cover `length` output samples (+1: the last interpolation's
             # right neighbour)
             need = min(frames, math.ceil(length * rate / target) + (rate != target))
-        start = 0
-        if frames > need:
-            if opts.crop == "center":
-                start = (frames - need) // 2
-            elif opts.crop == "random":
-                assert offset is not None
-                start = min(int(offset * (frames - need + 1)), frames - need)
-            f.seek(start)
-        samples = f.read(need, dtype="float32", always_2d=True)
-    mono = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]
+            if frames > need:
+                f.seek(_crop_start(frames, need, opts.crop, offset))
+        mono = _read_mono(f, need, most, opts.max_seconds)
     if rate != target:
         mono = resample(mono, rate, target)
     mono = np.ascontiguousarray(mono, dtype=np.float32)
@@ -152,6 +155,35 @@ def _decode(sf: Any, data: bytes | memoryview, opts: AudioOptions, offset: float
     out = np.zeros(length, dtype=np.float32)
     out[: min(length, len(mono))] = mono[:length]
     return out, rate
+
+
+def _crop_start(frames: int, need: int, crop: str, offset: float | None) -> int:
+    """The first of ``need`` frames to read out of ``frames``, as ``crop`` says."""
+    if crop == "center":
+        return (frames - need) // 2
+    if crop == "random":
+        assert offset is not None  # drawn whenever the crop is random
+        return min(int(offset * (frames - need + 1)), frames - need)
+    return 0
+
+
+def _read_mono(f: Any, need: int | None, most: int | None, max_seconds: float | None) -> np.ndarray:
+    """Up to ``need`` frames (None: to the end) from ``f``'s position, mixed to mono float32, read
+    a chunk at a time (``f.read`` allocates the frames it is asked for up front); refused once
+    more than ``most`` frames have come."""
+    chunk = bounds.audio_chunk_frames(int(f.channels))
+    parts: list[np.ndarray] = []
+    read = 0
+    while need is None or read < need:
+        block = f.read(chunk if need is None else min(chunk, need - read), dtype="float32", always_2d=True)
+        if len(block) == 0:
+            break
+        read += len(block)
+        bounds.check_audio_frames(read, most, int(f.samplerate), max_seconds)
+        parts.append(block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0])
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
 
 
 def resample(samples: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
@@ -190,6 +222,7 @@ def decode_audio(
     key: str = "__index__",
     epoch_key: str | None = "__epoch__",
     threads: int | None = None,
+    max_seconds: float | None = bounds.DEFAULT_MAX_AUDIO_SECONDS,
 ) -> DecodeAudio:
     """A transform that decodes a batch's audio clips to mono float32, in threads (needs
     ``naiad[audio]``).
@@ -205,6 +238,12 @@ def decode_audio(
             sample by ``seed``, ``key`` and ``epoch_key``, as in ``decode_images``).
         seed, key, epoch_key: see ``naiad.decode_images``.
         threads: threads decoding one batch (None: the usable cores, divided among workers).
+        max_seconds: without ``seconds``, the longest clip decoded: a clip whose header says it
+            is longer is refused before it is decoded (a failed sample), and so is one that
+            decodes more frames than that, so the output never passes ``max_seconds`` at the
+            output rate. None: no limit. With ``seconds``, the crop bounds the output instead.
+            Whatever it is, a header rate outside 100 Hz to 384 kHz or more than 256 channels
+            is refused (NOTE [ Decode bounds ] in ``trust/bounds.py``).
 
     Example::
 
@@ -217,10 +256,19 @@ def decode_audio(
         raise ConfigError(f"`sample_rate` must be None or a positive int (Hz), got {sample_rate!r}.")
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0):
         raise ConfigError(f"`seconds` must be None or a positive number, got {seconds!r}.")
+    if max_seconds is not None and (
+        isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or not 0 < max_seconds < math.inf
+    ):
+        raise ConfigError(f"`max_seconds` must be None (no limit) or a positive finite number, got {max_seconds!r}.")
     if crop not in ("start", "center", "random"):
         raise ConfigError(f"`crop` must be 'start', 'center' or 'random', got {crop!r}.")
     if crop != "start" and seconds is None:
         raise ConfigError(f"`crop={crop!r}` needs `seconds`, the length to crop to.")
     soundfile()  # fail here, not in a worker, when the extra is missing
-    options = AudioOptions(sample_rate=sample_rate, seconds=None if seconds is None else float(seconds), crop=crop)
+    options = AudioOptions(
+        sample_rate=sample_rate,
+        seconds=None if seconds is None else float(seconds),
+        crop=crop,
+        max_seconds=None if max_seconds is None else float(max_seconds),
+    )
     return DecodeAudio(column, options, seed=seed, key=key, epoch_key=epoch_key, threads=threads)

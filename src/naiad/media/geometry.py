@@ -8,10 +8,10 @@ which box of the output canvas (in output pixels, ints). The decoder picks the D
 * a random crop (``resized`` None): cut the box from the decoded pixels, then resize the cut
   (``RandomResizedCrop`` crops, then resizes);
 * a resize (``resized`` = the whole image's resized size) with a centre crop: resize the image to
-  ``resized`` and keep ``window`` of it (``Resize`` then ``CenterCrop``). Only the output up to the
-  window's far edges is computed (the input is cut past them, the resize's scale given
-  explicitly), so the crop costs little, and the pixels are the same as resizing the whole image:
-  cutting the near side too would move the output grid by a fraction of a pixel.
+  ``resized`` and keep ``window`` of it (``Resize`` then ``CenterCrop``). Only (about) the window
+  is computed: the input is cut to the span of each axis that :func:`resize_span` gives (NOTE [
+  Resizing a window ]), so the crop costs little however long the image, and the pixels are
+  those of resizing the whole image.
 
 The rules are torchvision's: ``Resize(N)`` keeps the aspect ratio with the shorter side N and the
 longer side truncated (``int(N * long / short)``); ``CenterCrop`` offsets by
@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,7 @@ __all__ = [
     "cover_size",
     "dct_reduction",
     "random_resized_crop",
+    "resize_span",
     "shorter_side_size",
     "whole",
 ]
@@ -169,3 +171,93 @@ def dct_reduction(placement: Placement, *, limit: int = 8) -> int:
     while reduction * 2 <= min(room, limit):
         reduction *= 2
     return reduction
+
+
+# NOTE [ Resizing a window ]
+# torch's antialiased resize, given the scale s explicitly (``F.interpolate(scale_factor=s,
+# recompute_scale_factor=False)``), maps output pixel i to input position (i + 0.5) / s - 0.5
+# and weighs the input pixels within the filter's reach of it (1/s input pixels on each side for
+# bilinear downscaling, 2/s for bicubic; 1 or 2 when enlarging). So a window of the resized image
+# can be computed from a span of the input, with the same pixels as resizing it whole:
+#
+# * the far side: cut the input past the window's far edge plus the filter's reach (the output
+#   there is never read);
+# * the near side: cut k input pixels only where k * s is a whole number m, so output pixel i of
+#   the span is output pixel i + m of the whole image exactly (k a multiple of
+#   inside / gcd(inside, out)), and at least the filter's reach before the window, so no weight
+#   of a window pixel is cut. Any other k would move the grid by a fraction of a pixel (0.56
+#   levels of mean difference on ImageNet-shaped photos). Without it, a 1x8000 image bound for a
+#   224 centre crop is resized to 224 x 896,112 to keep 224 x 224 of it: 1.2 GB. A near cut is
+#   made only when it saves NEAR_CUT_MIN_SKIP output pixels or more along the axis, so ordinary
+#   photos take the far cut alone.
+#
+# The arithmetic of the two is the same in exact numbers; in floats the positions differ by a
+# few ulps, and the uint8 weights (rounded from them) came out bit for bit the same in every
+# shape tried (24,000 elongated shapes with a near cut, bilinear and bicubic, enlarged and
+# shrunk, when this was written; tests/unit/test_decode_images.py keeps a sample and allows one
+# level, the most a weight rounding the other way could move a pixel of one pass).
+#
+# A shape whose resized length shares no useful factor with its own (3x20000 resized to 224 x
+# 1,493,333) has no aligned cut near its window. Computed up to the far edge it would take a
+# gigabyte for a 224x224 crop, so it is cut at the whole input pixel before the reach instead,
+# and its window lands less than one output pixel from where the whole resize puts it: such
+# shapes (long strips whose lengths share no factor) alone trade exactness for memory, and
+# tests/unit/test_decode_bounds.py holds their pixels near the whole resize's.
+#
+# One torch rule shapes the span too: a resize whose output length equals its input's along an
+# axis is skipped there as the identity, whatever the scale. Enlarging slightly (255 rows to
+# 256) a span of n rows with floor(n * s) == n would come out unresized, so such a span is
+# widened until it grows.
+
+NEAR_CUT_MIN_SKIP = 1024
+"""The fewest resized pixels along an axis a near cut must skip to be made (NOTE [ Resizing a
+window ])."""
+
+
+class Span(NamedTuple):
+    """One axis of a resized window (NOTE [ Resizing a window ]): resize input pixels
+    ``[start, stop)`` by ``scale``; the first output pixel is the whole resize's ``skip``
+    (exactly, or, where no cut keeps the grid, less than one output pixel from it: ``exact``)."""
+
+    start: int
+    stop: int
+    scale: float
+    skip: int
+    exact: bool = True
+
+
+def resize_span(inside: int, out: int, near: int, far: int) -> Span:
+    """The input span that pixels ``[near, far)`` of ``inside`` pixels resized to ``out`` need,
+    and the scale to resize it by (NOTE [ Resizing a window ])."""
+    if out == inside:  # no resize along this axis: torch copies it, any cut is exact
+        return Span(near, far, 1.0, near)
+    scale = out / inside
+    while math.floor(inside * scale) < out:  # the float division may land just below
+        scale = math.nextafter(scale, math.inf)
+    reach = 2.0 * max(1.0, 1.0 / scale)  # bicubic's (bilinear's is half): +-2 output pixels
+    stop = min(inside, math.ceil((far + 2) / scale + reach) + 1)
+    start = skip = 0
+    if near >= NEAR_CUT_MIN_SKIP:  # else no cut can skip enough (skip <= near): ordinary photos
+        before = (near + 0.5) / scale - reach - 2
+        start = _near_cut(inside, out, before)
+        skip = start * out // inside  # exact: start * out is a multiple of inside
+        if skip < NEAR_CUT_MIN_SKIP:  # no aligned cut near the window: the nearest whole pixel
+            start = max(0, int(before))
+            skip = start * out // inside  # the window moves by less than one output pixel
+    if scale > 1.0 and math.floor((stop - start) * scale) <= stop - start:
+        # torch would take this span as the identity: widen it until it grows (at most the whole)
+        stop = min(inside, max(stop, start + math.ceil(1.0 / (scale - 1.0)) + 2))
+        if math.floor((stop - start) * scale) <= stop - start:
+            start = skip = 0
+            stop = inside
+    if start and math.floor((stop - start) * scale) < far - skip:  # a float lost the last pixel
+        start = skip = 0
+    return Span(start, stop, scale, skip, exact=start * out % inside == 0)
+
+
+def _near_cut(inside: int, out: int, before: float) -> int:
+    """The largest k <= ``before`` with ``k * out / inside`` whole (0 if none)."""
+    if before < 1.0:
+        return 0
+    step = inside // math.gcd(inside, out)
+    return int(before) // step * step

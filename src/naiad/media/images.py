@@ -14,13 +14,19 @@ through the fastest path it allows:
    doing the same DCT shrink for JPEG, then ``convert(mode)``.
 
 Then the crop is cut from the decoded pixels (crop before resize: the pixels outside it are
-never resized) and resized with torch's uint8 antialiased resampling (bilinear by default), which
-measured 3-4x faster than Pillow's ``Image.resize`` on this machine (bench/RESULTS.md,
+never resized; a centre crop resizes only the input span its window needs, NOTE [ Resizing a
+window ] in ``media/geometry.py``) and resized with torch's uint8 antialiased resampling
+(bilinear by default), which measured 3-4x faster than Pillow's ``Image.resize`` on this machine (bench/RESULTS.md,
 "Decoding"), straight into the batch's preallocated ``uint8 [B, C, H, W]`` tensor.
 
 Random crops and flips are keyed per sample (NOTE [ Keyed sample randomness ] in
 ``media/keys.py``), so a sample gets the same pixels in the same epoch whatever batch or worker
 it lands in, and a resumed epoch delivers the same pixels.
+
+Every array a decode makes (the image at its header's size, each resize, the output) is checked
+against a pixel budget before it is allocated (``max_pixels``, by default Pillow's own limit:
+NOTE [ Decode bounds ] in ``trust/bounds.py``), so a few bytes claiming a huge or extremely
+elongated image are refused, not decoded.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from naiad.media import geometry
 from naiad.media.geometry import Placement
 from naiad.media.keys import KeyedBatchTransform, sample_uniforms
 from naiad.media.rows import default_threads, encoded, raise_failures, run_rows
+from naiad.trust import bounds
+from naiad.trust.bounds import PixelBudget
 
 __all__ = ["DecodeImages", "ImageOptions", "decode_images", "normalize"]
 
@@ -81,6 +89,7 @@ class ImageOptions:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     interpolation: str = "bilinear"
+    max_pixels: int | None = None
 
     @property
     def random(self) -> bool:
@@ -165,19 +174,21 @@ class DecodeImages(KeyedBatchTransform):
             listed = [None] * rows
         pil = pillow()
         sj = simplejpeg()
+        # Read per batch, so a change of Pillow's limit counts from the next batch on.
+        budget = bounds.pixel_budget(opts.max_pixels, pil.MAX_IMAGE_PIXELS, error=pil.DecompressionBombError)
 
         def work(i: int) -> None:
             draws = None
             if keys is not None:
                 assert seed is not None and epoch is not None
                 draws = sample_uniforms(seed, epoch, int(keys[i]), _DRAWS)
-            pixels, placement, size = _decode(encoded(values[i]), opts, draws, pil, sj)
+            pixels, placement, size = _decode(encoded(values[i]), opts, draws, pil, sj, budget)
             flip = draws is not None and opts.flip and draws[geometry.RRC_DRAWS] < 0.5
             if batch_out is not None:
-                _place(canvases[i], pixels, placement, size, flip, opts.interpolation)
+                _place(canvases[i], pixels, placement, size, flip, opts.interpolation, budget)
             else:
                 canvas = np.empty((channels, *placement.canvas), dtype=np.uint8)
-                _place(canvas, pixels, placement, size, flip, opts.interpolation)
+                _place(canvas, pixels, placement, size, flip, opts.interpolation, budget)
                 listed[i] = torch.from_numpy(canvas)
 
         failures = run_rows(work, rows, self.threads or default_threads())
@@ -188,19 +199,19 @@ class DecodeImages(KeyedBatchTransform):
 
 
 def _decode(
-    data: bytes | memoryview, opts: ImageOptions, draws: np.ndarray | None, pil: Any, sj: Any
+    data: bytes | memoryview, opts: ImageOptions, draws: np.ndarray | None, pil: Any, sj: Any, budget: PixelBudget
 ) -> tuple[np.ndarray, Placement, tuple[int, int]]:
     """Decode one image, shrunk in the DCT where its crop allows: ``(pixels HWC uint8, placement,
-    (source width, source height))``."""
+    (source width, source height))``. Its header's size and its output are checked against
+    ``budget`` first."""
     if sj is not None and bytes(data[:3]) == b"\xff\xd8\xff":
         try:
             height, width, _, _ = sj.decode_jpeg_header(data)
         except ValueError:
             pass  # Pillow below reads it or says what is wrong with it
         else:
-            placement = opts.placement(width, height, draws)
+            placement = _checked_placement(opts, width, height, draws, budget)
             reduction = geometry.dct_reduction(placement)
-            _check_pixels(width * height // (reduction * reduction), pil)
             try:
                 pixels = sj.decode_jpeg(
                     data,
@@ -220,7 +231,7 @@ def _decode(
         ) from None
     with opened as image:
         width, height = image.size
-        placement = opts.placement(width, height, draws)
+        placement = _checked_placement(opts, width, height, draws, budget)  # before any pixel loads
         reduction = geometry.dct_reduction(placement)
         if reduction > 1 and image.format == "JPEG":
             image.draft("L" if opts.mode == "L" else "RGB", (width // reduction, height // reduction))
@@ -231,15 +242,13 @@ def _decode(
     return pixels, placement, (width, height)
 
 
-def _check_pixels(pixels: int, pil: Any) -> None:
-    # Pillow refuses images over twice its MAX_IMAGE_PIXELS (a decompression bomb); the
-    # simplejpeg path keeps the same limit, so a hostile header cannot make it allocate gigabytes.
-    limit = pil.MAX_IMAGE_PIXELS
-    if limit is not None and pixels > 2 * limit:
-        raise pil.DecompressionBombError(
-            f"image of {pixels} pixels exceeds twice PIL.Image.MAX_IMAGE_PIXELS ({limit}): a "
-            "decompression bomb? Raise PIL.Image.MAX_IMAGE_PIXELS to read it."
-        )
+def _checked_placement(opts: ImageOptions, width: int, height: int, draws: np.ndarray | None, budget: PixelBudget) -> Placement:
+    """The placement of a ``width`` x ``height`` image, its full size (as the header says, not
+    after a DCT shrink) and its output canvas checked against ``budget`` (NOTE [ Decode bounds ])."""
+    budget.check("the image", width, height)
+    placement = opts.placement(width, height, draws)
+    budget.check("its output", placement.canvas[1], placement.canvas[0])
+    return placement
 
 
 def _place(
@@ -249,14 +258,15 @@ def _place(
     size: tuple[int, int],
     flip: bool,
     interpolation: str,
+    budget: PixelBudget,
 ) -> None:
     """Crop and resize ``pixels`` (``[H, W, C]``, decoded, maybe DCT-shrunk, from a source of
     ``size``) as the placement says (``media/geometry.py``) and write them into ``canvas``
-    (``[C, H, W]``)."""
+    (``[C, H, W]``); a resize over ``budget`` is refused before it runs."""
     if placement.resized is not None:
-        part = _resize_window(pixels, placement, interpolation)
+        part = _resize_window(pixels, placement, interpolation, budget)
     else:
-        part = _crop_resize(pixels, placement, size, interpolation)
+        part = _crop_resize(pixels, placement, size, interpolation, budget)
     dx0, dy0, dx1, dy1 = placement.dst
     if flip:
         part = part[:, :, ::-1]
@@ -266,9 +276,28 @@ def _place(
     canvas[:, dy0:dy1, dx0:dx1] = part
 
 
-def _resize(pixels: np.ndarray, size: tuple[int, int] | None, scales: tuple[float, float] | None, interpolation: str) -> np.ndarray:
+def _resize(
+    pixels: np.ndarray,
+    size: tuple[int, int] | None,
+    scales: tuple[float, float] | None,
+    interpolation: str,
+    budget: PixelBudget,
+) -> np.ndarray:
     """``[H, W, C]`` pixels resized by torch's uint8 antialiased kernel to ``size`` (or by
-    ``scales``, the output size then ``floor(input * scale)``): ``[C, h, w]``."""
+    ``scales``, the output size then ``floor(input * scale)``): ``[C, h, w]``. Refused before
+    it allocates when its output or its first pass's is over ``budget``."""
+    in_h, in_w = pixels.shape[:2]
+    if scales is not None:
+        out_h, out_w = math.floor(in_h * scales[0]), math.floor(in_w * scales[1])
+    else:
+        assert size is not None
+        out_h, out_w = size
+    budget.check("its resize", out_w, out_h)
+    # The resize is separable: its first pass makes in_h x out_w (rows first) or out_h x in_w.
+    if in_h * out_w >= out_h * in_w:
+        budget.check("its resize's first pass", out_w, in_h)
+    else:
+        budget.check("its resize's first pass", in_w, out_h)
     image = torch.from_numpy(pixels).permute(2, 0, 1)[None]  # channels-last: the fast uint8 kernel
     if scales is not None:
         resized = F.interpolate(image, scale_factor=scales, mode=interpolation, antialias=True, recompute_scale_factor=False)
@@ -277,7 +306,9 @@ def _resize(pixels: np.ndarray, size: tuple[int, int] | None, scales: tuple[floa
     return resized[0].numpy()
 
 
-def _crop_resize(pixels: np.ndarray, placement: Placement, size: tuple[int, int], interpolation: str) -> np.ndarray:
+def _crop_resize(
+    pixels: np.ndarray, placement: Placement, size: tuple[int, int], interpolation: str, budget: PixelBudget
+) -> np.ndarray:
     """The placement's source box cut from ``pixels`` (rounded to whole decoded pixels), then
     resized to its output box: torchvision's order for ``RandomResizedCrop``. ``[C, h, w]``."""
     height, width = pixels.shape[:2]
@@ -291,32 +322,29 @@ def _crop_resize(pixels: np.ndarray, placement: Placement, size: tuple[int, int]
     crop = pixels[cy0:cy1, cx0:cx1]
     if crop.shape[:2] == (dy1 - dy0, dx1 - dx0):
         return crop.transpose(2, 0, 1)
-    return _resize(crop, (dy1 - dy0, dx1 - dx0), None, interpolation)
+    return _resize(crop, (dy1 - dy0, dx1 - dx0), None, interpolation, budget)
 
 
-def _resize_window(pixels: np.ndarray, placement: Placement, interpolation: str) -> np.ndarray:
+def _resize_window(
+    pixels: np.ndarray, placement: Placement, interpolation: str, budget: PixelBudget = PixelBudget(None)
+) -> np.ndarray:
     """``pixels`` resized to ``placement.resized``, and of that only ``placement.window``:
-    torchvision's ``Resize`` then ``CenterCrop``, without computing the rows and columns past the
-    window's far edges (the input is cut past them, plus the filter's reach, and the scale is
-    given explicitly, so the output grid stays that of the whole image). ``[C, h, w]``."""
+    torchvision's ``Resize`` then ``CenterCrop``, computing only (about) the window: the input is
+    cut to the span each axis needs and resized by the whole image's scale, given explicitly
+    (NOTE [ Resizing a window ] in ``media/geometry.py``). The pixels are those of resizing the
+    whole image then cropping: bit for bit in every shape tested, and held by the tests to at
+    most one level apart where a near cut's float positions could round otherwise. ``[C, h, w]``."""
     assert placement.resized is not None and placement.window is not None
     height, width = pixels.shape[:2]
     rw, rh = placement.resized
     vx0, vy0, vx1, vy1 = placement.window
     if (rh, rw) == (height, width):
         return pixels[vy0:vy1, vx0:vx1].transpose(2, 0, 1)
-    scales, keep = [], []
-    for inside, out, far in ((height, rh, vy1), (width, rw, vx1)):
-        scale = out / inside
-        while math.floor(inside * scale) < out:  # the float division may land just below
-            scale = math.nextafter(scale, math.inf)
-        # Past `far` in the output, the filter reaches at most 2 input pixels per output pixel
-        # (bicubic; bilinear 1) beyond the mapped position, or 2 input pixels when enlarging.
-        reach = math.ceil((far + 2) / scale + 2 * max(1.0, 1.0 / scale)) + 1
-        keep.append(min(inside, reach))
-        scales.append(scale)
-    resized = _resize(pixels[: keep[0], : keep[1]], None, (scales[0], scales[1]), interpolation)
-    return resized[:, vy0:vy1, vx0:vx1]
+    rows = geometry.resize_span(height, rh, vy0, vy1)
+    cols = geometry.resize_span(width, rw, vx0, vx1)
+    part = pixels[rows.start : rows.stop, cols.start : cols.stop]
+    resized = _resize(part, None, (rows.scale, cols.scale), interpolation, budget)
+    return resized[:, vy0 - rows.skip : vy1 - rows.skip, vx0 - cols.skip : vx1 - cols.skip]
 
 
 def decode_images(
@@ -334,6 +362,7 @@ def decode_images(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     interpolation: str = "bilinear",
     threads: int | None = None,
+    max_pixels: int | None = None,
 ) -> DecodeImages:
     """A transform that decodes a batch's images, in threads (needs ``naiad[images]``).
 
@@ -363,6 +392,13 @@ def decode_images(
         interpolation: ``"bilinear"`` (torchvision's default) or ``"bicubic"``, both antialiased.
         threads: threads decoding one batch (None: the usable cores, divided among naiad's
             workers inside a worker).
+        max_pixels: the most pixels any array of one image's decode may hold: the image at its
+            header's size, each resize, the output (NOTE [ Decode bounds ] in
+            ``trust/bounds.py``). An image over it is refused before it is decoded, as a failed
+            sample. None: Pillow's own limit, twice ``PIL.Image.MAX_IMAGE_PIXELS`` as it is when
+            the batch is decoded (no limit if that is None). Pillow still refuses to open images
+            over its limit, so a larger ``max_pixels`` reaches those only if
+            ``PIL.Image.MAX_IMAGE_PIXELS`` is raised too.
 
     Example::
 
@@ -402,6 +438,8 @@ def decode_images(
             f"`crop='random'` crops the original image (RandomResizedCrop); `resize` must stay "
             f"'shorter', got {resize!r}."
         )
+    if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1):
+        raise ConfigError(f"`max_pixels` must be None (Pillow's limit) or a positive int, got {max_pixels!r}.")
     for name, pair in (("scale", scale), ("ratio", ratio)):
         if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
             raise ConfigError(f"`{name}` must be (low, high) with 0 < low <= high, got {pair!r}.")
@@ -415,6 +453,7 @@ def decode_images(
         scale=(float(scale[0]), float(scale[1])),
         ratio=(float(ratio[0]), float(ratio[1])),
         interpolation=interpolation,
+        max_pixels=max_pixels,
     )
     return DecodeImages(column, options, seed=seed, key=key, epoch_key=epoch_key, threads=threads)
 
