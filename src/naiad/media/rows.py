@@ -17,6 +17,17 @@ The pool is one per process (made again after a fork, where the parent's threads
 and its threads are marked as one core each, so nothing they call spreads further. How many
 threads a batch uses (``default_threads``): every usable core outside naiad's workers; inside a
 pool of N process (or thread) workers, the cores divided among the N, at least one each.
+
+Its threads are :class:`~naiad.parallel.threads.DaemonThreads` (NOTE [ Daemon threads ]): a
+decoder stuck for good on one hostile file must not keep the process from exiting once the
+loader's timeout has raised. A stream's pass shuts the pool down when it closes (its end, a
+``break``, an error: :func:`release_threads`), and exit shuts it down too: the idle threads end,
+a stuck one is left (a daemon), and the next batch to decode makes a new pool, so a thread lost
+to a stuck file does not stay one thread short. The batches already handed to the pool finish
+on it: a batch's calls are queued together, under the pool's lock, before any shutdown's
+``None``, so a pass that ends does not cut short another's decode. A pass may also be closed by
+the cyclic collector, in whichever thread allocates, perhaps one queueing a batch's calls under
+that lock: its shutdown then waits for them to be queued, and is done by that thread after them.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from typing import Any
 
 import numpy as np
@@ -32,14 +43,27 @@ import torch
 
 from naiad.errors import DecodeError
 from naiad.parallel.context import get_worker_context
-from naiad.parallel.threads import one_core_each, usable_cores
+from naiad.parallel.threads import DaemonThreads, one_core_each, usable_cores
 
-__all__ = ["default_threads", "drop_rows", "encoded", "raise_failures", "run_rows", "sample_name"]
+__all__ = ["default_threads", "drop_rows", "encoded", "raise_failures", "release_threads", "run_rows", "sample_name"]
 
 _lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
+_owner = 0  # the thread holding _lock while it queues a batch's calls
+_release_asked = False  # by a finalizer in that thread (release_threads)
+_pool: DaemonThreads | None = None
 _pool_size = 0
 _pool_pid = -1
+
+
+def _after_fork_in_child() -> None:
+    # The child has none of the parent's threads, and the lock may have been held by one of them
+    # at the fork (a batch's calls are queued under it): start again with both fresh.
+    global _lock, _owner, _release_asked, _pool
+    _lock, _owner, _release_asked, _pool = threading.Lock(), 0, False, None
+
+
+if hasattr(os, "register_at_fork"):  # POSIX: no fork elsewhere
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_threads() -> int:
@@ -51,19 +75,61 @@ def default_threads() -> int:
     return cores
 
 
-def _executor(threads: int) -> ThreadPoolExecutor:
+def _executor(threads: int) -> DaemonThreads:
+    """This process's decode pool, with room for ``threads`` (call with ``_lock`` held)."""
     global _pool, _pool_size, _pool_pid
+    # Sized for every core, not one batch's share: thread workers each decode their own batch
+    # on it at once.
+    size = max(threads, usable_cores())
+    # Also made again once shut down at exit, for a read-ahead thread's last task.
+    if _pool is None or _pool_pid != os.getpid() or _pool_size < size or _pool.closed:
+        old = _pool if _pool_pid == os.getpid() else None
+        _pool = DaemonThreads(size, name="naiad-decode", initializer=one_core_each)
+        _pool_size, _pool_pid = size, os.getpid()
+        if old is not None:
+            old.shutdown()  # its running batches finish; new ones use the new pool
+    return _pool
+
+
+def release_threads() -> None:
+    """Shut this process's decode pool down (NOTE [ Decode threads ]): its idle threads end, a
+    batch it holds finishes, a stuck one is left; the next batch to decode makes a new pool."""
+    global _release_asked
+    if _owner == threading.get_ident():
+        # A pass's close run by the cyclic collector in this very thread, while it queues a
+        # batch's calls under the lock: that batch releases the pool once they are queued.
+        _release_asked = True
+        return
     with _lock:
-        # Sized for every core, not one batch's share: thread workers each decode their own
-        # batch on it at once.
-        size = max(threads, usable_cores())
-        if _pool is None or _pool_pid != os.getpid() or _pool_size < size:
-            old = _pool if _pool_pid == os.getpid() else None
-            _pool = ThreadPoolExecutor(size, thread_name_prefix="naiad-decode", initializer=one_core_each)
-            _pool_size, _pool_pid = size, os.getpid()
-            if old is not None:
-                old.shutdown(wait=False)  # its running batches finish; new ones use the new pool
-        return _pool
+        old = _take_pool()
+    if old is not None:
+        old.shutdown()
+
+
+def _take_pool() -> DaemonThreads | None:
+    """This process's pool, forgotten (call with ``_lock`` held)."""
+    global _pool
+    old, _pool = (_pool if _pool_pid == os.getpid() else None), None
+    return old
+
+
+def _queue(call: Callable[[], None], threads: int) -> list[Future[None]]:
+    """``call`` queued ``threads`` times on this process's pool, all of them before any
+    shutdown's ``None`` (NOTE [ Decode threads ])."""
+    global _owner, _release_asked
+    released = None
+    with _lock:
+        _owner = threading.get_ident()
+        try:
+            pool = _executor(threads)
+            futures: list[Future[None]] = [pool.submit(call) for _ in range(threads)]
+        finally:
+            if _release_asked:  # by a finalizer in this thread, meanwhile
+                _release_asked, released = False, _take_pool()
+            _owner = 0  # last: nothing between this and the lock's release can run a finalizer
+    if released is not None:
+        released.shutdown()
+    return futures
 
 
 def run_rows(work: Callable[[int], None], rows: int, threads: int) -> dict[int, BaseException]:
@@ -87,8 +153,9 @@ def run_rows(work: Callable[[int], None], rows: int, threads: int) -> dict[int, 
             except Exception as exc:  # noqa: BLE001 - reported per row by the caller
                 failures[i] = exc
 
-    pool = _executor(threads)
-    futures = [pool.submit(drain) for _ in range(threads)]
+    futures = _queue(drain, threads)
+    # Unbounded: this thread is a decode stage's or a worker's, and whoever waits for it does so
+    # under the loader's timeout (docs/WORKERS.md, "Threads, processes and waits").
     wait(futures)
     for future in futures:
         future.result()  # drain itself never raises; this re-raises only a BaseException

@@ -26,7 +26,9 @@ gives every sample the same shape of at most ``READ_DECODE_MAX_BYTES`` (a fixed 
 
 Elsewhere :class:`DecodeAhead` runs the transform on :class:`~naiad.parallel.ahead.OrderedStage`
 threads under the pass's base seed and epoch, and results leave in the stream's order; its
-skipped samples are counted as the read's are (``BatchStream.skipped_late``).
+skipped samples are counted as the read's are (``BatchStream.skipped_late``). The loop's wait for
+a decoded batch is under the loader's ``timeout`` (NOTE [ Stage deadline ] in parallel/ahead.py),
+as a read's is under the pool's; in the reads the pool's deadline covers the decode too.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import numpy as np
 import torch
 
 from naiad.errors import DecodeError
+from naiad.media.rows import release_threads
 from naiad.parallel import HandlerFactory, WorkerContext
 from naiad.parallel.ahead import OrderedStage
 from naiad.parallel.context import enter, get_worker_context, leave, report_stage
@@ -82,10 +85,13 @@ class DecodeAhead(Iterator[Any]):
         base_seed: the pass's base seed (the loader's, kept in its state): the crops' seed.
         depth: batches in flight ahead of the loop.
         stage_seconds: where the decode time is added (the pool's, read by the telemetry).
+        timeout_s: the longest wait for one decoded batch (the pool's, the loader's
+            ``timeout``); None waits as long as the decode runs (NOTE [ Stage deadline ]).
     """
 
     def __init__(self, stream: BatchStream, transform: Callable[[Any], Any], *, index_column: str,
-                 base_seed: int, depth: int, stage_seconds: dict[str, float]) -> None:
+                 base_seed: int, depth: int, stage_seconds: dict[str, float],
+                 timeout_s: float | None = None) -> None:
         self.stream = stream
         self.transform = transform
         self.index_column = index_column
@@ -95,6 +101,7 @@ class DecodeAhead(Iterator[Any]):
         self._numbers: RowKeys | None = None
         self._stage: OrderedStage[tuple[int, Any], tuple[Any, list[dict[str, Any]], int, float]] = OrderedStage(
             self._numbered(), self._apply, threads=STAGE_THREADS, depth=max(STAGE_THREADS, depth), name="naiad-decode-stage",
+            timeout_s=timeout_s, describe=self._describe,
         )
 
     def _numbered(self) -> Iterator[tuple[int, Any]]:
@@ -112,9 +119,13 @@ class DecodeAhead(Iterator[Any]):
         return out
 
     def close(self) -> None:
-        """Stop the stage and the stream."""
+        """Stop the stage and the stream; the decode threads end (NOTE [ Decode threads ])."""
         self._stage.close()
         self.stream.close()
+        release_threads()
+
+    def _describe(self, item: tuple[int, Any]) -> str:
+        return f"the decode of batch {item[0]} of epoch {self.stream.epoch} by {self.transform!r:.200}"
 
     # -- on a stage thread --------------------------------------------------------------------
 

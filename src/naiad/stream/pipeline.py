@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from naiad.errors import StateError
+from naiad.media.rows import release_threads
 from naiad.parallel import HandlerFactory, WorkerPool
 from naiad.parallel.read_ahead import ReadAheadTuner
 from naiad.parallel.threads import usable_cores
@@ -204,8 +205,9 @@ class _DecodedInReads(Iterator[Any]):
         return batch
 
     def close(self) -> None:
-        """Stop the stream."""
+        """Stop the stream; this process's decode threads end (NOTE [ Decode threads ])."""
         self.stream.close()
+        release_threads()
 
 
 def _unset(tasks: Any) -> Iterator[Any]:
@@ -239,8 +241,9 @@ class StreamPass:
             self.stream.imap = lambda tasks: imap(SeededRead(task, epoch, seed) for task in tasks)
             return _DecodedInReads(self.stream, self.transform)
         # NOTE [ Decode in the workers ]: the decode a few batches ahead, on threads, in order.
+        # NOTE [ Stage deadline ]: the loop's wait for a decoded batch has the pool's bound.
         return DecodeAhead(self.stream, self.transform, index_column=index, base_seed=self.base_seed,
-                           depth=prefetch, stage_seconds=pool.stage_seconds)
+                           depth=prefetch, stage_seconds=pool.stage_seconds, timeout_s=pool.timeout_s)
 
     def state(self, delivered: int) -> dict[str, Any]:
         return self.stream.get_state(batches_yielded=self.start + delivered)
