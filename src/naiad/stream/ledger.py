@@ -26,11 +26,13 @@ NOTE [ Ledger bounds ]
 The ledger is bounded in memory and in a state, whatever the number of skipped rows (a corpus
 with millions of bad rows must not write megabytes into every checkpoint):
 
-* in memory (``loader.stats()``): the first ``KEEP_ENTRIES`` skipped rows in full, then counts
-  per (file, reason) (at most ``_MAX_KEYS`` of them; the rest as one "other reasons" count per
-  file); a reason is kept to its first ``MAX_REASON_CHARS`` characters;
+* in memory (``loader.stats()``): the first ``KEEP_ENTRIES`` skipped rows in full (a reason to
+  its first ``MAX_ENTRY_REASON_CHARS`` characters), then counts per (file, reason) (a reason to
+  its first ``MAX_REASON_CHARS``; at most ``_MAX_KEYS`` pairs, the rest as one "other reasons"
+  count per file);
 * in a state: the ``STATE_KEYS`` commonest (file, reason) counts, the rest as one count under
-  ("(other files)", "(other reasons)"), and the first ``STATE_ENTRIES`` entries: a few KB. The
+  ("(other files)", "(other reasons)"), and the first ``STATE_ENTRIES`` entries (their reasons
+  to ``MAX_REASON_CHARS`` characters): a few KB. The
   total, and so ``max_bad_rows`` and the state's ``bad_rows``, stay exact across a resume; the
   entries after a resume are the state's sample and the rows skipped since.
 
@@ -65,7 +67,10 @@ STATE_KEYS = 16
 """(file, reason) counts kept apart in a state; the rest are one count (NOTE [ Ledger bounds ])."""
 
 MAX_REASON_CHARS = 160
-"""A reason is kept to this many characters (a parser's message can quote a whole line)."""
+"""A reason is counted, and kept in a state, to this many characters (a parser's message can
+quote a whole line); an entry in memory keeps ``MAX_ENTRY_REASON_CHARS`` of it."""
+
+MAX_ENTRY_REASON_CHARS = 1000
 
 _LOG = logging.getLogger("naiad.bad_rows")
 _OTHER_FILES = "(other files)"
@@ -76,6 +81,11 @@ BAD_ID = "__naiad_bad_row__"
 _MAX_KEYS = 1000  # distinct (file, reason) counts
 _OTHER = "(other reasons)"
 _LOOKBEHIND = 4096  # batches a state may be taken behind the stream (a prefetcher's read-ahead)
+
+def _cut(text: str, most: int) -> str:
+    """``text``, or its first ``most`` characters ending in "..." when it is longer."""
+    return text if len(text) <= most else text[: most - 3] + "..."
+
 
 class BadRowLedger:
     """The rows a loader skipped: the first :data:`KEEP_ENTRIES` in full, counts for all.
@@ -108,10 +118,9 @@ class BadRowLedger:
             if log:
                 _LOG.info("%s", json.dumps({**e, "epoch": epoch}, default=str))
             reason = str(e.get("reason", ""))
-            if len(reason) > MAX_REASON_CHARS:
-                reason = reason[: MAX_REASON_CHARS - 3] + "..."
-                e = {**e, "reason": reason}
-            key = self._key(str(e.get("file", "")), reason)
+            if len(reason) > MAX_ENTRY_REASON_CHARS:
+                e = {**e, "reason": _cut(reason, MAX_ENTRY_REASON_CHARS)}
+            key = self._key(str(e.get("file", "")), _cut(reason, MAX_REASON_CHARS))
             self.counts[key] += 1
             keys.append(key)
             if len(self.entries) < self.keep:
@@ -156,7 +165,8 @@ class BadRowLedger:
         kept = counts.most_common(STATE_KEYS)
         rest = total - sum(n for _, n in kept)
         rows = [[path, reason, n] for (path, reason), n in kept] + ([[_OTHER_FILES, _OTHER, rest]] if rest else [])
-        entries = [dict(e) for i, e in enumerate(self.entries[: STATE_ENTRIES + len(left_out)]) if i not in left_out]
+        entries = [{**e, "reason": _cut(str(e.get("reason", "")), MAX_REASON_CHARS)}
+                   for i, e in enumerate(self.entries[: STATE_ENTRIES + len(left_out)]) if i not in left_out]
         return {"total": total, "counts": rows, "entries": entries[:STATE_ENTRIES]}
 
     def load(self, state: Any) -> None:
