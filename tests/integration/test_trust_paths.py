@@ -296,3 +296,49 @@ def test_naiad_convert_leaves_a_name_that_is_not_utf8_out_as_one_bad_row(tmp_pat
         assert result.bad_rows == 1
     converted = naiad.read_parquet(tmp_path / "skip" / "parquet" / "t.parquet")
     assert [k for b in naiad.DataLoader(converted, batch_size=4) for k in b["__key__"]] == ["b"]
+
+
+def test_a_link_inside_a_local_tables_folder_is_followed_only_inside_it(tmp_path):
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    (data / "img").mkdir(parents=True)
+    elsewhere.mkdir()
+    (tmp_path / "secret.bin").write_bytes(b"not yours")
+    (elsewhere / "2.png").write_bytes(png(2))
+    (data / "img" / "0.png").write_bytes(png(0))
+    os.symlink(tmp_path / "secret.bin", data / "img" / "cat.png")  # planted in a shared folder
+    os.symlink("..", data / "up")
+    os.symlink("0.png", data / "img" / "alias.png")  # a link inside: read
+    os.symlink(elsewhere / "2.png", data / "img" / "two.png")  # to a named root: read
+    paths = ["img/cat.png", "up/secret.bin", "img/alias.png", "img/two.png"]
+    (data / "t.parquet").write_bytes(table_of(paths))
+    loader = naiad.DataLoader(naiad.read_parquet(data / "t.parquet", on_bad_rows="skip"), batch_size=8)
+    assert next(iter(loader))["image"] == [png(0)]
+    reasons = [e["reason"] for e in loader.stats().bad_row_ledger]
+    assert len(reasons) == 3 and all("is a link to" in r for r in reasons)
+    named = naiad.read_parquet(data / "t.parquet", on_bad_rows="skip", media_roots=[str(elsewhere)])
+    assert next(iter(naiad.DataLoader(named, batch_size=8)))["image"] == [png(0), png(2)]
+
+
+def test_a_table_linked_into_a_blob_cache_reads_its_linked_files(tmp_path):
+    # The Hugging Face hub's cache: snapshots/<rev>/ holds links into blobs/, the table's too.
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "rev"
+    (snap / "img").mkdir(parents=True)
+    blobs.mkdir()
+    (blobs / "b1").write_bytes(png(7))
+    (blobs / "b2").write_bytes(table_of(["img/x.png"]))
+    os.symlink(blobs / "b1", snap / "img" / "x.png")
+    os.symlink(blobs / "b2", snap / "t.parquet")
+    assert next(iter(naiad.DataLoader(naiad.read_parquet(snap / "t.parquet"), batch_size=2)))["image"] == [png(7)]
+
+
+def test_a_path_naming_a_folder_is_a_bad_row(memory_bucket, tmp_path):
+    fs, root = memory_bucket
+    put(fs, f"{root}/d/img/0.png", png(0))
+    url = put(fs, f"{root}/d/t.parquet", table_of(["img", "img/", ".", "img/0.png"]))
+    loader = naiad.DataLoader(naiad.read_parquet(url, on_bad_rows="skip"), batch_size=8)
+    assert next(iter(loader))["image"] == [png(0)]
+    assert [e["row"] for e in loader.stats().bad_row_ledger] == [0, 1, 2]
+    (tmp_path / "img").mkdir()
+    (tmp_path / "t.parquet").write_bytes(table_of(["img", "."]))
+    loader = naiad.DataLoader(naiad.read_parquet(tmp_path / "t.parquet", on_bad_rows="skip"), batch_size=8)
+    assert next(iter(loader))["image"] == [] and len(loader.stats().bad_row_ledger) == 2

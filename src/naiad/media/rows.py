@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import threading
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, wait
 from typing import Any
@@ -151,7 +152,7 @@ def run_rows(work: Callable[[int], None], rows: int, threads: int) -> dict[int, 
             try:
                 work(i)
             except Exception as exc:  # noqa: BLE001 - reported per row by the caller
-                failures[i] = exc
+                failures[i] = _unlinked(exc)
 
     futures = _queue(drain, threads)
     # Unbounded: this thread is a decode stage's or a worker's, and whoever waits for it does so
@@ -247,7 +248,9 @@ def raise_failures(
     reasons = [f"{type(failures[i]).__name__}: {failures[i]}" for i in bad]
     shown = "; ".join(f"{k} (row {i}): {r}" for k, i, r in list(zip(keys, bad, reasons))[:5])
     more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
-    error = DecodeError(
+    # Raised as it is made, never held in a local: this frame, in the error's traceback, would
+    # hold the error, a cycle that keeps the batch until the collector runs.
+    raise DecodeError(
         f"{len(bad)} of {rows} {what} did not decode: {shown}{more}. The error's `rows` lists them "
         "and `kept` holds the batch without them.",
         column=column,
@@ -255,5 +258,15 @@ def raise_failures(
         keys=keys,
         reasons=reasons,
         kept=drop_rows(decoded, bad, rows),
-    )
-    raise error from failures[bad[0]]
+    ) from failures[bad[0]]
+
+
+def _unlinked(exc: Exception) -> Exception:
+    """A row's exception, its traceback kept for its lines but freed of what it held: the
+    locals of the frames it passed (a decoded image of hundreds of MB, the failing decoder's
+    buffers), and the pool thread's own frame, which holds the failures that hold the exception
+    (a cycle: a batch of images that failed to decode kept 530 MB until the next collection)."""
+    tb = exc.__traceback__
+    inner = tb.tb_next if tb is not None else None
+    traceback.clear_frames(inner)
+    return exc.with_traceback(inner)

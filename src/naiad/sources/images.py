@@ -47,6 +47,9 @@ __all__ = ["IMG_EXTENSIONS", "ImageFolderSource", "read_images"]
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``datasets.folder.IMG_EXTENSIONS`` (torchvision 0.28), matched in any case."""
 
+MAX_LISTED_BYTES = 1 << 50
+"""The largest file size a kept listing may record (a petabyte: anything above is a lie)."""
+
 LISTING_PARAMS: Mapping[str, Any] = {"kind": "image-folder", "version": 2, "extensions": list(IMG_EXTENSIONS)}
 
 
@@ -165,10 +168,10 @@ class ImageFolderSource(Source):
         return pa.schema(fields)
 
     def _file_blocks(self, path: str) -> list[Block]:
-        listing = self.listing()
-        # Each file weighs at least a byte on the grid: an empty file at the end of the listing
-        # would start at the grid's end, in no block, and never be read.
-        sizes = np.maximum(listing["sizes"], 1)
+        # Each file weighs at least a byte on the grid (an empty file at the end of the listing
+        # would start at the grid's end, in no block, and never be read), and at most what a read
+        # takes of it (a larger one is a bad row): the grid stays a few blocks a file.
+        sizes = np.maximum(self._sizes(), 1)
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         total = int(sizes.sum())
         step = self.block_bytes or sample_block_bytes(total)
@@ -181,14 +184,19 @@ class ImageFolderSource(Source):
         rows = np.concatenate([block.first_line + r for block, r in parts])
         return self._read_files(rows)
 
+    def _sizes(self) -> np.ndarray:
+        """The files' sizes as a read takes them: a larger file than ``max_media_bytes`` is a
+        bad row, so it weighs no more than that (and a kept listing's sizes sum bounded)."""
+        return np.minimum(self.listing()["sizes"], self.max_media_bytes + 1)
+
     def sample_bytes(self) -> int | None:
         """The files' mean size."""
-        sizes = self.listing()["sizes"]
+        sizes = self._sizes()
         return max(1, int(sizes.sum()) // max(len(sizes), 1))
 
     def parsed_bytes(self) -> int:
         """The files' bytes together."""
-        return int(self.listing()["sizes"].sum())
+        return int(self._sizes().sum())
 
     def empty_columns(self) -> Columns:
         """Zero rows of every column."""
@@ -322,16 +330,18 @@ def _implausible(a: Mapping[str, Any], root: str) -> str | None:
         classes, dirs, mtimes = a["classes"], a["dirs"], a["dir_mtimes"]
     except KeyError as exc:
         return f"no {exc.args[0]!r} array"
-    n = len(labels)
     if not (labels.dtype == sizes.dtype == ends.dtype == mtimes.dtype == np.int64 and blob.dtype == np.uint8
             and classes.dtype.kind == "U" and dirs.dtype.kind == "U"):
         return "arrays of other types"
     if any(x.ndim != 1 for x in (labels, sizes, ends, blob, classes, dirs, mtimes)):
         return "arrays of other shapes"
+    n = len(labels)
     if not (len(sizes) == len(ends) == n and len(dirs) == len(mtimes) and n):
         return "arrays of other lengths"
-    if np.any(np.diff(ends) <= 0) or ends[0] <= 0 or int(ends[-1]) != len(blob) or np.any(sizes < 0):
-        return "name offsets or sizes out of order"
+    if np.any(np.diff(ends) <= 0) or ends[0] <= 0 or int(ends[-1]) != len(blob):
+        return "name offsets out of order"
+    if np.any(sizes < 0) or np.any(sizes > MAX_LISTED_BYTES):
+        return "file sizes out of range"
     why = relative_names_ok(blob, ends)
     if why is not None:
         return why

@@ -117,7 +117,10 @@ def _read_media_file(where: str | None, table_path: str, store: Storage, access:
         return None, f"no bytes, and {refused}"
     try:
         if storage_mod.is_remote(url):
-            size = store.stat(url).size
+            info = store.stat(url)
+            if not info.is_file:
+                return None, f"no bytes, and its path {where!r} names a folder, not a file"
+            size = info.size
             if size > access.max_bytes:
                 return None, (f"no bytes, and the file at its path {where!r} holds {size:,} bytes, more than "
                               f"max_media_bytes={access.max_bytes:,}")

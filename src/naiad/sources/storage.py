@@ -80,11 +80,13 @@ def local_path(url: str) -> str:
 
 
 class ObjectInfo(NamedTuple):
-    """What identifies one version of an object: its size and ETag (or modification time)."""
+    """What identifies one version of an object: its size and ETag (or modification time); and
+    whether it is one (``is_file``: a prefix, or folder, is not)."""
 
     size: int
     etag: str | None
     mtime: str | None
+    is_file: bool = True
 
 
 # (pid, protocol, options as JSON) -> filesystem
@@ -320,7 +322,7 @@ def _object_info(info: Mapping[str, Any]) -> ObjectInfo:
     etag = info.get("ETag") or info.get("etag")
     mtime = info.get("LastModified") or info.get("last_modified") or info.get("mtime") or info.get("created")
     return ObjectInfo(int(info.get("size") or 0), str(etag).strip('"') if etag else None,
-                      str(mtime) if mtime is not None else None)
+                      str(mtime) if mtime is not None else None, info.get("type", "file") == "file")
 
 
 def _make_filesystem(protocol: str, options: Mapping[str, Any], url: str) -> Any:

@@ -84,18 +84,24 @@ def walk_members(f: io.BufferedIOBase, size: int, path: str) -> tuple[list[Membe
         SourceError: naming ``path``: not a tar, a member past the end of the file, or a shard
             cut short or damaged (no end-of-archive marker where the members end).
     """
+    capped = _Capped(f, size)
     try:
-        return _fast_walk(_Window(f, size).read, size)
+        return _fast_walk(_Window(capped, size).read, size)
     except _GiveUp:
-        return walk_with_tarfile(f, size, path)
+        return walk_with_tarfile(capped, size, path)
 
 
-def walk_with_tarfile(f: io.BufferedIOBase, size: int, path: str) -> tuple[list[Member], int]:
-    """:func:`walk_members` done by ``tarfile``: every dialect, and the reference for errors."""
+def walk_with_tarfile(f: io.BufferedIOBase | _Capped, size: int, path: str) -> tuple[list[Member], int]:
+    """:func:`walk_members` done by ``tarfile``: every dialect, and the reference for errors.
+    A member's bytes must lie inside the file and before the next header, and a sparse member
+    (stored as runs with holes between them, which a sample's bytes cannot be sliced from) is
+    refused."""
     members: list[Member] = []
+    data_end = 0  # where the last regular member's bytes end: the next header is not before it
+    f = f if isinstance(f, _Capped) else _Capped(f, size)
     try:
         f.seek(0)
-        with tarfile.open(fileobj=f, mode="r:") as tar:
+        with tarfile.open(fileobj=f, mode="r:") as tar:  # type: ignore[call-overload]
             while True:
                 info = tar.next()
                 if info is None:
@@ -106,6 +112,14 @@ def walk_with_tarfile(f: io.BufferedIOBase, size: int, path: str) -> tuple[list[
                         f"the tar is cut short: member {info.name!r} needs bytes up to "
                         f"{info.offset_data + info.size:,}, the file has {size:,}; is the shard truncated?",
                         path=path)
+                if info.offset < data_end:
+                    raise SourceError(f"the tar is damaged: the bytes of the member before {info.name!r} run into its "
+                                      "header (a size that is not the member's).", path=path)
+                if info.sparse is not None or info.type == tarfile.GNUTYPE_SPARSE:
+                    raise SourceError(f"member {info.name!r} is a sparse file (stored with holes, as tar -S writes it), "
+                                      "which a sample's bytes cannot be read from; write the shard without -S.", path=path)
+                if info.isreg():
+                    data_end = info.offset_data + info.size
                 members.append(Member(info.name, info.offset, info.offset_data, info.size, info.isreg()))
             # tarfile ends quietly at a header it cannot read past the first one: a shard cut
             # inside a header, or a damaged one, ends where the end-of-archive marker (a zero
@@ -117,15 +131,37 @@ def walk_with_tarfile(f: io.BufferedIOBase, size: int, path: str) -> tuple[list[
                 raise SourceError(f"the tar is {what} at byte {tar.offset:,} of {size:,} (no end-of-archive "
                                   "marker after the last member read); is the shard truncated?", path=path)
             return members, tar.offset
-    except tarfile.TarError as exc:
-        raise SourceError(f"not a readable tar ({exc}); is the shard truncated or damaged?", path=path) from None
+    except (tarfile.TarError, OverflowError, ValueError, UnicodeError) as exc:
+        # A header's number can be too large for an offset (OverflowError), or not one at all.
+        raise SourceError(f"not a readable tar ({type(exc).__name__}: {str(exc):.200}); is the shard truncated or "
+                          "damaged?", path=path) from None
+
+
+class _Capped:
+    """A file whose reads never ask for more than the bytes left in it: a header may say that
+    the next 2**62 bytes are its pax records or long name, and a plain ``read(n)`` allocates
+    ``n`` bytes before it reads any."""
+
+    def __init__(self, f: io.BufferedIOBase, size: int) -> None:
+        self.f = f
+        self.size = size
+
+    def read(self, n: int | None = -1) -> bytes:
+        left = max(0, self.size - self.f.tell())
+        return self.f.read(left if n is None or n < 0 else min(n, left))
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
 
 
 class _Window:
     """Reads at offsets of a file through one window of ``WINDOW_BYTES`` (a header walk moves
     forward: small members are all in the window, a big one is skipped with a seek)."""
 
-    def __init__(self, f: io.BufferedIOBase, size: int) -> None:
+    def __init__(self, f: io.BufferedIOBase | _Capped, size: int) -> None:
         self.f = f
         self.size = size
         self.lo = 0
@@ -231,8 +267,8 @@ def _pax_records(data: bytes) -> dict[str, str]:
         if m is None:
             return out
         length = int(m.group(1))
-        if length == 0:
-            raise _GiveUp
+        if length == 0 or pos + length > len(data):
+            raise _GiveUp  # a record past the header's end: tarfile names the damage
         value = data[m.end(2) + 1:m.start(1) + length - 1]
         try:
             keyword, text = m.group(2).decode("utf-8"), value.decode("utf-8")
@@ -261,6 +297,8 @@ def _fast_walk(read: Callable[[int, int], bytes], size: int) -> tuple[list[Membe
         if kind in (b"x", b"L"):
             # tarfile reads the extension's blocks whole (padding included) and then the member's header.
             padded = _padded(n)
+            if offset + _BLOCK + padded > size:
+                raise _GiveUp  # an extension past the end of the file: tarfile names the damage
             ext = read(offset + _BLOCK, padded)
             if len(ext) < padded:
                 raise _GiveUp

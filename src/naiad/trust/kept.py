@@ -12,9 +12,9 @@ back takes no risk for it: a kept file is read only when
   to its ``.naiad-index`` could otherwise choose which of your files become samples, and with
   which labels;
 * it parses as what it claims: JSON for block indexes; for ``.npz`` files, NumPy arrays that are
-  stored (not compressed) and whose headers' shapes agree with the bytes that follow them, so
-  parsing one allocates no more than the file weighs (NumPy's own loader allocates what a
-  member's header claims before reading it), never with pickle.
+  stored (not compressed), match their checksums, and whose headers' shapes agree with the bytes
+  that follow them, so parsing one allocates no more than the file weighs (NumPy's own loader
+  allocates what a member's header claims before reading it), never with pickle.
 
 Anything else is a miss: the caller scans, walks or lists again, as it would with no kept file,
 and the reason is logged once per process on the ``naiad`` logger (WARNING for a file refused
@@ -34,6 +34,7 @@ import pwd
 import stat
 import threading
 import zipfile
+import zlib
 import numpy as np
 
 __all__ = ["MAX_KEPT_BYTES", "load_npz", "miss", "parse_npz", "read_kept", "trusted_owner"]
@@ -119,7 +120,7 @@ def load_npz(path: os.PathLike[str] | str, max_bytes: int = MAX_KEPT_BYTES) -> d
         return None
     try:
         return parse_npz(data)
-    except (ValueError, zipfile.BadZipFile, EOFError, OSError, KeyError, TypeError, SyntaxError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged archive fails in many ways (zipfile's NotImplementedError for an unknown version...): all are a miss
         miss(path, f"it is not a readable archive of arrays ({type(exc).__name__}: {str(exc):.200})")
         return None
 
@@ -146,6 +147,8 @@ def parse_npz(data: bytes) -> dict[str, np.ndarray]:
             body = view[start:start + info.file_size]
             if bytes(body[:len(head)]) != head:
                 raise ValueError(f"member {info.filename!r} is not where the archive says")
+            if zlib.crc32(body) != info.CRC:  # zipfile checks it only on a read to the end
+                raise ValueError(f"member {info.filename!r} does not match its checksum")
             out[info.filename[:-4]] = _array(body)
     return out
 

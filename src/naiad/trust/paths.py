@@ -69,6 +69,7 @@ class MediaAccess:
 
     roots: tuple[str, ...] = ()
     max_bytes: int = DEFAULT_MAX_MEDIA_BYTES
+    real_roots: tuple[str, ...] = ()  # the local roots with their links resolved
 
     @classmethod
     def of(cls, roots: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
@@ -100,7 +101,8 @@ class MediaAccess:
             else:
                 path = text[m.end():] if m else text
                 out.append(os.path.normpath(os.path.abspath(os.path.expanduser(path))))
-        return cls(tuple(out), max_bytes)
+        real = tuple(os.path.realpath(r) for r in out if not _URL.match(r))
+        return cls(tuple(out), max_bytes, real)
 
 
 def under(path: str, folder: str) -> bool:
@@ -164,12 +166,27 @@ def locate_media(where: str, table: str, access: MediaAccess) -> tuple[str | Non
             return None, f"its path {where!r:.200} leaves the table's folder {own}"
     if target is None:
         return None, f"its path {where!r:.200} climbs above its bucket or host"
-    if remote == table_remote and under(target, own):
-        return target, ""
-    if any(under(target, root) for root in access.roots if _is_remote(root) == remote):
-        return target, ""
+    if target.rstrip("/") == own.rstrip("/"):
+        return None, f"its path {where!r:.200} names the table's folder, not a file"
+    if (remote == table_remote and under(target, own)) or any(
+            under(target, root) for root in access.roots if _is_remote(root) == remote):
+        linked = "" if remote else _linked_outside(target, where, table, own, access)
+        return (None, linked) if linked else (target, "")
     allowed = f"the table's folder {own}" + (f" or media_roots {list(access.roots)}" if access.roots else "")
     return None, (f"its path {where!r:.200} is outside {allowed}; name its folder in media_roots=[...] to read it")
+
+
+def _linked_outside(target: str, where: str, table: str, own: str, access: MediaAccess) -> str:
+    """Why the local file ``target`` (lexically where it may be) is not, once its links are
+    resolved: a link inside the table's folder may point anywhere (``img/cat.png -> ~/.ssh/...``);
+    "" when its real path is under the table's folder, the folder of the table's own real file
+    (a cache that links both the table and its files to blobs, as the Hugging Face hub's does),
+    or a root."""
+    real = os.path.realpath(target)
+    places = (os.path.realpath(own), os.path.dirname(os.path.realpath(table)), *access.real_roots)
+    if any(under(real, place) for place in places):
+        return ""
+    return f"its path {where!r:.200} is a link to {real!r:.200}, outside the places the table may read"
 
 
 def read_local_file(path: str | bytes, max_bytes: int) -> bytes:
