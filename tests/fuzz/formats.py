@@ -121,14 +121,15 @@ def drain(fmt: Format, path: str, *, num_workers: int = 0, shuffle: bool = True)
             rows += len(next(iter(batch.values())))
         return rows
     except (SourceError, ConfigError) as exc:
-        assert path in str(exc), f"the error does not name the file: {exc}"
+        assert_named(exc, path)
         return None
 
 
-def assert_named(exc: BaseException, path: str) -> None:
-    """The naiad error names ``path``."""
+def assert_named(exc: BaseException, *paths: str, case: str = "") -> None:
+    """The naiad error names ``paths`` (one of them, where the error may be about any: shards
+    read together); ``case``, the damage done, leads the message of a failure."""
     assert isinstance(exc, (SourceError, ConfigError)), repr(exc)
-    assert path in str(exc), f"the error does not name the file: {exc}"
+    assert any(p in str(exc) for p in paths), f"{case + ': ' if case else ''}the error does not name {' or '.join(paths)}: {exc!r}"
 
 
 def mutate(data: bytes, kind: str, pos: float, payload: bytes) -> bytes:
