@@ -14,6 +14,7 @@ import pyarrow as pa
 from naiad.errors import SourceError
 from naiad.sources.columns import null_column, null_rows
 from naiad.sources.contract import Block, OnBadRows, bad_entry
+from naiad.sources.openfiles import open_files_budget
 from naiad.sources.storage import Storage, is_remote
 
 __all__ = ["ReaderCache", "check_no_nulls", "indexed_blocks"]
@@ -72,10 +73,12 @@ class ReaderCache:
             ``OSError``/``pa.ArrowException`` on a bad file.
         what: the format in words, for error messages ("Parquet file").
         hint: what to suggest when a file cannot be opened.
-        max_open: readers kept open per thread.
+        max_open: readers kept open per thread (each holds a file, or a memory map of one);
+            None: 16, fewer where the process may open few files (a sixteenth of its budget,
+            NOTE [ Open files ] in openfiles.py), at least 2.
     """
 
-    def __init__(self, opener: Callable[[str, Storage | None], Any], what: str, hint: str, max_open: int = 16) -> None:
+    def __init__(self, opener: Callable[[str, Storage | None], Any], what: str, hint: str, max_open: int | None = None) -> None:
         self._opener = opener
         self._what = what
         self._hint = hint
@@ -101,6 +104,8 @@ class ReaderCache:
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"not a readable {self._what} ({exc}); {self._hint}", path=path) from None
         cache[key] = reader
+        if self._max_open is None:  # decided in the process that reads (its limit on open files)
+            self._max_open = max(2, min(16, open_files_budget() // 16))
         if len(cache) > self._max_open:
             cache.popitem(last=False)
         return reader

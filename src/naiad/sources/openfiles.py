@@ -1,4 +1,4 @@
-"""Descriptors kept open across reads, bounded per process: the least recently used are closed.
+"""Descriptors kept open across reads, bounded per process: the oldest are closed past the bound.
 
 NOTE [ Open files ]
 Reading windows of tokens with ``pread`` needs an open descriptor per file, and opening one per
@@ -8,22 +8,32 @@ process (every worker) keeps its own descriptors, and the soft limit on open fil
 (or 256): kept forever, they end a shuffled epoch with "Too many open files". So a process keeps
 at most :func:`open_files_budget` of them (a quarter of its soft ``RLIMIT_NOFILE``, between 8 and
 1,024, or ``NAIAD_MAX_OPEN_FILES``), in one table shared by every reader of the process, and
-closes the least recently used past it.
+closes the oldest opened past it.
 
-A read *pins* the descriptors it uses (:meth:`Descriptors.pinned`), so another thread never
-closes one under it: closing a descriptor another thread is reading through would let the next
-``open`` reuse its number, and the read would return another file's bytes. A read that needs
-more files at once than the budget is done in groups of files (the caller's loop over
-:meth:`Descriptors.groups`). After a fork the child closes the descriptors it inherited from the
-table and opens its own (a ``pread`` has no offset to share, but the table is the process's).
+The readers of Parquet, Arrow and ``.npy`` files keep a few open readers per thread (their
+footers parsed once), as many as a sixteenth of the same budget, at most 16 (``ReaderCache`` in
+columnar.py): with the thread workers and read-ahead threads a process has, they stay within it.
+
+A descriptor is never closed while a read may be using it: closing one that another thread is
+reading through would let the next ``open`` reuse its number, and that read would return another
+file's bytes. So a read *enters* the table (:meth:`Descriptors.enter`, once per read, not per
+file), and a descriptor evicted meanwhile is only set aside, closed once no read is inside. Each
+descriptor set aside moves the table's ``generation`` on, so a reader may keep the descriptors it
+looked up for its next reads while the generation stands (a token reader looks its files up once,
+not at every batch).
+Should reads on several threads overlap for long while many files come and go, the descriptors
+set aside could pile up: at half the budget a new read waits until the reads in flight end (a
+batch's reads: milliseconds). A read that needs more files at once than half the budget is done
+in groups of files (the caller's loop over :attr:`Descriptors.group_size`). After a fork the
+child closes the descriptors it inherited from the table and opens its own (a ``pread`` has no
+offset to share, but the table is the process's).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 __all__ = ["Descriptors", "descriptors", "open_files_budget"]
@@ -32,6 +42,8 @@ try:
     import resource
 except ImportError:  # not POSIX
     resource = None  # type: ignore[assignment]
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def open_files_budget() -> int:
@@ -50,112 +62,121 @@ def open_files_budget() -> int:
 
 
 class Descriptors:
-    """Read-only descriptors by path, at most ``capacity`` open, least recently used closed first
+    """Read-only descriptors by path, at most ``capacity`` open, the oldest opened closed first
     (NOTE [ Open files ]).
 
     Args:
-        capacity: the most descriptors kept open (pinned ones may exceed it until released).
+        capacity: the most descriptors kept open (those set aside while reads hold the table come
+            on top, at most half as many again).
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, int(capacity))
-        self._open: OrderedDict[str, int] = OrderedDict()
-        self._pins: dict[str, int] = {}
+        self._open: dict[str, int] = {}  # in the order opened
+        self._aside: list[int] = []  # evicted while a read held the table: closed once none does
+        self._holds = 0  # reads in flight
+        self._generation = 0
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # waited on only while descriptors pile up
         self._pid = os.getpid()
 
     def __len__(self) -> int:
         return len(self._open)
 
     def _forked(self) -> None:
-        """In a forked child: close what the parent's table held (the child's copies) and start empty."""
+        """In a forked child: close what the parent's table held (the child's copies) and start
+        empty, with a fresh lock (another thread may have held it at the fork)."""
+        for fd in [*self._open.values(), *self._aside]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._open, self._aside, self._holds = {}, [], 0
+        self._generation += 1  # what readers looked up in the parent is gone
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._pid = os.getpid()
+
+    @property
+    def group_size(self) -> int:
+        """How many files one read may hold at once: half the budget (a read of more files goes
+        a group at a time)."""
+        return max(1, self.capacity // 2)
+
+    @property
+    def generation(self) -> int:
+        """How many descriptors the table has set aside for closing, ever: while it has not
+        changed since a reader looked its descriptors up, they are all still open."""
+        return self._generation
+
+    def enter(self) -> int:
+        """Begin a read: no descriptor is closed until :meth:`leave`. Returns the
+        :attr:`generation`, for a reader that kept its descriptors from an earlier read."""
         if self._pid != os.getpid():
-            for fd in self._open.values():
+            self._forked()
+        with self._lock:
+            while self._holds and len(self._aside) >= self.group_size:
+                self._changed.wait()  # the reads in flight end in milliseconds
+            self._holds += 1
+            return self._generation
+
+    def lookup(self, paths: Sequence[str], ids: Iterable[int]) -> dict[int, int]:
+        """Descriptors for the files ``paths[i]`` of ``ids`` by id, opened where needed, inside a
+        read (:meth:`enter`). The oldest opened are set aside past the capacity (a read touches
+        each of its files once: counting uses would cost more than the reopening it saves).
+
+        Raises:
+            OSError: a file cannot be opened (``filename`` names it).
+        """
+        out = {}
+        with self._lock:
+            opened = self._open
+            for i in ids:
+                path = paths[i]
+                fd = opened.get(path)
+                if fd is None:
+                    fd = opened[path] = os.open(path, os.O_RDONLY | _CLOEXEC)
+                    if len(opened) > self.capacity:
+                        self._aside.append(opened.pop(next(iter(opened))))
+                        self._generation += 1
+                out[i] = fd
+        return out
+
+    def leave(self) -> None:
+        """End a read that :meth:`enter` began; the descriptors set aside are closed when it was
+        the last."""
+        with self._lock:
+            self._holds -= 1
+            if not self._holds and self._aside:
+                for fd in self._aside:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                self._aside.clear()
+                self._changed.notify_all()
+
+    @contextmanager
+    def held(self, paths: Sequence[str], ids: Iterable[int]) -> Iterator[dict[int, int]]:
+        """A read of the files ``paths[i]`` of ``ids``: their descriptors by id, for a ``with``
+        block (:meth:`enter`, :meth:`lookup`, :meth:`leave`)."""
+        self.enter()
+        try:
+            yield self.lookup(paths, ids)
+        finally:
+            self.leave()
+
+    def close_all(self) -> None:
+        """Close every descriptor (no read may hold the table: tests, a process that is done)."""
+        with self._lock:
+            for fd in [*self._open.values(), *self._aside]:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
             self._open.clear()
-            self._pins.clear()
-            self._pid = os.getpid()
-
-    def groups(self, count: int) -> int:
-        """How many files one pinned group may hold: a share of the budget that leaves room for
-        other readers' pins."""
-        return max(1, min(count, self.capacity // 2 or 1))
-
-    @contextmanager
-    def pinned(self, paths: Sequence[str]) -> Iterator[list[int]]:
-        """Descriptors for ``paths`` (opened where needed), pinned until the block ends.
-
-        Raises:
-            OSError: a file cannot be opened (those opened for the others are kept).
-        """
-        fds = self._acquire(paths)
-        try:
-            yield fds
-        finally:
-            self._release(paths)
-
-    def _acquire(self, paths: Sequence[str]) -> list[int]:
-        out: list[int] = []
-        with self._lock:
-            self._forked()
-            try:
-                for path in paths:
-                    fd = self._open.get(path)
-                    if fd is None:
-                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                        self._open[path] = fd
-                    else:
-                        self._open.move_to_end(path)
-                    self._pins[path] = self._pins.get(path, 0) + 1
-                    out.append(fd)
-            except BaseException:
-                self._unpin(paths[: len(out)])
-                raise
-            self._evict()
-        return out
-
-    def _release(self, paths: Sequence[str]) -> None:
-        with self._lock:
-            if self._pid != os.getpid():
-                return
-            self._unpin(paths)
-            self._evict()
-
-    def _unpin(self, paths: Sequence[str]) -> None:
-        for path in paths:
-            left = self._pins.get(path, 0) - 1
-            if left > 0:
-                self._pins[path] = left
-            else:
-                self._pins.pop(path, None)
-
-    def _evict(self) -> None:
-        """Close the least recently used unpinned descriptors past the capacity."""
-        if len(self._open) <= self.capacity:
-            return
-        for path in list(self._open):
-            if len(self._open) <= self.capacity:
-                break
-            if path in self._pins:
-                continue
-            fd = self._open.pop(path)
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def close_all(self) -> None:
-        """Close every descriptor not in use (tests; a reader that is done)."""
-        with self._lock:
-            self._forked()
-            for path in [p for p in self._open if p not in self._pins]:
-                try:
-                    os.close(self._open.pop(path))
-                except OSError:
-                    pass
+            self._aside.clear()
+            self._generation += 1
 
 
 _TABLE: Descriptors | None = None

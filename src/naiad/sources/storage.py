@@ -28,7 +28,6 @@ import functools
 import io
 import json
 import os
-import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -45,6 +44,7 @@ from naiad.sources.cache import (
     resolve_cache_dir,
 )
 from naiad.sources.retries import RetryPolicy, retrying
+from naiad.trust.paths import URL_RE, is_remote, is_url, local_path
 
 __all__ = [
     "ObjectInfo", "RangeFile", "RetryPolicy", "Storage", "input_stream", "is_remote", "is_url",
@@ -53,30 +53,12 @@ __all__ = [
 
 T = TypeVar("T")
 
-_URL_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
 
 # protocol -> the extra that installs its filesystem
 EXTRAS = {
     "s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
     "abfss": "azure", "adl": "azure", "http": "http", "https": "http",
 }
-
-
-def is_url(path: str) -> bool:
-    """True for ``proto://...`` (``file://`` included)."""
-    return _URL_RE.match(path) is not None
-
-
-def is_remote(path: str) -> bool:
-    """True when ``path`` is a URL that is not a local file (``file://`` is local)."""
-    m = _URL_RE.match(path)
-    return m is not None and m.group(1).lower() not in ("file", "local")
-
-
-def local_path(url: str) -> str:
-    """``file:///data/x.csv`` -> ``/data/x.csv`` (other paths unchanged)."""
-    m = _URL_RE.match(url)
-    return url[m.end():] if m and m.group(1).lower() in ("file", "local") else url
 
 
 class ObjectInfo(NamedTuple):
@@ -302,7 +284,7 @@ class Storage:
 
 
 def _protocol(url: str) -> str:
-    m = _URL_RE.match(url)
+    m = URL_RE.match(url)
     return m.group(1).lower() if m else "file"
 
 
@@ -314,7 +296,7 @@ def _unstrip(fs: Any, url: str, path: str) -> str:
     """The URL of a listed ``path``, with the protocol the user wrote (``s3a``, ``abfss``...)."""
     protocol = _protocol(url)
     full = str(fs.unstrip_protocol(path))
-    m = _URL_RE.match(full)
+    m = URL_RE.match(full)
     return f"{protocol}://{full[m.end():]}" if m else f"{protocol}://{path}"
 
 

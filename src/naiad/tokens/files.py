@@ -17,8 +17,8 @@ the size of the file it has read (nanoGPT#287), which on a shared machine looks 
 can trip a memory limit. ``os.preadv`` into one preallocated array reads the same bytes from the
 page cache at the same speed or better (bench/RESULTS.md, "Token windows") and the worker's
 resident memory stays the size of a batch, epoch after epoch. Each process opens its own file
-descriptors on first use and keeps a bounded number of them open, the least recently used
-closed past the budget (NOTE [ Open files ] in sources/openfiles.py: a corpus of thousands of
+descriptors on first use and keeps a bounded number of them open, the oldest closed past the
+budget (NOTE [ Open files ] in sources/openfiles.py: a corpus of thousands of
 files in every worker would pass the limit on open files). A URL is read with one range request
 per window through the source's Storage (NOTE [ Remote files in workers ]).
 """
@@ -170,6 +170,14 @@ class TokenReader:
         dtypes = {f.dtype for f in files}
         self._uniform: np.dtype | None = next(iter(dtypes)) if len(dtypes) == 1 and all(self._local) else None
         self._paths = [storage.local_path(f.path) for f in files]
+        # (the table's generation, descriptors by file) of the last read: reused while the
+        # generation stands (NOTE [ Open files ]).
+        self._kept: tuple[int, dict[int, int]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_kept"] = None  # this process's descriptors
+        return state
 
     def read(self, file_ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
         """``out[j] = tokens[starts[j] : starts[j] + length]`` of file ``file_ids[j]``, as
@@ -211,33 +219,69 @@ class TokenReader:
 
     def _read_rows(self, out: np.ndarray, file_ids: np.ndarray, starts: np.ndarray) -> None:
         """``out[j]`` from file ``file_ids[j]`` at token ``starts[j]``, one ``preadv`` per row
-        (the files all local, all of ``out``'s dtype: its item size is theirs), through the
-        process's pinned descriptors, a group of files at a time when the batch's files are more
-        than a group may hold (NOTE [ Open files ])."""
+        (the files all local, all of ``out``'s dtype: its item size is theirs), inside a read of
+        the process's table of descriptors (none closed under it; those looked up before reused
+        while the table's generation stands), a group of files at a time when the batch's files
+        are more than a group may hold (NOTE [ Open files ])."""
         if not len(file_ids):
             return
         table = descriptors()
-        ids = np.unique(file_ids)
-        step = table.groups(len(ids))
-        for lo in range(0, len(ids), step):
-            group = ids[lo:lo + step]
-            rows = None if step >= len(ids) else np.flatnonzero(np.isin(file_ids, group))
-            self._read_group(table, out, group, file_ids if rows is None else file_ids[rows],
-                             starts if rows is None else starts[rows], rows)
+        ids = file_ids.tolist()
+        offsets = (self._offsets[file_ids] + starts * out.dtype.itemsize).tolist()
+        nbytes = out.shape[1] * out.dtype.itemsize
+        generation = table.enter()
+        kept = self._kept
+        if kept is not None and kept[0] == generation and len(kept[1]) == len(self.files):
+            # Every file's descriptor looked up and still open (a source of few files, after its
+            # first batches): no lookup at all.
+            try:
+                self._check_reads(self._read_into(kept[1], out, ids, offsets, None), nbytes, ids, offsets, None)
+            finally:
+                table.leave()
+            return
+        table.leave()
+        files = list(dict.fromkeys(ids))  # in order of first use: a batch's few files, no sort
+        step = table.group_size
+        for lo in range(0, len(files), step):
+            group = files[lo:lo + step]
+            chosen = set(group)
+            rows = None if len(group) == len(files) else [j for j, i in enumerate(ids) if i in chosen]
+            generation = table.enter()
+            try:
+                got = self._read_into(self._descriptors(table, generation, group), out, ids, offsets, rows)
+            finally:
+                table.leave()
+            self._check_reads(got, nbytes, ids, offsets, rows)
 
-    def _read_group(self, table: Descriptors, out: np.ndarray, group: np.ndarray, file_ids: np.ndarray, starts: np.ndarray,
-                    rows: np.ndarray | None) -> None:
+    def _read_into(self, fd_of: dict[int, int], out: np.ndarray, ids: list[int], offsets: list[int],
+                   rows: list[int] | None) -> list[int]:
+        """``os.preadv`` of each row (``rows``: only those) into ``out``: the bytes each read."""
         try:
-            with table.pinned([self._paths[i] for i in group.tolist()]) as fds:
-                row_fds = np.asarray(fds, np.int64)[np.searchsorted(group, file_ids)].tolist()
-                offsets = (self._offsets[file_ids] + starts * out.dtype.itemsize).tolist()
-                targets = out if rows is None else [out[j] for j in rows.tolist()]
-                nbytes = out.shape[1] * out.dtype.itemsize
-                got = [os.preadv(fd, [row], off) for fd, row, off in zip(row_fds, targets, offsets)]
+            if rows is None:
+                return [os.preadv(fd_of[i], [row], off) for i, row, off in zip(ids, out, offsets)]
+            return [os.preadv(fd_of[ids[j]], [out[j]], offsets[j]) for j in rows]
         except OSError as exc:
-            path = exc.filename if isinstance(exc.filename, str) else self.files[int(group[0])].path
+            path = exc.filename if isinstance(exc.filename, str) else self.files[ids[0]].path
             raise SourceError(f"cannot open or read: {exc.strerror}.", path=path) from None
+
+    def _check_reads(self, got: list[int], nbytes: int, ids: list[int], offsets: list[int], rows: list[int] | None) -> None:
         if got.count(nbytes) != len(got):
-            j = next(j for j, n in enumerate(got) if n != nbytes)
-            raise SourceError(f"read {got[j]} of {nbytes} bytes at offset {offsets[j]}: the file shrank after it was "
-                              "opened.", path=self.files[int(file_ids[j])].path)
+            k = next(k for k, n in enumerate(got) if n != nbytes)
+            j = k if rows is None else rows[k]
+            raise SourceError(f"read {got[k]} of {nbytes} bytes at offset {offsets[j]}: the file shrank after it was "
+                              "opened.", path=self.files[ids[j]].path)
+
+    def _descriptors(self, table: Descriptors, generation: int, group: list[int]) -> dict[int, int]:
+        """The descriptors of files ``group`` by id, inside a read of ``table`` entered at
+        ``generation``: those this reader looked up at the same generation again, the others
+        looked up now (NOTE [ Open files ])."""
+        kept = self._kept
+        if kept is None or kept[0] != generation:
+            kept = (generation, {})  # (a fork moves the generation on too)
+        fd_of = kept[1]
+        missing = [i for i in group if i not in fd_of]
+        if missing:
+            fd_of.update(table.lookup(self._paths, missing))
+            kept = kept if table.generation == generation else None
+        self._kept = kept
+        return fd_of

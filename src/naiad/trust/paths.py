@@ -45,15 +45,33 @@ import pyarrow as pa
 from naiad.errors import ConfigError
 
 __all__ = [
-    "DEFAULT_MAX_MEDIA_BYTES", "MediaAccess", "decode_names", "encode_name", "locate_media", "read_local_file",
-    "relative_names_ok", "under", "walk_once",
+    "DEFAULT_MAX_MEDIA_BYTES", "URL_RE", "MediaAccess", "decode_names", "encode_name", "is_remote", "is_url",
+    "local_path", "locate_media", "read_local_file", "relative_names_ok", "under", "walk_once",
 ]
 
 DEFAULT_MAX_MEDIA_BYTES = 256 << 20
 """The most bytes one file named by a table (or one file of an image folder) is read with."""
 
-_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
+URL_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
+"""``proto://`` at the start of a path: a URL (``file://`` and ``local://`` name local files)."""
 _LOCAL_SCHEMES = ("file", "local")
+
+
+def is_url(path: str) -> bool:
+    """True for ``proto://...`` (``file://`` included)."""
+    return URL_RE.match(path) is not None
+
+
+def is_remote(path: str) -> bool:
+    """True when ``path`` is a URL that is not a local file (``file://`` is local)."""
+    m = URL_RE.match(path)
+    return m is not None and m.group(1).lower() not in _LOCAL_SCHEMES
+
+
+def local_path(url: str) -> str:
+    """``file:///data/x.csv`` -> ``/data/x.csv`` (other paths unchanged)."""
+    m = URL_RE.match(url)
+    return url[m.end():] if m and m.group(1).lower() in _LOCAL_SCHEMES else url
 
 
 @dataclass(frozen=True)
@@ -62,9 +80,11 @@ class MediaAccess:
     Paths inside tables ]).
 
     Attributes:
-        roots: more places than the table's own folder: local folders (absolute) and URL
+        roots: more places than the table's own folder: local folders (made absolute) and URL
             prefixes (``s3://bucket/images``), normalised.
         max_bytes: the most bytes one named file may hold.
+        real_roots: the local roots with their links resolved (a link's target is checked
+            against them).
     """
 
     roots: tuple[str, ...] = ()
@@ -77,8 +97,8 @@ class MediaAccess:
         """A MediaAccess from a reader's ``media_roots`` and ``max_media_bytes``, checked.
 
         Raises:
-            ConfigError: a root that is neither an absolute local folder nor a URL, or a size
-                that is not a positive int.
+            ConfigError: a root that is not a non-empty str (or path), a URL that climbs above
+                its bucket, or a size that is not a positive int.
         """
         if max_bytes is None:
             max_bytes = DEFAULT_MAX_MEDIA_BYTES
@@ -92,7 +112,7 @@ class MediaAccess:
             text = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
             if not isinstance(text, str) or not text:
                 raise ConfigError(f"`media_roots` must be folders or URL prefixes (str), got {root!r}.")
-            m = _URL.match(text)
+            m = URL_RE.match(text)
             if m and m.group(1).lower() not in _LOCAL_SCHEMES:
                 url = _normal_url(text)
                 if url is None:
@@ -101,7 +121,7 @@ class MediaAccess:
             else:
                 path = text[m.end():] if m else text
                 out.append(os.path.normpath(os.path.abspath(os.path.expanduser(path))))
-        real = tuple(os.path.realpath(r) for r in out if not _URL.match(r))
+        real = tuple(os.path.realpath(r) for r in out if not URL_RE.match(r))
         return cls(tuple(out), max_bytes, real)
 
 
@@ -111,16 +131,11 @@ def under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder if folder.endswith("/") else folder + "/")
 
 
-def _is_remote(path: str) -> bool:
-    m = _URL.match(path)
-    return m is not None and m.group(1).lower() not in _LOCAL_SCHEMES
-
-
 def _normal_url(url: str) -> str | None:
     """``url`` with its scheme lower-cased and its ``.`` and ``..`` components resolved (other
     components kept as they are: ``a//b`` is another object than ``a/b`` in a bucket); None
     when it climbs above its bucket or host."""
-    m = _URL.match(url)
+    m = URL_RE.match(url)
     assert m is not None
     host, _, path = url[m.end():].partition("/")
     parts: list[str] = []
@@ -147,11 +162,11 @@ def locate_media(where: str, table: str, access: MediaAccess) -> tuple[str | Non
     """
     if "\0" in where:
         return None, f"its path {where!r:.200} holds a NUL byte"
-    table_remote = _is_remote(table)
+    table_remote = is_remote(table)
     own = (_normal_url(table) or table).rsplit("/", 1)[0] if table_remote else os.path.dirname(os.path.abspath(table))
-    m = _URL.match(where)
+    m = URL_RE.match(where)
     target: str | None
-    if _is_remote(where):
+    if is_remote(where):
         target, remote = _normal_url(where), True
     elif m is not None or os.path.isabs(where):
         if table_remote:
@@ -169,7 +184,7 @@ def locate_media(where: str, table: str, access: MediaAccess) -> tuple[str | Non
     if target.rstrip("/") == own.rstrip("/"):
         return None, f"its path {where!r:.200} names the table's folder, not a file"
     if (remote == table_remote and under(target, own)) or any(
-            under(target, root) for root in access.roots if _is_remote(root) == remote):
+            under(target, root) for root in access.roots if is_remote(root) == remote):
         linked = "" if remote else _linked_outside(target, where, table, own, access)
         return (None, linked) if linked else (target, "")
     allowed = f"the table's folder {own}" + (f" or media_roots {list(access.roots)}" if access.roots else "")
