@@ -242,7 +242,7 @@ def test_an_image_folder_with_names_that_are_not_utf8_reads_them_as_os_walk_does
         assert src.classes == ["c", "caf\udce9"]
         batches = list(naiad.DataLoader(src, batch_size=2, num_workers=2, transform=naiad.decode_images("image")))
         assert sorted(p for b in batches for p in b["path"]) == walked
-        got = {p: int(img[0, 0, 0]) for b in batches for p, img in zip(b["path"], b["image"])}
+        got = {p: int(img[0, 0, 0]) for b in batches for p, img in zip(b["path"], b["image"], strict=True)}
         assert got[walked[0]] == 2 and os.fsencode(walked[0]).endswith(b"bad\xff.png")
 
 

@@ -40,7 +40,15 @@ from naiad.sources.index import IndexDir, check_index_dir, load_arrays, save_arr
 from naiad.sources.samples import grid_blocks, indices, sample_block_bytes
 from naiad.sources.storage import Storage, is_remote, local_path
 from naiad.trust.kept import miss
-from naiad.trust.paths import DEFAULT_MAX_MEDIA_BYTES, decode_names, encode_name, read_local_file, relative_names_ok, under, walk_once
+from naiad.trust.paths import (
+    DEFAULT_MAX_MEDIA_BYTES,
+    decode_names,
+    encode_name,
+    read_local_file,
+    relative_names_ok,
+    under,
+    walk_once,
+)
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderSource", "read_images"]
 
@@ -324,32 +332,51 @@ def check_listing(stored: Mapping[str, Any], root: str) -> str | None:
     return None
 
 
+_LISTING_ARRAYS = ("labels", "sizes", "path_ends", "path_bytes", "classes", "dirs", "dir_mtimes")
+
+
 def _implausible(a: Mapping[str, Any], root: str) -> str | None:
-    try:
-        labels, sizes, ends, blob = a["labels"], a["sizes"], a["path_ends"], a["path_bytes"]
-        classes, dirs, mtimes = a["classes"], a["dirs"], a["dir_mtimes"]
-    except KeyError as exc:
-        return f"no {exc.args[0]!r} array"
-    if not (labels.dtype == sizes.dtype == ends.dtype == mtimes.dtype == np.int64 and blob.dtype == np.uint8
-            and classes.dtype.kind == "U" and dirs.dtype.kind == "U"):
+    """What makes a listing's arrays no listing of ``root``, or None (check_listing's checks)."""
+    missing = [k for k in _LISTING_ARRAYS if k not in a]
+    if missing:
+        return f"no {missing[0]!r} array"
+    return (_arrays_wrong(a) or relative_names_ok(a["path_bytes"], a["path_ends"]) or _folders_wrong(a, root)
+            or _labels_wrong(a))
+
+
+def _arrays_wrong(a: Mapping[str, Any]) -> str | None:
+    """The arrays' types, shapes and lengths; the names' offsets; the sizes."""
+    labels, sizes, ends, blob = a["labels"], a["sizes"], a["path_ends"], a["path_bytes"]
+    ints = (labels, sizes, ends, a["dir_mtimes"])
+    if not (all(x.dtype == np.int64 for x in ints) and blob.dtype == np.uint8
+            and a["classes"].dtype.kind == "U" and a["dirs"].dtype.kind == "U"):
         return "arrays of other types"
-    if any(x.ndim != 1 for x in (labels, sizes, ends, blob, classes, dirs, mtimes)):
+    if any(a[k].ndim != 1 for k in _LISTING_ARRAYS):
         return "arrays of other shapes"
-    n = len(labels)
-    if not (len(sizes) == len(ends) == n and len(dirs) == len(mtimes) and n):
+    if not (len(sizes) == len(ends) == len(labels) > 0 and len(a["dirs"]) == len(a["dir_mtimes"])):
         return "arrays of other lengths"
     if np.any(np.diff(ends) <= 0) or ends[0] <= 0 or int(ends[-1]) != len(blob):
         return "name offsets out of order"
     if np.any(sizes < 0) or np.any(sizes > MAX_LISTED_BYTES):
         return "file sizes out of range"
-    why = relative_names_ok(blob, ends)
-    if why is not None:
-        return why
-    names = classes.tolist()
+    return None
+
+
+def _folders_wrong(a: Mapping[str, Any], root: str) -> str | None:
+    """The class names are folder names; every folder walked lies under the root."""
+    names = a["classes"].tolist()
     if names != sorted(set(names)) or any(not c or "/" in c or "\0" in c or c in (".", "..") for c in names):
         return "class names that are not folder names"
+    dirs = a["dirs"]
     if not dirs.size or dirs[0] != root or any(not under(d, root) or "/../" in d + "/" for d in dirs.tolist()):
         return "a walked folder outside the root"
+    return None
+
+
+def _labels_wrong(a: Mapping[str, Any]) -> str | None:
+    """Labels number the classes in order, each class has files, and each file's name lies in its
+    class's folder (a flat folder: no labels, no sub-folders)."""
+    labels, ends, blob, names = a["labels"], a["path_ends"], a["path_bytes"], a["classes"].tolist()
     if not names:
         return None if np.all(labels == -1) and not np.any(blob == ord("/")) else "labels or sub-folders in a flat folder"
     if labels[0] < 0 or np.any(np.diff(labels) < 0) or labels[-1] >= len(names):
@@ -358,12 +385,10 @@ def _implausible(a: Mapping[str, Any], root: str) -> str | None:
     bounds = np.searchsorted(labels, np.arange(len(names) + 1))
     for label, name in enumerate(names):
         lo, hi = int(bounds[label]), int(bounds[label + 1])
+        prefix = np.frombuffer(encode_name(name) + b"/", np.uint8)
         if lo == hi:
             return f"no file in class {name!r}"
-        prefix = np.frombuffer(encode_name(name) + b"/", np.uint8)
-        if np.any(ends[lo:hi] - starts[lo:hi] <= len(prefix)):
-            return f"a name outside its class folder {name!r}"
-        heads = blob[starts[lo:hi, None] + np.arange(len(prefix))]
-        if not np.all(heads == prefix):
+        if np.any(ends[lo:hi] - starts[lo:hi] <= len(prefix)) or not np.all(
+                blob[starts[lo:hi, None] + np.arange(len(prefix))] == prefix):
             return f"a name outside its class folder {name!r}"
     return None

@@ -47,7 +47,7 @@ from naiad.sources.retries import RetryPolicy, retrying
 from naiad.trust.paths import URL_RE, is_remote, is_url, local_path
 
 __all__ = [
-    "ObjectInfo", "RangeFile", "RetryPolicy", "Storage", "input_stream", "is_remote", "is_url",
+    "ObjectInfo", "RangeFile", "RetryPolicy", "Storage", "input_stream", "is_remote", "is_url", "local_path",
     "needs_store", "open_input", "read_range", "size", "stat",
 ]
 

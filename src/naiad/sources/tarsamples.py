@@ -26,8 +26,8 @@ from naiad.sources.columns import Columns
 from naiad.sources.contract import BlockData, OnBadRows, bad_entry
 from naiad.sources.readahead import io_map
 from naiad.sources.samples import byte_slices, decode_members, indices
-from naiad.trust.paths import decode_names
 from naiad.sources.tarindex import ShardIndex
+from naiad.trust.paths import decode_names
 
 __all__ = ["KEY", "read_samples"]
 

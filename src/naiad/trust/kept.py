@@ -35,6 +35,7 @@ import stat
 import threading
 import zipfile
 import zlib
+
 import numpy as np
 
 __all__ = ["MAX_KEPT_BYTES", "load_npz", "miss", "parse_npz", "read_kept", "trusted_owner"]

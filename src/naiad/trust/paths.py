@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import errno
 import os
-import posixpath
 import re
 import stat
 from collections.abc import Iterator, Sequence

@@ -235,7 +235,7 @@ def listing_case(pick: Pick, folder: str) -> None:
     if pick.random() < 0.3:
         arrays = npz_arrays(data)
         ends, blob = arrays["path_ends"], arrays["path_bytes"]
-        names = [bytes(blob[a:b]).decode("utf-8", "surrogateescape") for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
+        names = [bytes(blob[a:b]).decode("utf-8", "surrogateescape") for a, b in zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True)]
         i = pick.randrange(0, len(names))
         names[i] = pick.choice(HOSTILE_NAMES)
         blobs = [n.encode("utf-8", "surrogateescape") for n in names]

@@ -30,7 +30,7 @@ million pixels), lets one image that claims it cost a gigabyte while it decodes,
 memory bound is the budget's."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def image_seed(fmt: str) -> bytes:
     """A valid 20x12 RGB image in ``fmt``, written by Pillow."""
     from PIL import Image
@@ -169,7 +169,7 @@ AUDIO_VALUES = (0, 1, 2, 3, 99, 100, 255, 256, 257, 1024, 8000, 44_100, 65_535, 
                 2**31 - 1, 2**32 - 1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def audio_seed(fmt: str) -> bytes:
     """A valid clip of 0.25 s (a 440 Hz tone at 8 kHz): WAV written by soundfile (16-bit mono or
     stereo, float) or by Python's ``wave``, or FLAC written by soundfile."""

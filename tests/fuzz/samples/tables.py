@@ -119,7 +119,7 @@ def _check_media_rows(url: str, values: list[dict[str, Any] | None], *, skip: bo
         v = values[row]
         assert SECRET not in value, f"{what}: row {row} read a file outside the table's folder"
         assert value == EMBEDDED if v and v["bytes"] else value in INSIDE.values(), f"{what}: row {row} is {value[:40]!r}"
-    for row, entry in ledger.items():
+    for entry in ledger.values():
         assert entry.get("column") == "image" and url in str(entry.get("file", url)), f"{what}: ledger {entry}"
     for row, v in enumerate(values):
         # A bucket's keys are names, not paths: img//1.png is another object than img/1.png.

@@ -12,7 +12,6 @@ import os
 import re
 import tarfile
 from collections.abc import Sequence
-from contextlib import suppress
 from typing import Any
 
 import naiad
@@ -57,7 +56,7 @@ def member_bytes(shard: int, sample: int) -> bytes:
     return f"s{shard}-k{sample}|".encode() * (20 + 13 * sample)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tar_shard(writer: str, names: str = "plain", shard: int = 0, samples: int = 6) -> bytes:
     """A valid shard of ``samples`` samples, each a ``.bin`` and a ``.cls`` member, written by
     ``writer`` (``tarfile`` in ustar, GNU or pax format, or ``webdataset.TarWriter``); ``names``:

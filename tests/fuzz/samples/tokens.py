@@ -44,7 +44,7 @@ NPY_HEADERS = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def token_seed(layout: str) -> bytes:
     """A valid token file of ``TOKENS`` uint16 tokens: ``npy`` (``np.save``), ``shard``
     (modded-nanogpt's: 256 int32 of header, then the tokens) or ``bin`` (the tokens alone)."""
