@@ -15,6 +15,7 @@ pad with repeated samples (docs/TRAINERS.md).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,9 +33,68 @@ from naiad.sources.base import Source
 from naiad.stream.batches import StreamOptions
 from naiad.stream.decode import decodes_in_reads
 
-__all__ = ["ResolvedArguments", "WorkerMode", "resolve_arguments"]
+__all__ = ["LoaderOptions", "ResolvedArguments", "TorchArguments", "WorkerMode", "resolve_arguments"]
 
 WorkerMode = Literal["process", "thread"]
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """naiad's own options of a DataLoader (torch's are torch's attributes).
+
+    Attributes:
+        seed: the shuffle and worker seed (None: torch's generators decide).
+        worker_mode: "process" or "thread" (None before :func:`resolve_arguments`: the
+            default for the data).
+        device: where batches go (None: stay on the CPU).
+        device_prefetch: batches copied ahead to ``device``.
+        transform: called on every batch: in the training process, or by the pipeline for a
+            worker-side transform (``runs_in_workers``, NOTE [ Decode in the workers ]). One
+            with a ``wrap_source`` method (:func:`naiad.tokenize`) also wraps a streaming
+            source, so that its heavy part runs where the source is read, in the workers.
+        shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
+        rank: the rank a map-style dataset is sharded for (None: not sharded).
+        world_size: the number of ranks it is sharded over.
+        read_ahead: threads that read a streaming source ahead when ``num_workers=0`` (None:
+            the stream's default, :func:`naiad.stream.pipeline.default_read_ahead`).
+        max_worker_restarts: worker restarts allowed (NOTE [ Worker restarts ]).
+    """
+
+    seed: int | None = None
+    worker_mode: WorkerMode | None = "process"
+    device: str | torch.device | None = None
+    device_prefetch: int = 2
+    transform: Callable[[Any], Any] | None = None
+    shuffle_buffer: int | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    read_ahead: int | None = None
+    max_worker_restarts: int = 0
+
+
+@dataclass
+class TorchArguments:
+    """The arguments of torch's DataLoader that naiad reads and may adjust before torch stores
+    them (the others go to torch as they are)."""
+
+    batch_size: int | None
+    shuffle: bool | None
+    sampler: Any
+    batch_sampler: Any
+    num_workers: int | str
+    collate_fn: Callable[[Any], Any] | None
+    drop_last: bool
+    generator: torch.Generator | None
+    prefetch_factor: int | None
+    persistent_workers: bool
+
+    def for_torch(self) -> dict[str, Any]:
+        """What torch's constructor is given of these (collate_fn and generator go as given)."""
+        return {
+            "batch_size": self.batch_size, "shuffle": self.shuffle, "sampler": self.sampler,
+            "batch_sampler": self.batch_sampler, "num_workers": self.num_workers, "drop_last": self.drop_last,
+            "prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers,
+        }
 
 
 @dataclass
@@ -42,147 +102,163 @@ class ResolvedArguments:
     """What the loader passes on to torch, and what naiad keeps for itself."""
 
     torch_kwargs: dict[str, Any]
-    worker_mode: WorkerMode
-    seed: int | None
-    rank: int | None
-    world_size: int | None
+    options: LoaderOptions
     stream_options: StreamOptions | None
     tuner: AutoTuner | None
     sharded: tuple[int, bool] | None  # (batch_size, drop_last) a ShardedBatchSampler hides from torch
 
 
-def resolve_arguments(
-    dataset: Any,
-    *,
-    batch_size: int | None,
-    shuffle: bool | None,
-    sampler: Any,
-    batch_sampler: Any,
-    num_workers: int | str,
-    collate_fn: Callable[[Any], Any] | None,
-    drop_last: bool,
-    generator: torch.Generator | None,
-    prefetch_factor: int | None,
-    persistent_workers: bool,
-    worker_mode: WorkerMode | None,
-    seed: int | None,
-    device_prefetch: int,
-    shuffle_buffer: int | None,
-    rank: int | None,
-    world_size: int | None,
-    max_worker_restarts: int = 0,
-    transform: Any = None,
-) -> ResolvedArguments:
-    """Check naiad's arguments and turn them into torch's; raises ConfigError naming the fix."""
-    source = dataset if isinstance(dataset, Source) else None
+def resolve_arguments(dataset: Any, given: TorchArguments, options: LoaderOptions) -> ResolvedArguments:
+    """Check naiad's arguments and turn them into torch's; raises ConfigError naming the fix.
+
+    ``given`` is not changed: the adjusted copy goes to torch."""
+    args = dataclasses.replace(given)
+    options = _checked(dataset, options)
     iterable = isinstance(dataset, IterableDataset)
-    if worker_mode is None:
-        # A stream's reads mostly release the GIL (files, PyArrow's parsers): threads serve them.
-        # Small images decoded in the reads do not (NOTE [ Small samples decode in the reads ]).
-        small = worker_side(transform) and decodes_in_reads(transform)
-        worker_mode = "thread" if source is not None and not small else "process"
-    if worker_mode not in ("process", "thread"):
-        raise ConfigError(f"`worker_mode` must be 'process' or 'thread', got {worker_mode!r}.")
-    if seed is not None and not isinstance(seed, (int, np.integer)):
-        raise ConfigError(f"`seed` must be an int, got {type(seed).__name__}.")
-    if isinstance(max_worker_restarts, bool) or not isinstance(max_worker_restarts, (int, np.integer)) or max_worker_restarts < 0:
-        raise ConfigError(f"`max_worker_restarts` must be an int >= 0, got {max_worker_restarts!r}.")
-    if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or device_prefetch < 1:
-        raise ConfigError(f"`device_prefetch` must be an int >= 1, got {device_prefetch!r}.")
-    if isinstance(sampler, DistributedSampler) and batch_sampler is None and not iterable:
-        shuffle, seed, rank, world_size = _adopt_distributed_sampler(sampler, seed, rank, world_size)
-        sampler = None
-    stream_options: StreamOptions | None = None
-    if source is not None:
-        for name, given in (("sampler", sampler), ("batch_sampler", batch_sampler), ("collate_fn", collate_fn)):
-            if given is not None:
-                raise ConfigError(
-                    f"`{name}` does not apply to a streaming source ({type(source).__name__}): "
-                    "the plan orders its blocks; use `shuffle`, `seed` and `transform`."
-                )
-        if batch_size is None:
-            raise ConfigError("a streaming source needs an int `batch_size`, got None.")
-        stream_options = StreamOptions(
-            batch_size=batch_size,
-            shuffle=bool(shuffle),
-            seed=0 if seed is None else int(seed),  # 0, not random: every rank must agree
-            shuffle_buffer=shuffle_buffer,
-            drop_last=drop_last,
-            rank=rank,
-            world_size=world_size,
-        )  # the transform runs in the pass, as for every pipeline
-        shuffle = None  # the stream shuffles; torch's sampler stays sequential and unused
+    if isinstance(args.sampler, DistributedSampler) and args.batch_sampler is None and not iterable:
+        options = _adopt_distributed_sampler(args, options)
+    stream_options = None
+    if isinstance(dataset, Source):
+        stream_options = _stream_options(dataset, args, options)
     else:
-        if shuffle_buffer is not None:
-            raise ConfigError(
-                "`shuffle_buffer` applies to streaming sources (naiad.read_csv and friends); "
-                f"a map-style dataset is shuffled as a whole, got shuffle_buffer={shuffle_buffer!r}."
-            )
-        if (rank is None) != (world_size is None):
-            raise ConfigError(f"give both `rank` and `world_size` or neither, got rank={rank!r}, world_size={world_size!r}.")
-    tuner: AutoTuner | None = None
-    if num_workers == "auto":
-        if iterable:
-            raise ConfigError(
-                "`num_workers='auto'` needs a map-style dataset or a streaming source: the "
-                "workers of an IterableDataset each walk their own iterator and cannot be "
-                "added or removed mid-epoch. Pass an int."
-            )
-        tuner = AutoTuner(prefetch=prefetch_factor or 2)
-        # torch's constructor checks these against num_workers=0; the tuner owns them now.
-        num_workers, prefetch_factor, persistent_workers = 0, None, False
-    elif isinstance(num_workers, str):
-        raise ConfigError(f"`num_workers` must be an int >= 0 or 'auto', got {num_workers!r}.")
-    if seed is not None and shuffle and not iterable and sampler is None and batch_sampler is None:
-        if generator is not None:
-            raise ConfigError("`seed` and `generator` both choose the shuffle order; pass one of them.")
-        sampler = SeededRandomSampler(dataset, int(seed))
-        shuffle = False
-    sharded: tuple[int, bool] | None = None
-    if source is None and rank is not None and world_size is not None:
-        if iterable or sampler is not None and not isinstance(sampler, SeededRandomSampler) or batch_sampler is not None:
-            raise ConfigError(
-                "`rank`/`world_size` shard a map-style dataset by naiad's own order; they do "
-                "not combine with an IterableDataset, a custom `sampler` or a `batch_sampler`."
-            )
-        if shuffle:
-            raise ConfigError(
-                "`shuffle=True` with `rank`/`world_size` needs `seed=`: every rank must draw "
-                "the same order (torch's global generator differs between processes)."
-            )
-        order = sampler if sampler is not None else torch.utils.data.SequentialSampler(dataset)
-        if batch_size is None:
-            raise ConfigError("`rank`/`world_size` need an int `batch_size`, got None.")
-        batch_sampler = ShardedBatchSampler(order, batch_size, drop_last, int(rank), int(world_size))
-        sharded = (batch_size, drop_last)
-        batch_size, sampler, drop_last = 1, None, False
-    if iterable and worker_mode == "thread" and isinstance(num_workers, int) and num_workers > 0:
+        _check_map_style(options)
+    tuner = _auto_workers(args, iterable)
+    _seeded_shuffle(dataset, args, options.seed, iterable)
+    sharded = None if stream_options is not None else _shard(dataset, args, options, iterable)
+    if iterable and options.worker_mode == "thread" and isinstance(args.num_workers, int) and args.num_workers > 0:
         raise ConfigError(
             "`worker_mode='thread'` does not support an IterableDataset: "
             "torch.utils.data.get_worker_info() cannot tell threads apart, so every thread "
             "would read the whole dataset. Use worker_mode='process'."
         )
-    torch_kwargs = {
-        "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler, "batch_sampler": batch_sampler,
-        "num_workers": num_workers, "drop_last": drop_last, "prefetch_factor": prefetch_factor,
-        "persistent_workers": persistent_workers,
-    }
-    return ResolvedArguments(
-        torch_kwargs, worker_mode, None if seed is None else int(seed), rank, world_size, stream_options, tuner,
-        sharded,
-    )
+    return ResolvedArguments(args.for_torch(), options, stream_options, tuner, sharded)
 
 
-def _adopt_distributed_sampler(
-    sampler: DistributedSampler, seed: int | None, rank: int | None, world_size: int | None,
-) -> tuple[bool, int | None, int, int]:
-    """(shuffle, seed, rank, world_size) from a DistributedSampler: naiad shards by its own plan."""
-    if rank is not None and (rank, world_size) != (sampler.rank, sampler.num_replicas):
+def _checked(dataset: Any, options: LoaderOptions) -> LoaderOptions:
+    """naiad's options checked, the worker mode's default chosen for the data."""
+    worker_mode = options.worker_mode
+    if worker_mode is None:
+        # A stream's reads mostly release the GIL (files, PyArrow's parsers): threads serve them.
+        # Small images decoded in the reads do not (NOTE [ Small samples decode in the reads ]).
+        small = worker_side(options.transform) and decodes_in_reads(options.transform)
+        worker_mode = "thread" if isinstance(dataset, Source) and not small else "process"
+    if worker_mode not in ("process", "thread"):
+        raise ConfigError(f"`worker_mode` must be 'process' or 'thread', got {worker_mode!r}.")
+    seed, restarts = options.seed, options.max_worker_restarts
+    if seed is not None and not isinstance(seed, (int, np.integer)):
+        raise ConfigError(f"`seed` must be an int, got {type(seed).__name__}.")
+    if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 0:
+        raise ConfigError(f"`max_worker_restarts` must be an int >= 0, got {restarts!r}.")
+    prefetch = options.device_prefetch
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise ConfigError(f"`device_prefetch` must be an int >= 1, got {prefetch!r}.")
+    ahead = options.read_ahead
+    if ahead is not None and (not isinstance(ahead, int) or ahead < 0):
+        raise ConfigError(f"`read_ahead` must be an int >= 0 or None, got {ahead!r}.")
+    return dataclasses.replace(options, worker_mode=worker_mode, seed=None if seed is None else int(seed),
+                               max_worker_restarts=int(restarts))
+
+
+def _stream_options(source: Source, args: TorchArguments, options: LoaderOptions) -> StreamOptions:
+    """A streaming source's options; torch's sampler stays sequential and unused (the plan orders
+    the blocks)."""
+    for name, given in (("sampler", args.sampler), ("batch_sampler", args.batch_sampler), ("collate_fn", args.collate_fn)):
+        if given is not None:
+            raise ConfigError(
+                f"`{name}` does not apply to a streaming source ({type(source).__name__}): "
+                "the plan orders its blocks; use `shuffle`, `seed` and `transform`."
+            )
+    if args.batch_size is None:
+        raise ConfigError("a streaming source needs an int `batch_size`, got None.")
+    stream = StreamOptions(
+        batch_size=args.batch_size,
+        shuffle=bool(args.shuffle),
+        seed=0 if options.seed is None else options.seed,  # 0, not random: every rank must agree
+        shuffle_buffer=options.shuffle_buffer,
+        drop_last=args.drop_last,
+        rank=options.rank,
+        world_size=options.world_size,
+    )  # the transform runs in the pass, as for every pipeline
+    args.shuffle = None
+    return stream
+
+
+def _check_map_style(options: LoaderOptions) -> None:
+    if options.shuffle_buffer is not None:
         raise ConfigError(
-            f"`rank`/`world_size` ({rank}, {world_size}) disagree with the DistributedSampler given "
+            "`shuffle_buffer` applies to streaming sources (naiad.read_csv and friends); "
+            f"a map-style dataset is shuffled as a whole, got shuffle_buffer={options.shuffle_buffer!r}."
+        )
+    if (options.rank is None) != (options.world_size is None):
+        raise ConfigError(f"give both `rank` and `world_size` or neither, got rank={options.rank!r}, "
+                          f"world_size={options.world_size!r}.")
+
+
+def _auto_workers(args: TorchArguments, iterable: bool) -> AutoTuner | None:
+    """``num_workers="auto"`` as an AutoTuner (torch is told 0 workers: the tuner owns them)."""
+    if args.num_workers != "auto":
+        if isinstance(args.num_workers, str):
+            raise ConfigError(f"`num_workers` must be an int >= 0 or 'auto', got {args.num_workers!r}.")
+        return None
+    if iterable:
+        raise ConfigError(
+            "`num_workers='auto'` needs a map-style dataset or a streaming source: the "
+            "workers of an IterableDataset each walk their own iterator and cannot be "
+            "added or removed mid-epoch. Pass an int."
+        )
+    tuner = AutoTuner(prefetch=args.prefetch_factor or 2)
+    # torch's constructor checks these against num_workers=0; the tuner owns them now.
+    args.num_workers, args.prefetch_factor, args.persistent_workers = 0, None, False
+    return tuner
+
+
+def _seeded_shuffle(dataset: Any, args: TorchArguments, seed: int | None, iterable: bool) -> None:
+    """``shuffle=True`` with ``seed`` as a SeededRandomSampler: a pure function of (seed, epoch)."""
+    if seed is None or not args.shuffle or iterable or args.sampler is not None or args.batch_sampler is not None:
+        return
+    if args.generator is not None:
+        raise ConfigError("`seed` and `generator` both choose the shuffle order; pass one of them.")
+    args.sampler = SeededRandomSampler(dataset, seed)
+    args.shuffle = False
+
+
+def _shard(dataset: Any, args: TorchArguments, options: LoaderOptions, iterable: bool) -> tuple[int, bool] | None:
+    """``rank``/``world_size`` of a map-style dataset as a ShardedBatchSampler; the
+    (batch_size, drop_last) it hides from torch, or None when not sharded."""
+    rank, world_size = options.rank, options.world_size
+    if rank is None or world_size is None:
+        return None
+    custom = args.sampler is not None and not isinstance(args.sampler, SeededRandomSampler)
+    if iterable or custom or args.batch_sampler is not None:
+        raise ConfigError(
+            "`rank`/`world_size` shard a map-style dataset by naiad's own order; they do "
+            "not combine with an IterableDataset, a custom `sampler` or a `batch_sampler`."
+        )
+    if args.shuffle:
+        raise ConfigError(
+            "`shuffle=True` with `rank`/`world_size` needs `seed=`: every rank must draw "
+            "the same order (torch's global generator differs between processes)."
+        )
+    if args.batch_size is None:
+        raise ConfigError("`rank`/`world_size` need an int `batch_size`, got None.")
+    order = args.sampler if args.sampler is not None else torch.utils.data.SequentialSampler(dataset)
+    args.batch_sampler = ShardedBatchSampler(order, args.batch_size, args.drop_last, int(rank), int(world_size))
+    sharded = (args.batch_size, args.drop_last)
+    args.batch_size, args.sampler, args.drop_last = 1, None, False
+    return sharded
+
+
+def _adopt_distributed_sampler(args: TorchArguments, options: LoaderOptions) -> LoaderOptions:
+    """A DistributedSampler read as the sharding (rank, world size, shuffle, seed): naiad shards
+    by its own plan, and the sampler goes."""
+    sampler: DistributedSampler = args.sampler
+    if options.rank is not None and (options.rank, options.world_size) != (sampler.rank, sampler.num_replicas):
+        raise ConfigError(
+            f"`rank`/`world_size` ({options.rank}, {options.world_size}) disagree with the DistributedSampler given "
             f"(rank {sampler.rank} of {sampler.num_replicas}); pass one of them."
         )
-    shuffle = bool(sampler.shuffle)
-    if shuffle and seed is None:
+    args.shuffle, args.sampler = bool(sampler.shuffle), None
+    seed = options.seed
+    if args.shuffle and seed is None:
         seed = int(sampler.seed)  # every rank's sampler has the same seed: the same order
-    return shuffle, seed, int(sampler.rank), int(sampler.num_replicas)
+    return dataclasses.replace(options, seed=seed, rank=int(sampler.rank), world_size=int(sampler.num_replicas))

@@ -15,29 +15,33 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import os
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, Sampler
 
-from naiad.arguments import WorkerMode, resolve_arguments
+from naiad.arguments import (
+    LoaderOptions,
+    ResolvedArguments,
+    TorchArguments,
+    WorkerMode,
+    resolve_arguments,
+)
 from naiad.checkpoint import PassRecord, build_state, pass_position, read_state
 from naiad.dataset.fetch import choose_fetch
 from naiad.dataset.iterable import IterablePipeline
 from naiad.dataset.pipeline import MapPipeline
 from naiad.dataset.sampling import SeededRandomSampler
-from naiad.dataset.worker import prepare_worker
 from naiad.device.prefetch import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.errors import ConfigError
-from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
+from naiad.parallel import AutoTuner, RestartBudget
 from naiad.pipeline import LazyPass, Pipeline, PipelinePass, worker_side
+from naiad.pools import Pools, PoolSettings
 from naiad.stream.batches import StreamCounters
 from naiad.stream.pipeline import StreamPipeline
 from naiad.telemetry import LoaderStats, Telemetry
@@ -46,39 +50,6 @@ __all__ = ["DataLoader"]
 
 T_co = TypeVar("T_co", covariant=True)
 
-
-
-@dataclass(frozen=True)
-class LoaderOptions:
-    """naiad's own options of a DataLoader (torch's are torch's attributes).
-
-    Attributes:
-        seed: the shuffle and worker seed (None: torch's generators decide).
-        worker_mode: "process" or "thread".
-        device: where batches go (None: stay on the CPU).
-        device_prefetch: batches copied ahead to ``device``.
-        transform: called on every batch: in the training process, or by the pipeline for a
-            worker-side transform (``runs_in_workers``, NOTE [ Decode in the workers ]). One
-            with a ``wrap_source`` method (:func:`naiad.tokenize`) also wraps a streaming
-            source, so that its heavy part runs where the source is read, in the workers.
-        shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
-        rank: the rank a map-style dataset is sharded for (None: not sharded).
-        world_size: the number of ranks it is sharded over.
-        read_ahead: threads that read a streaming source ahead when ``num_workers=0`` (None:
-            the stream's default, :func:`naiad.stream.pipeline.default_read_ahead`).
-        max_worker_restarts: worker restarts allowed (NOTE [ Worker restarts ]).
-    """
-
-    seed: int | None = None
-    worker_mode: WorkerMode = "process"
-    device: str | torch.device | None = None
-    device_prefetch: int = 2
-    transform: Callable[[Any], Any] | None = None
-    shuffle_buffer: int | None = None
-    rank: int | None = None
-    world_size: int | None = None
-    read_ahead: int | None = None
-    max_worker_restarts: int = 0
 
 
 class DataLoader(TorchDataLoader[T_co]):
@@ -152,15 +123,17 @@ class DataLoader(TorchDataLoader[T_co]):
         read_ahead: int | None = None,
         max_worker_restarts: int = 0,
     ) -> None:
-        if read_ahead is not None and (not isinstance(read_ahead, int) or read_ahead < 0):
-            raise ConfigError(f"`read_ahead` must be an int >= 0 or None, got {read_ahead!r}.")
-        args = resolve_arguments(
-            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+        given = TorchArguments(
+            batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
             num_workers=num_workers, collate_fn=collate_fn, drop_last=drop_last, generator=generator,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, worker_mode=worker_mode,
-            seed=seed, device_prefetch=device_prefetch, shuffle_buffer=shuffle_buffer, rank=rank,
-            world_size=world_size, max_worker_restarts=max_worker_restarts, transform=transform,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
         )
+        options = LoaderOptions(
+            seed=seed, worker_mode=worker_mode, device=device, device_prefetch=device_prefetch, transform=transform,
+            shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, read_ahead=read_ahead,
+            max_worker_restarts=max_worker_restarts,
+        )
+        args = resolve_arguments(dataset, given, options)
         # By keyword: a subclass or a trainer that re-instantiates the loader from its
         # attributes must not depend on the order of torch's positional parameters.
         super().__init__(
@@ -180,41 +153,15 @@ class DataLoader(TorchDataLoader[T_co]):
             # of this size (the last few a row smaller), so keep it visible.
             object.__setattr__(self, "batch_size", args.sharded[0])
             object.__setattr__(self, "drop_last", args.sharded[1])
-        self.options = LoaderOptions(
-            seed=args.seed, worker_mode=args.worker_mode, device=device, device_prefetch=device_prefetch,
-            transform=transform, shuffle_buffer=shuffle_buffer, rank=args.rank, world_size=args.world_size,
-            read_ahead=read_ahead,
-            max_worker_restarts=int(max_worker_restarts),
-        )
+        self.options = args.options
         self._tuner = args.tuner
         self._stream_counters = StreamCounters()
-        self._pipeline: Pipeline
-        # NOTE [ Decode in the workers ]: a worker-side transform goes to the pipeline.
-        in_workers = transform if worker_side(transform) else None
-        if args.stream_options is not None:
-            # A transform may do its heavy part where the source is read, in the workers, by
-            # wrapping the source (naiad.tokenize: NOTE [ Tokenizing in the workers ]).
-            wrap = getattr(transform, "wrap_source", None)
-            source = wrap(dataset) if callable(wrap) else dataset
-            self._pipeline = StreamPipeline(source, args.stream_options, self._stream_counters, read_ahead,
-                                            batch_transform=in_workers)
-        elif isinstance(dataset, IterableDataset):
-            self._pipeline = IterablePipeline(
-                dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last, self.num_workers,
-            )
-        else:
-            strategy = choose_fetch(dataset, collate_fn, self._auto_collation)
-            self._pipeline = MapPipeline(
-                dataset, self.collate_fn, self._auto_collation, strategy, self.batch_sampler, self.sampler,
-                0 if args.rank is None else int(args.rank), batch_transform=in_workers,
-            )
+        self._pipeline = self._make_pipeline(dataset, args, collate_fn)
         for sampler in self._seeded_samplers():
             sampler.listener = weakref.WeakMethod(self._on_set_epoch)
-        self._pool: WorkerPool | None = None  # kept across epochs: persistent workers, read-ahead threads
-        self._pool_pid = os.getpid()
-        self._pool_base_seed = 0  # the base seed the kept pool was started with
         self._epoch = 0
         self._restarts = RestartBudget(self.options.max_worker_restarts)  # shared by the loader's pools
+        self._pools = self._make_pools()
         self._telemetry = Telemetry()
         self._current: weakref.ReferenceType[Any] | None = None  # the pass in progress
         self._current_inner: weakref.ReferenceType[EpochIterator] | None = None
@@ -222,6 +169,46 @@ class DataLoader(TorchDataLoader[T_co]):
         self._pending: LazyPass | None = None  # the last pass begun, until it makes its plan
         self._resume: dict[str, Any] | None = None
         self._handoff: list[dict[str, Any] | None] | None = None  # the last pass's (see __iter__)
+
+    def _make_pipeline(self, dataset: Any, args: ResolvedArguments, collate_fn: Callable[[Any], Any] | None) -> Pipeline:
+        """The pipeline for the data (NOTE [ Pipeline seam ]); ``collate_fn`` as given (None: the
+        default, which a map-style dataset may be gathered under)."""
+        transform = self.options.transform
+        # NOTE [ Decode in the workers ]: a worker-side transform goes to the pipeline.
+        in_workers = transform if worker_side(transform) else None
+        if args.stream_options is not None:
+            # A transform may do its heavy part where the source is read, in the workers, by
+            # wrapping the source (naiad.tokenize: NOTE [ Tokenizing in the workers ]).
+            wrap = getattr(transform, "wrap_source", None)
+            source = wrap(dataset) if callable(wrap) else dataset
+            return StreamPipeline(source, args.stream_options, self._stream_counters, self.options.read_ahead,
+                                  batch_transform=in_workers)
+        if isinstance(dataset, IterableDataset):
+            return IterablePipeline(
+                dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last, self.num_workers,
+            )
+        strategy = choose_fetch(dataset, collate_fn, self._auto_collation)
+        return MapPipeline(
+            dataset, self.collate_fn, self._auto_collation, strategy, self.batch_sampler, self.sampler,
+            0 if self.options.rank is None else int(self.options.rank), batch_transform=in_workers,
+        )
+
+    def _make_pools(self) -> Pools:
+        # The pools ask the loader for its settings weakly: a bound method would make a cycle,
+        # and persistent workers would outlive their loader until the cyclic collector ran.
+        settings = weakref.WeakMethod(self._pool_settings)
+        return Pools(lambda: settings()(), self._pipeline, getattr(self._pipeline, "dataset", self.dataset),  # type: ignore[misc]
+                     self._tuner, self._restarts)
+
+    def _pool_settings(self) -> PoolSettings:
+        """The worker arguments a pass's pool is made with, as the loader has them now."""
+        return PoolSettings(
+            num_workers=self.num_workers, persistent_workers=self.persistent_workers,
+            prefetch_factor=self.prefetch_factor, worker_mode=self.worker_mode,
+            multiprocessing_context=self.multiprocessing_context, timeout=self.timeout,
+            worker_init_fn=self.worker_init_fn, generator=self.generator, seed=self.seed,
+            rank=0 if self.options.rank is None else int(self.options.rank),
+        )
 
     # -- naiad's options, as attributes ---------------------------------------------------------
 
@@ -383,7 +370,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self._check_sharded_for_accelerate()
         epoch = self._epoch
         self._epoch += 1
-        pool, owns_pool, base_seed, tuner = self._pool_for_pass()
+        pool, owns_pool, base_seed, tuner = self._pools.for_pass(_resumed_seed(self._resume, epoch), self._close_pass)
         progress = PassProgress(lagging=self.device is not None)
         # The pass refers to its loader weakly: the loader holds the pass (`_pending`), and a
         # cycle would keep the loader and its persistent workers alive until the cyclic
@@ -440,9 +427,7 @@ class DataLoader(TorchDataLoader[T_co]):
         garbage-collected; call it yourself to free the workers' memory and processes sooner.
         """
         self._close_pass()
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self._pools.close()
 
     def _close_pass(self) -> None:
         """End the pass in progress, if any: its next ``next()`` raises StopIteration."""
@@ -506,91 +491,10 @@ class DataLoader(TorchDataLoader[T_co]):
 
     # ----------------------------------------------------------------------------------------
 
-    def _base_seed(self) -> int:
-        # torch draws one int64 from `generator` (or the global generator) per iterator, before
-        # the sampler's first draw; drawing it the same way keeps shuffles identical to torch's.
-        drawn = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
-        return drawn if self.seed is None else self.seed
-
-    def _pool_for_pass(self) -> tuple[WorkerPool, bool, int, AutoTuner | None]:
-        """The pool for the next pass, whether the pass owns it, the pass's base seed, and the
-        tuner that resizes the pool during the pass, if any."""
-        # A tuned pool lives across passes too: the tuner keeps what it learnt.
-        persistent = (self.persistent_workers and self.num_workers > 0) or self._tuner is not None
-        # A resumed pass draws with the interrupted pass's base seed, in the workers too (their
-        # context's seed keys a decode's random crops): kept workers of another seed start again.
-        resumed = _resumed_seed(self._resume, self._epoch - 1)
-        if persistent and self._pool is not None and resumed is not None and resumed != self._pool_base_seed:
-            if self.persistent_workers and self.num_workers > 0:
-                self._close_pass()
-            self._pool.close()
-            self._pool = None
-        if persistent and self._pool is not None:
-            # NOTE [ Two passes at once ]: torch keeps one iterator per loader with persistent
-            # workers and resets it at iter(), so the pass before ends here (its next next()
-            # raises StopIteration, as torch's reset iterator does once the new pass is read).
-            # A tuned pool ("auto": map-style datasets and streams only) was not asked to
-            # persist: its passes stay independent, as torch's iterators without persistent
-            # workers are, and share the pool (NOTE [ Passes sharing a pool ] in
-            # parallel/pool.py); so do a stream's read-ahead threads' passes, below.
-            if self.persistent_workers and self.num_workers > 0:
-                self._close_pass()
-            return self._pool, False, self._pool_base_seed, self._tuner
-        # torch draws the base seed once per iterator, or once per persistent iterator.
-        base_seed = self._base_seed()  # drawn either way: the generator moves on as torch's does
-        if resumed is not None:
-            base_seed = resumed
-        threads = self.read_ahead_threads()
-        if threads:
-            ahead_tuner = self._pipeline.read_ahead_tuner(threads, self.prefetch_factor or 2)
-            # Read-ahead threads run no user code and hold no pass's state: kept across passes,
-            # so a short epoch does not pay for starting and joining them.
-            if self._pool is None or self._pool_pid != os.getpid():  # a forked child has no threads
-                self._pool, self._pool_pid = self._make_pool(base_seed), os.getpid()
-            if ahead_tuner is not None:
-                stages = self._pool.stage_seconds
-                ahead_tuner.reads_cpu = lambda: stages.get("worker_cpu", 0.0)
-            return self._pool, False, base_seed, ahead_tuner
-        if self._pool is not None and not persistent:
-            # Read-ahead threads of an earlier pass, no longer wanted (the rows turned out to
-            # fit in the shuffle buffer, or all but one read group of them).
-            self._pool.close()
-            self._pool = None
-        pool = self._make_pool(base_seed)
-        if persistent:
-            self._pool, self._pool_base_seed = pool, base_seed
-        return pool, not persistent, base_seed, self._tuner
-
     def read_ahead_threads(self) -> int:
         """Threads that read a streaming source ahead of the loop while ``num_workers=0`` (the
-        pass's own pool; they run no user code), else 0. The stream pipeline decides how many
-        (:meth:`naiad.stream.pipeline.StreamPipeline.read_ahead_threads`); other pipelines read
-        nothing ahead."""
-        if self.num_workers or self._tuner is not None:
-            return 0
-        return self._pipeline.read_ahead_threads()
-
-    def _make_pool(self, base_seed: int) -> WorkerPool:
-        tuner = self._tuner
-        workers = self.num_workers if tuner is None else tuner.decision.num_workers
-        threads = self.read_ahead_threads()
-        # The default read-ahead starts where its tuner stands (all its threads, or inline).
-        ahead_tuner = self._pipeline.read_ahead_tuner(threads, self.prefetch_factor or 2) if threads else None
-        read_ahead = ahead_tuner.decision.num_workers if ahead_tuner is not None else threads
-        return WorkerPool(
-            self._pipeline.handler_factory(),
-            num_workers=read_ahead or workers,
-            mode="thread" if threads else self.worker_mode,
-            multiprocessing_context=self.multiprocessing_context,
-            timeout_s=self.timeout or None,
-            worker_init_fn=self.worker_init_fn if self.num_workers > 0 or tuner is not None else None,
-            base_seed=base_seed,
-            describe=self._pipeline.describe_task,
-            rank=0 if self.options.rank is None else int(self.options.rank),
-            init_inline=tuner is None,  # with "auto", only real workers run worker_init_fn
-            prepare=functools.partial(prepare_worker, getattr(self._pipeline, "dataset", self.dataset)),
-            restarts=self._restarts,
-        )
+        pass's own pool; they run no user code), else 0 (NOTE [ Pools across passes ])."""
+        return self._pools.read_ahead_threads()
 
     # -- pickling: Lightning's ddp_spawn and copy.deepcopy send the loader, not its workers -----
 
@@ -598,7 +502,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """The loader's recipe: its arguments, pipeline, epoch and pending resume; not its
         workers, the pass in progress or its telemetry (a copy starts with fresh ones)."""
         state = self.__dict__.copy()
-        for runtime in ("_pool", "_current", "_current_inner", "_last_pass", "_pending", "_handoff"):
+        for runtime in ("_pools", "_current", "_current_inner", "_last_pass", "_pending", "_handoff"):
             state[runtime] = None
         state["_telemetry"] = None
         state["_restarts"] = RestartBudget(self.options.max_worker_restarts)  # a copy's own count
@@ -614,17 +518,18 @@ class DataLoader(TorchDataLoader[T_co]):
             sampler.listener = weakref.WeakMethod(self._on_set_epoch)
         if tuner_prefetch is not None:
             self.__dict__["_tuner"] = AutoTuner(prefetch=int(tuner_prefetch))
+        self.__dict__["_pools"] = self._make_pools()
 
     def __del__(self) -> None:
         handoff = getattr(self, "_handoff", None)
         if handoff is not None and not handoff:
             handoff.append(getattr(self, "_resume", None))  # for a pass begun and not yet opened
-        pool = getattr(self, "_pool", None)
+        pools = getattr(self, "_pools", None)
         current = getattr(self, "_current_inner", None)
-        if pool is not None and (current is None or current() is None):
+        if pools is not None and (current is None or current() is None):
             # No pass uses the kept workers: stop them now. A live pass holds them, and they
             # stop when it goes (as torch's persistent workers go with their iterator).
-            pool.close()
+            pools.close()
 
 
 def _resumed_seed(resume: dict[str, Any] | None, epoch: int) -> int | None:

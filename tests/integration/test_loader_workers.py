@@ -78,9 +78,9 @@ def test_persistent_workers_keep_processes_and_order() -> None:
     ds = tensor_dataset(200)
     loader = naiad.DataLoader(ds, batch_size=32, shuffle=True, seed=7, num_workers=2, persistent_workers=True)
     first = list(loader)
-    pids = set(loader._pool.worker_pids)  # type: ignore[union-attr]
+    pids = set(loader._pools.kept.worker_pids)  # type: ignore[union-attr]
     second = list(loader)
-    assert set(loader._pool.worker_pids) == pids  # type: ignore[union-attr]
+    assert set(loader._pools.kept.worker_pids) == pids  # type: ignore[union-attr]
     # Different epochs, different orders; each a permutation.
     for epoch in (first, second):
         rows = torch.cat([b[0] for b in epoch])

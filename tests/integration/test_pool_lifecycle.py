@@ -116,12 +116,12 @@ def test_persistent_workers_new_pass_ends_the_one_before_as_torch(mode: str) -> 
                               timeout=TIMEOUT_S)
     try:
         assert two_passes_at_once(loader) == expected
-        pool = loader._pool
+        pool = loader._pools.kept
         assert pool is not None
         pids = pool.worker_pids
         # The kept workers go on serving the passes that follow.
         assert as_lists(loader) == expected[1]
-        assert loader._pool is pool and pool.worker_pids == pids
+        assert loader._pools.kept is pool and pool.worker_pids == pids
     finally:
         loader.close()
 

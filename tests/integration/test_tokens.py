@@ -211,7 +211,7 @@ def test_worker_memory_stays_flat_across_epochs(tmp_path, mixed):
     loader = naiad.DataLoader(tokens, batch_size=64, shuffle=True, seed=0, num_workers=1, persistent_workers=True)
 
     def worker_rss() -> int:
-        return max(psutil.Process(p).memory_info().rss for p in loader._pool.worker_pids)  # type: ignore[union-attr]
+        return max(psutil.Process(p).memory_info().rss for p in loader._pools.kept.worker_pids)  # type: ignore[union-attr]
 
     try:
         it = iter(loader)

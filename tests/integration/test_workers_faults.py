@@ -110,9 +110,9 @@ def test_persistent_workers_after_a_break_give_a_full_correct_next_epoch() -> No
     for k, _ in enumerate(loader):
         if k == 3:
             break
-    pids = set(loader._pool.worker_pids)  # type: ignore[union-attr]
+    pids = set(loader._pools.kept.worker_pids)  # type: ignore[union-attr]
     assert_same_batches(list(TorchDataLoader(ds, batch_size=16)), list(loader))
-    assert set(loader._pool.worker_pids) == pids  # type: ignore[union-attr]
+    assert set(loader._pools.kept.worker_pids) == pids  # type: ignore[union-attr]
     loader.close()
 
 

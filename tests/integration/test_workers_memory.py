@@ -47,7 +47,7 @@ def test_forked_workers_read_columns_without_copying_them() -> None:
         loader = naiad.DataLoader(ds, batch_size=4096, shuffle=True, num_workers=2, persistent_workers=True)
         rows = sum(len(b[0]) for b in loader)
         assert rows == n
-        own = [psutil.Process(p).memory_full_info().uss for p in loader._pool.worker_pids]  # type: ignore[union-attr]
+        own = [psutil.Process(p).memory_full_info().uss for p in loader._pools.kept.worker_pids]  # type: ignore[union-attr]
         loader.close()
         return own
 

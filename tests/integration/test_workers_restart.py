@@ -226,7 +226,7 @@ def test_persistent_worker_killed_between_epochs_is_replaced(tmp_path: Path) -> 
                               max_worker_restarts=1)
     reference = naiad.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_workers=1)
     assert_same_batches(list(reference), list(loader))
-    pool = loader._pool
+    pool = loader._pools.kept
     assert pool is not None
     os.kill(pool.worker_pids[0], signal.SIGKILL)  # idle, between epochs
     assert_same_batches(list(reference), list(loader))
