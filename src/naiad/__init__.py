@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from naiad import testing  # check_resume: the conformance check for your own loaders
+from typing import Any
+
+from naiad._version import __version__
 from naiad.dataset.fetch import ArrayDataset
 from naiad.dataset.worker import WorkerLocal, columnar
 from naiad.device.prefetch import DevicePrefetcher
@@ -25,8 +27,6 @@ from naiad.sources import (
 from naiad.stream.batching import pack_xy
 from naiad.telemetry import LoaderStats, Telemetry
 from naiad.tokens import mix, read_tokens, tokenize
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ArrayDataset",
@@ -63,3 +63,14 @@ __all__ = [
     "WorkerError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``naiad.testing`` (``check_resume``, the conformance check for your own loaders), imported
+    when first asked for: it brings the offline coverage check, a quarter of a second that a
+    training script need not pay."""
+    if name == "testing":
+        import naiad.testing as testing
+
+        return testing
+    raise AttributeError(f"module 'naiad' has no attribute {name!r}")

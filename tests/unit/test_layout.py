@@ -18,7 +18,7 @@ import naiad
 SRC = pathlib.Path(naiad.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "tree", "stats", "batch_compare", "trust"),
+    ("_version", "errors", "tree", "stats", "batch_compare", "trust"),
     ("parallel", "telemetry", "device", "media"),
     ("sources",),
     ("order",),
@@ -53,7 +53,10 @@ def _imports(mods: dict[str, pathlib.Path]) -> dict[str, set[str]]:
                 targets = subs if len(subs) == len(node.names) else [node.module, *subs]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name.split(".")[0] == "naiad"]
-            graph[name].update(t for t in targets if t in mods and t != name and t != "naiad")
+            # The package's root is its top layer (naiad/__init__.py): importing it from below is
+            # as upward as importing the loader.
+            targets = ["naiad.__init__" if t == "naiad" else t for t in targets]
+            graph[name].update(t for t in targets if t in mods and t != name)
     return graph
 
 

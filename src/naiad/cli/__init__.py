@@ -17,7 +17,7 @@ _COMMANDS = ("demo", "bench", "tune", "check", "convert", "inspect")
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``naiad`` command with every available subcommand."""
-    from naiad import __version__
+    from naiad._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="naiad",

@@ -397,6 +397,6 @@ def to_batch(columns: Columns, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def _version() -> str:
-    from naiad import __version__
+    from naiad._version import __version__
 
     return __version__

@@ -187,6 +187,6 @@ def read_manifest(paths: str | Sequence[str]) -> dict[str, Any] | None:
 
 
 def _version() -> str:
-    from naiad import __version__
+    from naiad._version import __version__
 
     return __version__
