@@ -26,7 +26,7 @@ from naiad.errors import StateError
 from naiad.order.elastic import state_int
 from naiad.pipeline import STATE_VERSION, Pipeline, PipelinePass
 
-__all__ = ["PassRecord", "build_state", "pass_position", "read_state"]
+__all__ = ["PassRecord", "build_state", "pass_position", "read_state", "resumed_seed"]
 
 
 @dataclass(frozen=True)
@@ -132,3 +132,11 @@ def read_state(pipeline: Pipeline, state: Any) -> dict[str, Any] | None:
         return copy.deepcopy(state)
     except RecursionError:  # a hostile state nested a thousand deep somewhere
         raise StateError("loader state: nested too deeply to be a state of naiad.DataLoader.") from None
+
+
+def resumed_seed(resume: dict[str, Any] | None, epoch: int) -> int | None:
+    """The base seed a pending resume gives the pass of ``epoch``: the interrupted pass's, or
+    None (no resume for that epoch, or a state without one)."""
+    if resume is None or resume.get("epoch") != epoch or resume.get("base_seed") is None:
+        return None
+    return int(resume["base_seed"])

@@ -31,28 +31,27 @@ from naiad.arguments import (
     WorkerMode,
     resolve_arguments,
 )
-from naiad.checkpoint import PassRecord, build_state, pass_position, read_state
+from naiad.checkpoint import PassRecord, build_state, pass_position, read_state, resumed_seed
 from naiad.dataset.fetch import choose_fetch
 from naiad.dataset.iterable import IterablePipeline
 from naiad.dataset.pipeline import MapPipeline
 from naiad.dataset.sampling import SeededRandomSampler
 from naiad.device.prefetch import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
-from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner, RestartBudget
 from naiad.pipeline import LazyPass, Pipeline, PipelinePass, worker_side
 from naiad.pools import Pools, PoolSettings
 from naiad.stream.batches import StreamCounters
 from naiad.stream.pipeline import StreamPipeline
 from naiad.telemetry import LoaderStats, Telemetry
+from naiad.trainers import AccelerateHooks
 
 __all__ = ["DataLoader"]
 
 T_co = TypeVar("T_co", covariant=True)
 
 
-
-class DataLoader(TorchDataLoader[T_co]):
+class DataLoader(AccelerateHooks, TorchDataLoader[T_co]):
     """A drop-in replacement for ``torch.utils.data.DataLoader`` that fetches a batch at a time.
 
     Every argument of torch's DataLoader is accepted with the same meaning and default, and the
@@ -244,38 +243,6 @@ class DataLoader(TorchDataLoader[T_co]):
         """The pipeline this loader drives (NOTE [ Pipeline seam ])."""
         return self._pipeline
 
-    # -- Hugging Face Accelerate ----------------------------------------------------------------
-
-    use_stateful_dataloader = True
-    """Tells Accelerate's ``save_state``/``load_state`` to save and load this loader's state."""
-
-    @property
-    def _is_accelerate_prepared(self) -> bool:
-        # NOTE [ Accelerate ]: accelerator.prepare() rebuilds every torch DataLoader as its own
-        # torch-based one (a streaming source then fails, a dataset loses naiad's batching),
-        # unless the loader says it is prepared already. naiad's loader says so, and shards by
-        # itself: a stream by torch.distributed, a map-style dataset by `rank`/`world_size`;
-        # an unsharded map-style loader then fails at iter() with the fix, rather than every
-        # process reading every sample (docs/TRAINERS.md).
-        self.__dict__["_given_to_accelerate"] = True
-        return True
-
-    @_is_accelerate_prepared.setter
-    def _is_accelerate_prepared(self, value: bool) -> None:
-        self.__dict__["_given_to_accelerate"] = bool(value)  # prepare() marks what it returns
-
-    def _check_sharded_for_accelerate(self) -> None:
-        if not getattr(self, "_given_to_accelerate", False) or not self._pipeline.sharded_by_loader:
-            return
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and self.options.rank is None:
-            raise ConfigError(
-                f"this naiad.DataLoader was given to accelerator.prepare() in a job of "
-                f"{dist.get_world_size()} processes but is not sharded, so every process would read "
-                "every sample; make it with rank=accelerator.process_index, "
-                "world_size=accelerator.num_processes (prepare() keeps naiad's loader as it is)."
-            )
-
     # ----------------------------------------------------------------------------------------
 
     @property
@@ -367,10 +334,10 @@ class DataLoader(TorchDataLoader[T_co]):
         return pending
 
     def __iter__(self) -> Any:
-        self._check_sharded_for_accelerate()
+        self._check_sharded_for_accelerate(self._pipeline.sharded_by_loader, self.options.rank)
         epoch = self._epoch
         self._epoch += 1
-        pool, owns_pool, base_seed, tuner = self._pools.for_pass(_resumed_seed(self._resume, epoch), self._close_pass)
+        pool, owns_pool, base_seed, tuner = self._pools.for_pass(resumed_seed(self._resume, epoch), self._close_pass)
         progress = PassProgress(lagging=self.device is not None)
         # The pass refers to its loader weakly: the loader holds the pass (`_pending`), and a
         # cycle would keep the loader and its persistent workers alive until the cyclic
@@ -389,7 +356,7 @@ class DataLoader(TorchDataLoader[T_co]):
                 resume = handoff[0] if handoff else None
             if resume is not None and resume["epoch"] != epoch:
                 resume = None  # set_epoch() moved on: that epoch starts afresh
-            seed = _resumed_seed(resume, epoch)  # the interrupted pass's, for its workers' draws
+            seed = resumed_seed(resume, epoch)  # the interrupted pass's, for its workers' draws
             seed = base_seed if seed is None else seed
             run = pipeline.open_pass(epoch, seed, None if resume is None else resume["pipeline"])
             progress.deliveries = run.deliveries  # which batches it delivered (NOTE [ Out-of-order delivery ])
@@ -530,11 +497,3 @@ class DataLoader(TorchDataLoader[T_co]):
             # No pass uses the kept workers: stop them now. A live pass holds them, and they
             # stop when it goes (as torch's persistent workers go with their iterator).
             pools.close()
-
-
-def _resumed_seed(resume: dict[str, Any] | None, epoch: int) -> int | None:
-    """The base seed a pending resume gives the pass of ``epoch``: the interrupted pass's, or
-    None (no resume for that epoch, or a state without one)."""
-    if resume is None or resume.get("epoch") != epoch or resume.get("base_seed") is None:
-        return None
-    return int(resume["base_seed"])

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("order",),
     ("pipeline", "dataset", "stream"),
     ("tokens",),
-    ("epoch", "checkpoint", "arguments", "pools", "loader"),
+    ("epoch", "checkpoint", "arguments", "pools", "trainers", "loader"),
     ("testing", "tools"),
     ("cli", "__main__", "__init__"),
 ]
