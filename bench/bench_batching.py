@@ -1,6 +1,6 @@
 """What handing out batches costs the training loop's thread: the stream's row chunks cut into
 batches (``naiad.stream.batching.Batcher``), their columns made tensors (``to_torch``) and counted for
-the telemetry (``naiad.tree.count_rows``), per batch, with nothing read or shuffled.
+the telemetry (``naiad.device.tree.count_rows``), per batch, with nothing read or shuffled.
 
 The chunks are what a shuffle buffer emits for a 2M-row table of ten columns (an int64 id and
 nine float64 features): 36 chunks of 56,000 rows. ``--against REV`` runs the same loop on the
@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import environment  # noqa: E402
 
-from naiad import tree  # noqa: E402
+from naiad.device import tree  # noqa: E402
 from naiad.stream import batching  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +83,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         if args.against:
             ways[args.against] = (module_at(args.against, ("src/naiad/stream/batching.py", "src/naiad/batching.py"), "batching_then", folder),
-                                  module_at(args.against, ("src/naiad/tree.py",), "tree_then", folder))
+                                  module_at(args.against, ("src/naiad/device/tree.py", "src/naiad/tree.py"), "tree_then", folder))
         print("| batch | " + " | ".join(f"{w}: ms a 2M-row epoch (us a batch)" for w in ways)
               + (" | this tree / then |" if args.against else " |"))
         print("|---|" + "---|" * (len(ways) + (1 if args.against else 0)))

@@ -23,7 +23,7 @@ from naiad.order.delivered import DeliveryLog
 from naiad.parallel import AutoTuner, WorkerPool
 from naiad.pipeline import PipelinePass
 from naiad.telemetry import Telemetry
-from naiad.tree import count_rows, map_tensors
+from naiad.device.tree import count_rows, map_tensors
 
 __all__ = ["EpochIterator", "PassProgress", "pin_memory_enabled"]
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from naiad.stream.batching import Batcher, to_torch
-from naiad.tree import count_rows
+from naiad.device.tree import count_rows
 
 
 def chunk(lo: int, hi: int) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ import torch
 import naiad.device.prefetch as device_mod
 from naiad.device.prefetch import PrefetchIterator
 from naiad.device.transfer import CudaMover
-from naiad.tree import count_rows as _count_rows
+from naiad.device.tree import count_rows as _count_rows
 
 
 class FakeStream:

@@ -18,7 +18,7 @@ import naiad
 SRC = pathlib.Path(naiad.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("_version", "errors", "tree", "stats", "batch_compare", "trust"),
+    ("_version", "errors", "stats", "trust"),
     ("parallel", "telemetry", "device", "media"),
     ("sources",),
     ("order",),

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from naiad.stream.permutation import Permutation
+from naiad.order.permutation import Permutation
 
 
 @settings(max_examples=200, deadline=None)

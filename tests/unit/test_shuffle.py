@@ -271,7 +271,7 @@ def test_backward_replay_through_the_keyed_permutation_matches_pushing_every_chu
     import naiad.stream.replay as replay_module
 
     asked = []
-    from naiad.stream.permutation import Permutation
+    from naiad.order.permutation import Permutation
 
     real = Permutation.inverse
 

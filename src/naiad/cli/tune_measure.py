@@ -126,7 +126,7 @@ def shuffle_figures(source: Any, shuffle_buffer: int | None, batch_size: int, ep
 
 
 def _rows(batch: Any) -> int:
-    from naiad.tree import count_rows
+    from naiad.device.tree import count_rows
 
     return count_rows(batch) or 0
 

@@ -64,7 +64,7 @@ import torch
 from naiad.device.transfer import CudaMover, GenericMover, Mover
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
-from naiad.tree import count_rows, map_tensors
+from naiad.device.tree import count_rows, map_tensors
 
 __all__ = ["DevicePrefetcher", "PrefetchIterator"]
 

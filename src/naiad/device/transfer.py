@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from naiad.tree import map_tensors
+from naiad.device.tree import map_tensors
 
 __all__ = ["CudaMover", "GenericMover", "Mover", "move_to_device"]
 

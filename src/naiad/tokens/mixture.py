@@ -6,7 +6,7 @@ An epoch of the mixture is ``W`` positions (windows): ``length // seq_len`` for 
 (the largest-remainder rounding of ``W * p_s``, every source at least one). Which source position
 ``p`` of epoch ``e`` reads, and which of its windows, is a pure function of ``(seed, e, p)``:
 
-1. ``q = P_e(p)``, a keyed permutation of ``range(W)`` (stream/permutation.py, a Feistel network
+1. ``q = P_e(p)``, a keyed permutation of ``range(W)`` (order/permutation.py, a Feistel network
    evaluated at the batch's positions only, no table). The slots ``[o_s, o_s + c_s)`` of ``q``
    belong to source ``s``: position ``p`` reads source ``s`` with ``o_s <= q < o_s + c_s``, as
    its ``k = q - o_s``-th window of the epoch. So each epoch holds exactly ``c_s`` windows of each
@@ -62,7 +62,7 @@ from naiad.order.elastic import Leg, epoch_sequence, iter_legs, leg_remaining, n
 from naiad.parallel.context import current_epoch
 from naiad.pipeline import check_fields
 from naiad.sources.base import Source
-from naiad.stream.permutation import Permutation
+from naiad.order.permutation import Permutation
 from naiad.tokens.text import Tokenize
 from naiad.tokens.windows import TokenWindows, WindowSamples, window_batch
 
