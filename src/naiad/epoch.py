@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
+from naiad.device.tree import count_rows, map_tensors
 from naiad.errors import WorkerError
 from naiad.order.delivered import DeliveryLog
 from naiad.parallel import AutoTuner, WorkerPool
 from naiad.pipeline import PipelinePass
 from naiad.telemetry import Telemetry
-from naiad.device.tree import count_rows, map_tensors
 
 __all__ = ["EpochIterator", "PassProgress", "pin_memory_enabled"]
 

@@ -46,8 +46,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from naiad.tools.batch_compare import first_difference, snapshot
 from naiad.errors import ConfigError
+from naiad.tools.batch_compare import first_difference, snapshot
 from naiad.tools.coverage import CoverageReport, EpochCoverage, ShuffleQuality, check_coverage
 
 __all__ = [

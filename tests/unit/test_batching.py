@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from naiad.stream.batching import Batcher, to_torch
 from naiad.device.tree import count_rows
+from naiad.stream.batching import Batcher, to_torch
 
 
 def chunk(lo: int, hi: int) -> dict[str, np.ndarray]:

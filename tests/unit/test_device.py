@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from naiad.device.prefetch import DevicePrefetcher
 from naiad.device.transfer import Mover, move_to_device
+from naiad.device.tree import count_rows as _count_rows
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
-from naiad.device.tree import count_rows as _count_rows
 
 Pair = namedtuple("Pair", ["x", "y"])
 

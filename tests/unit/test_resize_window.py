@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from naiad.media import geometry, images
+from naiad.media.image_options import INTERPOLATIONS
 
 
 def test_resize_window_equals_resizing_the_whole_image_then_cropping() -> None:
@@ -23,7 +24,7 @@ def test_resize_window_equals_resizing_the_whole_image_then_cropping() -> None:
         image = torch.from_numpy(pixels).permute(2, 0, 1)
         resized = geometry.shorter_side_size(w, h, shorter)
         placement = geometry.centre_placement(w, h, resized, (out_side, out_side))
-        for interpolation in images.INTERPOLATIONS:
+        for interpolation in INTERPOLATIONS:
             got = torch.from_numpy(np.ascontiguousarray(images._resize_window(pixels, placement, interpolation)))
             whole = torch.nn.functional.interpolate(
                 image[None], size=(resized[1], resized[0]), mode=interpolation, antialias=True
@@ -68,7 +69,7 @@ def test_resize_window_cuts_the_near_side_of_elongated_images_within_one_level()
             # pixel of the whole resize's (a window elsewhere would differ by tens of levels)
             yy, xx = np.mgrid[0:h, 0:w]
             pixels = np.stack([xx * 255 // max(w - 1, 1), yy * 255 // max(h - 1, 1), 127 + 120 * np.sin((xx + yy) / 40)], -1).astype(np.uint8)
-        for interpolation in images.INTERPOLATIONS:
+        for interpolation in INTERPOLATIONS:
             got = torch.from_numpy(np.ascontiguousarray(images._resize_window(pixels, placement, interpolation)))
             diff = (got.int() - whole_then_window(pixels, placement, interpolation).int()).abs()
             if exact:
@@ -93,6 +94,6 @@ def test_centre_crop_of_an_image_just_smaller_than_its_resize_is_resized() -> No
         resized = geometry.shorter_side_size(w, h, shorter)
         side = min(224, shorter - 20)
         placement = geometry.centre_placement(w, h, resized, (side, side))
-        for interpolation in images.INTERPOLATIONS:
+        for interpolation in INTERPOLATIONS:
             got = torch.from_numpy(np.ascontiguousarray(images._resize_window(pixels, placement, interpolation)))
             assert torch.equal(got, whole_then_window(pixels, placement, interpolation)), (w, h, interpolation)

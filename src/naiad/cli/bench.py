@@ -305,39 +305,13 @@ def _workers(n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``naiad bench``; returns the exit status."""
-    for name in ("batch_size", "batches", "rows", "depth"):
-        if getattr(args, name) < 1:
-            print(
-                f"naiad bench: `--{name.replace('_', '-')}` must be >= 1, got {getattr(args, name)}.",
-                file=sys.stderr,
-            )
-            return 2
-    if args.step_ms < 0 or args.load_ms < 0 or args.warmup < 0 or args.num_workers < 0:
-        print(
-            "naiad bench: --step-ms, --load-ms, --warmup and --num-workers must be >= 0.",
-            file=sys.stderr,
-        )
-        return 2
-    plt = None
-    if args.plot:
-        plt = load_pyplot()
-        if plt is None:
-            print(
-                "naiad bench: --plot needs matplotlib, which is not installed; "
-                "install it with: pip install 'naiad[plot]'",
-                file=sys.stderr,
-            )
-            return 2
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(
-            "naiad bench: --device cuda, but CUDA is not available; use --device cpu.",
-            file=sys.stderr,
-        )
-        return 2
     try:
+        plt = _check_arguments(args)
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise _Refused("--device cuda, but CUDA is not available; use --device cpu.")
         dataset, words = resolve_source(args.source, rows=args.rows, load_ms=args.load_ms)
-    except ConfigError as exc:
+    except (_Refused, ConfigError) as exc:
         print(f"naiad bench: {exc}", file=sys.stderr)
         return 2
     if args.train:
@@ -364,3 +338,26 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and not args.json:
         print(f"\nnaiad's run traced to {args.trace} (open it in https://ui.perfetto.dev)")
     return 0
+
+
+class _Refused(Exception):
+    """An argument ``naiad bench`` cannot run with (exit status 2, the message on stderr)."""
+
+
+def _check_arguments(args: argparse.Namespace) -> Any:
+    """The numbers in range, and matplotlib's pyplot when ``--plot`` asks for it (else None).
+
+    Raises:
+        _Refused: saying which argument and why.
+    """
+    for name in ("batch_size", "batches", "rows", "depth"):
+        if getattr(args, name) < 1:
+            raise _Refused(f"`--{name.replace('_', '-')}` must be >= 1, got {getattr(args, name)}.")
+    if args.step_ms < 0 or args.load_ms < 0 or args.warmup < 0 or args.num_workers < 0:
+        raise _Refused("--step-ms, --load-ms, --warmup and --num-workers must be >= 0.")
+    if not args.plot:
+        return None
+    plt = load_pyplot()
+    if plt is None:
+        raise _Refused("--plot needs matplotlib, which is not installed; install it with: pip install 'naiad[plot]'")
+    return plt

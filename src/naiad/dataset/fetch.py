@@ -212,7 +212,17 @@ def make_fetch(
         collate_fn = default_collate if auto_collation else default_convert
     if strategy is None:
         strategy = choose_fetch(dataset, collate_fn, auto_collation)
-    collate = collate_fn
+    if not auto_collation:
+        return _fetch_one(dataset, collate_fn)
+    if strategy == "gather":
+        return _fetch_gather(dataset)
+    if strategy == "getitems":
+        return _fetch_getitems(dataset, _noted(collate_fn))
+    return _fetch_items(dataset, _noted(collate_fn))
+
+
+def _noted(collate: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    """``collate``, its exceptions noted with the indices of the samples it was given."""
 
     def collate_noted(data: Any, indices: Any) -> Any:
         try:
@@ -221,43 +231,55 @@ def make_fetch(
             add_note(exc, f"naiad: raised by collate_fn on the samples at indices {describe_indices(indices)}")
             raise
 
-    if not auto_collation:
+    return collate_noted
 
-        def fetch_one(index: Any) -> Any:
-            try:
-                sample = dataset[index]
-            except Exception as exc:
-                add_note(exc, f"naiad: raised by dataset[{index!r}]")
-                raise
-            return collate(sample)
 
-        return fetch_one
+def _fetch_one(dataset: Any, collate: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """One sample a call (``batch_size=None``), converted as torch converts it."""
 
-    if strategy == "gather":
-        gather = _compile_gather(dataset)
+    def fetch_one(index: Any) -> Any:
+        try:
+            sample = dataset[index]
+        except Exception as exc:
+            add_note(exc, f"naiad: raised by dataset[{index!r}]")
+            raise
+        return collate(sample)
 
-        def fetch_gather(indices: Any) -> Any:
-            idx = np.asarray(indices, dtype=np.int64)
-            try:
-                return gather(idx)
-            except IndexError as exc:
-                add_note(exc, f"naiad: raised while gathering indices {describe_indices(idx)} (dataset of length {len(dataset)})")
-                raise
+    return fetch_one
 
-        return fetch_gather
 
-    if strategy == "getitems":
+def _fetch_gather(dataset: Any) -> Callable[[Any], Any]:
+    """A batch as one vectorized index per column (``_compile_gather``)."""
+    gather = _compile_gather(dataset)
 
-        def fetch_getitems(indices: Any) -> Any:
-            idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
-            try:
-                data = dataset.__getitems__(idx)
-            except Exception as exc:
-                add_note(exc, f"naiad: raised by dataset.__getitems__ for indices {describe_indices(idx)}")
-                raise
-            return collate_noted(data, idx)
+    def fetch_gather(indices: Any) -> Any:
+        idx = np.asarray(indices, dtype=np.int64)
+        try:
+            return gather(idx)
+        except IndexError as exc:
+            add_note(exc, f"naiad: raised while gathering indices {describe_indices(idx)} (dataset of length {len(dataset)})")
+            raise
 
-        return fetch_getitems
+    return fetch_gather
+
+
+def _fetch_getitems(dataset: Any, collate: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
+    """A batch as one ``__getitems__`` call, then the collate."""
+
+    def fetch_getitems(indices: Any) -> Any:
+        idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        try:
+            data = dataset.__getitems__(idx)
+        except Exception as exc:
+            add_note(exc, f"naiad: raised by dataset.__getitems__ for indices {describe_indices(idx)}")
+            raise
+        return collate(data, idx)
+
+    return fetch_getitems
+
+
+def _fetch_items(dataset: Any, collate: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
+    """A batch sample by sample, torch's path, then the collate."""
 
     def fetch_items(indices: Any) -> Any:
         idx = indices.tolist() if isinstance(indices, np.ndarray) else indices
@@ -269,6 +291,6 @@ def make_fetch(
         except Exception as exc:
             add_note(exc, f"naiad: raised by dataset[{index!r}]")
             raise
-        return collate_noted(data, idx)
+        return collate(data, idx)
 
     return fetch_items

@@ -62,9 +62,9 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from naiad.device.transfer import CudaMover, GenericMover, Mover
+from naiad.device.tree import count_rows, map_tensors
 from naiad.errors import ConfigError, WorkerError
 from naiad.telemetry import Telemetry
-from naiad.device.tree import count_rows, map_tensors
 
 __all__ = ["DevicePrefetcher", "PrefetchIterator"]
 
@@ -95,6 +95,16 @@ class _Channel:
         self.join_timeout_s = _JOIN_TIMEOUT_S
 
 
+class _Progress:
+    """Where the producer is, for the note on an exception: which batch, doing what."""
+
+    __slots__ = ("index", "doing")
+
+    def __init__(self) -> None:
+        self.index = 0
+        self.doing = "fetching"
+
+
 def _produce(
     source: Iterator[Any],
     chan: _Channel,
@@ -104,42 +114,15 @@ def _produce(
     rows_of: Callable[[Any], int | None],
     device: torch.device,
 ) -> None:
-    index = 0
-    doing = "fetching"
+    progress = _Progress()
     try:
-        while True:
-            while not chan.slots.acquire(timeout=_POLL_S):
-                if chan.stop.is_set():
-                    return
-            if chan.stop.is_set():
-                return
-            doing = "fetching"
-            t0 = time.perf_counter()
-            try:
-                batch = next(source)
-            except StopIteration:
-                chan.items.put((_END, None, None, None))
-                return
-            if chan.stop.is_set():
-                return
-            doing = f"moving to {device}"
-            t1 = time.perf_counter()
-            moved, event, copied, foreign = mover(batch)
-            rows = rows_of(batch) or 0
-            if telemetry is not None:
-                if source_stage is not None:
-                    telemetry.add(source_stage, t1 - t0, start_s=t0)
-                telemetry.end("transfer", t1)
-            chan.items.put((_BATCH, moved, event, (copied, foreign, rows)))
-            # Hold no batch while waiting for the next slot: the consumer owns it now, and
-            # device memory stays bounded by `depth` batches plus the one in use.
-            del batch, moved, event, copied
-            index += 1
+        while _slot_free(chan) and _produce_one(source, chan, mover, telemetry, source_stage, rows_of, device, progress):
+            progress.index += 1
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the consumer
         _add_note(
             exc,
-            f"naiad: raised in the DevicePrefetcher's background thread while {doing} batch {index} "
-            "(0-based) of its source.",
+            f"naiad: raised in the DevicePrefetcher's background thread while {progress.doing} batch "
+            f"{progress.index} (0-based) of its source.",
         )
         chan.items.put((_ERROR, exc, None, None))
     finally:
@@ -151,6 +134,48 @@ def _produce(
             except Exception:  # noqa: BLE001 - the consumer already has its answer
                 pass
         del source
+
+
+def _slot_free(chan: _Channel) -> bool:
+    """Wait for a free slot (polling, so a stop is seen); False when stopped."""
+    while not chan.slots.acquire(timeout=_POLL_S):
+        if chan.stop.is_set():
+            return False
+    return not chan.stop.is_set()
+
+
+def _produce_one(
+    source: Iterator[Any],
+    chan: _Channel,
+    mover: Mover,
+    telemetry: Telemetry | None,
+    source_stage: str | None,
+    rows_of: Callable[[Any], int | None],
+    device: torch.device,
+    progress: _Progress,
+) -> bool:
+    """Fetch one batch, move it and hand it over; False at the end of the source or a stop."""
+    progress.doing = "fetching"
+    t0 = time.perf_counter()
+    try:
+        batch = next(source)
+    except StopIteration:
+        chan.items.put((_END, None, None, None))
+        return False
+    if chan.stop.is_set():
+        return False
+    progress.doing = f"moving to {device}"
+    t1 = time.perf_counter()
+    moved, event, copied, foreign = mover(batch)
+    rows = rows_of(batch) or 0
+    if telemetry is not None:
+        if source_stage is not None:
+            telemetry.add(source_stage, t1 - t0, start_s=t0)
+        telemetry.end("transfer", t1)
+    chan.items.put((_BATCH, moved, event, (copied, foreign, rows)))
+    # Return holding no batch: the consumer owns it now, and device memory stays bounded by
+    # `depth` batches plus the one in use while the producer waits for the next slot.
+    return True
 
 
 def _add_note(exc: BaseException, note: str) -> None:

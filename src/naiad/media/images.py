@@ -34,7 +34,6 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 from naiad.errors import ConfigError
 from naiad.media import geometry
 from naiad.media.geometry import Placement
+from naiad.media.image_options import MODES, ImageOptions, image_options
 from naiad.media.keys import KeyedBatchTransform, sample_uniforms
 from naiad.media.rows import default_threads, encoded, raise_failures, run_rows
 from naiad.trust import bounds
@@ -52,9 +52,7 @@ from naiad.trust.bounds import PixelBudget
 __all__ = ["DecodeImages", "ImageOptions", "decode_images", "normalize"]
 
 #: Output modes and their channel counts.
-MODES = {"RGB": 3, "L": 1, "RGBA": 4}
 _SIMPLEJPEG_COLORSPACE = {"RGB": "RGB", "L": "GRAY", "RGBA": "RGBA"}
-INTERPOLATIONS = ("bilinear", "bicubic")
 _DRAWS = geometry.RRC_DRAWS + 1  # the crop's draws, then the flip's
 _INSTALL = "pip install 'naiad[images]'"
 
@@ -75,46 +73,6 @@ def simplejpeg() -> Any:
     except ImportError:
         return None
     return module
-
-
-@dataclass(frozen=True)
-class ImageOptions:
-    """What :func:`decode_images` does to each image (see its arguments)."""
-
-    size: tuple[int, int] | None = None
-    resize: str | int = "shorter"
-    crop: str | None = None
-    flip: bool = False
-    mode: str = "RGB"
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    interpolation: str = "bilinear"
-    max_pixels: int | None = None
-
-    @property
-    def random(self) -> bool:
-        """Whether samples draw random numbers (a random crop or a flip)."""
-        return self.crop == "random" or self.flip
-
-    def placement(self, width: int, height: int, draws: np.ndarray | None) -> Placement:
-        """The crop and resize of a ``width`` x ``height`` image (``media/geometry.py``)."""
-        if self.size is None:
-            if isinstance(self.resize, int):
-                rw, rh = geometry.shorter_side_size(width, height, self.resize)
-                return geometry.whole(width, height, (rh, rw))
-            return geometry.whole(width, height, (height, width))
-        out_h, out_w = self.size
-        if self.crop == "random":
-            assert draws is not None  # drawn whenever the options are random
-            top, left, h, w = geometry.random_resized_crop(width, height, draws, self.scale, self.ratio)
-            return Placement(src=(left, top, left + w, top + h), dst=(0, 0, out_w, out_h), canvas=self.size)
-        if self.crop == "center":
-            if isinstance(self.resize, int):
-                resized = geometry.shorter_side_size(width, height, self.resize)
-            else:
-                resized = geometry.cover_size(width, height, self.size)
-            return geometry.centre_placement(width, height, resized, self.size)
-        return geometry.whole(width, height, self.size)
 
 
 class DecodeImages(KeyedBatchTransform):
@@ -412,59 +370,10 @@ def decode_images(
     """
     if not isinstance(column, str) or not column:
         raise ConfigError(f"`column` must be a column name (a non-empty str), got {column!r}.")
-    out_size = _size(size)
-    if not (resize in ("shorter", "stretch") or (isinstance(resize, int) and not isinstance(resize, bool) and resize > 0)):
-        raise ConfigError(f"`resize` must be 'shorter', 'stretch' or a positive int, got {resize!r}.")
-    if crop not in (None, "center", "random"):
-        raise ConfigError(f"`crop` must be None, 'center' or 'random', got {crop!r}.")
-    if mode not in MODES:
-        raise ConfigError(f"`mode` must be one of {sorted(MODES)}, got {mode!r}.")
-    if interpolation not in INTERPOLATIONS:
-        raise ConfigError(f"`interpolation` must be one of {list(INTERPOLATIONS)}, got {interpolation!r}.")
-    if out_size is None:
-        if crop is not None:
-            raise ConfigError(f"`crop={crop!r}` needs an output `size`, e.g. size=224.")
-        if resize == "stretch":
-            raise ConfigError("`resize='stretch'` needs an output `size`, e.g. size=(224, 224).")
-    elif crop is None and resize != "stretch":
-        raise ConfigError(
-            f"`size={size!r}` with `crop=None` and `resize={resize!r}` leaves the longer side too "
-            "long: give crop='center' (or 'random'), or resize='stretch' to ignore the aspect ratio."
-        )
-    elif crop == "center" and resize == "stretch":
-        raise ConfigError("`resize='stretch'` fills the output: there is nothing for `crop='center'` to cut.")
-    elif crop == "random" and resize != "shorter":
-        raise ConfigError(
-            f"`crop='random'` crops the original image (RandomResizedCrop); `resize` must stay "
-            f"'shorter', got {resize!r}."
-        )
-    if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1):
-        raise ConfigError(f"`max_pixels` must be None (Pillow's limit) or a positive int, got {max_pixels!r}.")
-    for name, pair in (("scale", scale), ("ratio", ratio)):
-        if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
-            raise ConfigError(f"`{name}` must be (low, high) with 0 < low <= high, got {pair!r}.")
+    options = image_options(size=size, resize=resize, crop=crop, flip=flip, mode=mode, scale=scale, ratio=ratio,
+                            interpolation=interpolation, max_pixels=max_pixels)
     pillow()  # fail here, not in a worker, when the extra is missing
-    options = ImageOptions(
-        size=out_size,
-        resize=resize,
-        crop=crop,
-        flip=bool(flip),
-        mode=mode,
-        scale=(float(scale[0]), float(scale[1])),
-        ratio=(float(ratio[0]), float(ratio[1])),
-        interpolation=interpolation,
-        max_pixels=max_pixels,
-    )
     return DecodeImages(column, options, seed=seed, key=key, epoch_key=epoch_key, threads=threads)
-
-
-def _size(size: int | tuple[int, int] | None) -> tuple[int, int] | None:
-    if size is None:
-        return None
-    pair = (size, size) if isinstance(size, int) else tuple(size)
-    if len(pair) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in pair):
-        raise ConfigError(f"`size` must be None, a positive int or (height, width), got {size!r}.")
-    return (int(pair[0]), int(pair[1]))
 
 
 def normalize(

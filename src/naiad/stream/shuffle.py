@@ -59,9 +59,9 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from naiad.errors import ConfigError
+from naiad.order.permutation import Permutation
 from naiad.parallel.threads import run_beside
 from naiad.sources.columns import as_array
-from naiad.order.permutation import Permutation
 
 __all__ = ["ShuffleBuffer", "as_array", "draw_key", "draw_order", "draw_slots", "order_pieces", "permutation_of", "shuffle_quality"]
 

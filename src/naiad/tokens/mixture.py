@@ -59,10 +59,10 @@ import torch
 from naiad.dataset.sampling import epoch_permutation
 from naiad.errors import ConfigError, StateError
 from naiad.order.elastic import Leg, epoch_sequence, iter_legs, leg_remaining, no_buffer
+from naiad.order.permutation import Permutation
 from naiad.parallel.context import current_epoch
 from naiad.pipeline import check_fields
 from naiad.sources.base import Source
-from naiad.order.permutation import Permutation
 from naiad.tokens.text import Tokenize
 from naiad.tokens.windows import TokenWindows, WindowSamples, window_batch
 
@@ -152,6 +152,28 @@ def _apportion(total: int, shares: np.ndarray) -> np.ndarray:
     return counts
 
 
+def _checked_sources(sources: Sequence[Any]) -> list[TokenWindows]:
+    """The sources of a mixture: token windows, each with a window at least (raw text refused
+    with the way to tokenize it)."""
+    out = list(sources)
+    if not out:
+        raise ConfigError("`sources` must name at least one token source, got none.")
+    for i, src in enumerate(out):
+        if isinstance(src, (Source, Tokenize)):
+            raise ConfigError(
+                f"`sources[{i}]` is raw text ({type(src).__name__}): naiad.mix mixes token windows, which it reads "
+                "at random and counts before an epoch starts, and a text source's windows exist only once its "
+                "documents are tokenized and packed. Tokenize it once with `naiad convert TEXT DEST --tokenize "
+                "TOKENIZER` and mix naiad.read_tokens(DEST, seq_len=..., eos_id=...) (docs/TOKENS.md, "
+                "\"Mixing raw text\").")
+        if not isinstance(src, TokenWindows):
+            raise ConfigError(f"`sources[{i}]` must be a naiad.read_tokens(...) source, got {type(src).__name__}.")
+        if len(src) == 0:
+            raise ConfigError(f"`sources[{i}]` has no window of seq_len + 1 = {src.seq_len + 1} tokens "
+                              f"({src!r}); drop it or use a shorter seq_len.")
+    return out
+
+
 class TokenMixture(WindowSamples):
     """A weighted mixture of token sources, one map-style dataset (see :func:`mix`).
 
@@ -172,22 +194,7 @@ class TokenMixture(WindowSamples):
         seed: int | None = None,
         length: int | None = None,
     ) -> None:
-        self.sources = list(sources)
-        if not self.sources:
-            raise ConfigError("`sources` must name at least one token source, got none.")
-        for i, src in enumerate(self.sources):
-            if isinstance(src, (Source, Tokenize)):
-                raise ConfigError(
-                    f"`sources[{i}]` is raw text ({type(src).__name__}): naiad.mix mixes token windows, which it reads "
-                    "at random and counts before an epoch starts, and a text source's windows exist only once its "
-                    "documents are tokenized and packed. Tokenize it once with `naiad convert TEXT DEST --tokenize "
-                    "TOKENIZER` and mix naiad.read_tokens(DEST, seq_len=..., eos_id=...) (docs/TOKENS.md, "
-                    "\"Mixing raw text\").")
-            if not isinstance(src, TokenWindows):
-                raise ConfigError(f"`sources[{i}]` must be a naiad.read_tokens(...) source, got {type(src).__name__}.")
-            if len(src) == 0:
-                raise ConfigError(f"`sources[{i}]` has no window of seq_len + 1 = {src.seq_len + 1} tokens "
-                                  f"({src!r}); drop it or use a shorter seq_len.")
+        self.sources = _checked_sources(sources)
         w = [float(x) for x in weights]
         if len(w) != len(self.sources) or not all(math.isfinite(x) and x > 0 for x in w):
             raise ConfigError(f"`weights` must be one positive finite number per source ({len(self.sources)}), got {list(weights)!r:.200}.")
@@ -208,22 +215,7 @@ class TokenMixture(WindowSamples):
         self.epoch = 0
         self.weights = np.array(w) / sum(w)
         self.own_windows = np.array([len(s) for s in self.sources], np.int64)
-        unit = np.array([s.tokens_per_window for s in self.sources], np.int64) if by == "tokens" else np.ones(len(w), np.int64)
-        if length is None:
-            total = int((self.own_windows * unit).sum())
-        elif isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
-            raise ConfigError(f"`length` must be an int >= 1 ({by} per epoch) or None, got {length!r}.")
-        else:
-            total = int(length)
-        # Windows per source: its share of the epoch's units, in its own units per window.
-        per_unit = self.weights / unit
-        windows = total // int(unit.max()) if by == "tokens" else total
-        self.windows_per_epoch = _apportion(windows, per_unit / per_unit.sum())
-        empty = np.flatnonzero(self.windows_per_epoch == 0)
-        if len(empty):
-            i = int(empty[0])
-            raise ConfigError(f"source {i}'s share of an epoch ({self.weights[i]:.3g} of {total} {by}) rounds to no "
-                              "window; raise its weight or `length`.")
+        self.windows_per_epoch = self._shares(length)
         self._slot_ends = np.cumsum(self.windows_per_epoch)
         self._slot_starts = self._slot_ends - self.windows_per_epoch
         self._joined = TokenWindows.joined(self.sources)
@@ -231,6 +223,28 @@ class TokenMixture(WindowSamples):
         self._tables: dict[int, np.ndarray] = {}
         self._table_pid = os.getpid()
         self._table_lock = threading.Lock()
+
+    def _shares(self, length: int | None) -> np.ndarray:
+        """Windows per source in an epoch: its share of the epoch's units (``length`` of them, or
+        every window's), in its own units per window."""
+        by = self.by
+        unit = (np.array([s.tokens_per_window for s in self.sources], np.int64) if by == "tokens"
+                else np.ones(len(self.sources), np.int64))
+        if length is None:
+            total = int((self.own_windows * unit).sum())
+        elif isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+            raise ConfigError(f"`length` must be an int >= 1 ({by} per epoch) or None, got {length!r}.")
+        else:
+            total = int(length)
+        per_unit = self.weights / unit
+        windows = total // int(unit.max()) if by == "tokens" else total
+        shares = _apportion(windows, per_unit / per_unit.sum())
+        empty = np.flatnonzero(shares == 0)
+        if len(empty):
+            i = int(empty[0])
+            raise ConfigError(f"source {i}'s share of an epoch ({self.weights[i]:.3g} of {total} {by}) rounds to no "
+                              "window; raise its weight or `length`.")
+        return shares
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

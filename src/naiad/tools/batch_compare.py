@@ -32,22 +32,34 @@ def first_difference(expected: Any, got: Any, path: str = "batch") -> str | None
     if isinstance(expected, np.ndarray):
         return _array_difference(expected, got, path)
     if isinstance(expected, Mapping):
-        if list(expected.keys()) != list(got.keys()):
-            return f"{path}: keys {list(got.keys())!r:.300}, expected {list(expected.keys())!r:.300}"
-        for key in expected:
-            diff = first_difference(expected[key], got[key], f"{path}[{key!r}]")
-            if diff is not None:
-                return diff
-        return None
+        return _mapping_difference(expected, got, path)
     if isinstance(expected, (list, tuple)):
-        if len(expected) != len(got):
-            return f"{path}: length {len(got)}, expected {len(expected)}"
-        fields = getattr(expected, "_fields", None)  # a namedtuple: name its fields
-        for i, (a, b) in enumerate(zip(expected, got)):
-            diff = first_difference(a, b, f"{path}.{fields[i]}" if fields else f"{path}[{i}]")
-            if diff is not None:
-                return diff
-        return None
+        return _sequence_difference(expected, got, path)
+    return _value_difference(expected, got, path)
+
+
+def _mapping_difference(expected: Mapping[Any, Any], got: Mapping[Any, Any], path: str) -> str | None:
+    if list(expected.keys()) != list(got.keys()):
+        return f"{path}: keys {list(got.keys())!r:.300}, expected {list(expected.keys())!r:.300}"
+    for key in expected:
+        diff = first_difference(expected[key], got[key], f"{path}[{key!r}]")
+        if diff is not None:
+            return diff
+    return None
+
+
+def _sequence_difference(expected: list[Any] | tuple[Any, ...], got: list[Any] | tuple[Any, ...], path: str) -> str | None:
+    if len(expected) != len(got):
+        return f"{path}: length {len(got)}, expected {len(expected)}"
+    fields = getattr(expected, "_fields", None)  # a namedtuple: name its fields
+    for i, (a, b) in enumerate(zip(expected, got)):
+        diff = first_difference(a, b, f"{path}.{fields[i]}" if fields else f"{path}[{i}]")
+        if diff is not None:
+            return diff
+    return None
+
+
+def _value_difference(expected: Any, got: Any, path: str) -> str | None:
     if isinstance(expected, (float, np.floating)) and math.isnan(expected) and math.isnan(got):
         return None
     try:
