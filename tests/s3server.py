@@ -219,12 +219,15 @@ def upload_numbered(s3: S3Server, folder: str, fmt: str, prefix: str, sizes: lis
 
 
 def open_numbered_url(url: str, fmt: str, options: dict, **kw: Any) -> Any:
-    """A source over numbered files at ``url``, in small blocks (many blocks from few rows)."""
+    """A source over numbered files at ``url``, in small blocks (many blocks from few rows);
+    ``retry``, ``cache_dir`` and ``cache_bytes`` in ``kw`` go to its Storage."""
     import naiad
+    from naiad.sources.storage import Storage
 
+    store = Storage(options, kw.pop("retry", None), cache_dir=kw.pop("cache_dir", None), cache_bytes=kw.pop("cache_bytes", None))
     small = {"block_bytes": 64} if fmt in ("csv", "jsonl", "text") else {"block_rows": 9} if fmt == "npy" else {}
     reader = naiad.read_text if fmt == "text" else naiad.read
-    return reader(url, storage_options=options, **small, **kw)
+    return reader(url, storage=store, **small, **kw)
 
 
 def batch_ids(batch: dict) -> list[int]:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 import naiad
 from naiad.errors import ConfigError, SourceError
+from naiad.sources import CsvFormat
 
 ROWS = 60
 
@@ -86,7 +87,7 @@ class Format:
 FORMATS: dict[str, Format] = {f.name: f for f in [
     Format("csv", ".csv", csv_bytes, lambda p: naiad.read_csv(p, block_bytes=256)),
     Format("csv_skip", ".csv", csv_bytes, lambda p: naiad.read_csv(p, block_bytes=256, on_bad_rows="skip")),
-    Format("csv_quoted_newlines", ".csv", csv_bytes, lambda p: naiad.read_csv(p, newlines_in_values=True)),
+    Format("csv_quoted_newlines", ".csv", csv_bytes, lambda p: naiad.read_csv(p, csv=CsvFormat(newlines_in_values=True))),
     Format("jsonl", ".jsonl", jsonl_bytes, lambda p: naiad.read_jsonl(p, block_bytes=256)),
     Format("jsonl_skip", ".jsonl", jsonl_bytes, lambda p: naiad.read_jsonl(p, block_bytes=256, on_bad_rows="skip")),
     Format("text", ".txt", text_bytes, lambda p: naiad.read_text(p, block_bytes=128)),

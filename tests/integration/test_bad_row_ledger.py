@@ -14,6 +14,7 @@ import pytest
 
 import naiad
 from naiad.errors import SourceError
+from naiad.sources import SkipBadRows
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,8 +50,8 @@ FORMATS = {
 
 
 def loader_for(path: str, reader: Any, workers: int, **kw: Any) -> naiad.DataLoader:
-    source_kw = {k: kw.pop(k) for k in ("max_bad_rows",) if k in kw}
-    src = reader(path, on_bad_rows="skip", block_bytes=512, **source_kw)
+    limit = kw.pop("max_bad_rows", None)
+    src = reader(path, on_bad_rows=SkipBadRows(max_rows=limit), block_bytes=512)
     return naiad.DataLoader(src, batch_size=kw.pop("batch_size", 16), shuffle=True, seed=5, shuffle_buffer=48,
                             num_workers=workers, worker_mode="process", **kw)
 
@@ -144,13 +145,13 @@ def test_max_bad_rows_count_and_fraction(tmp_path: Any, workers: int, limit: flo
     assert info.value.path == path
 
 
-def test_max_bad_rows_needs_skip_and_a_valid_value(tmp_path: Any) -> None:
+def test_max_bad_rows_needs_a_valid_value(tmp_path: Any) -> None:
     path = write_csv(str(tmp_path))
-    with pytest.raises(naiad.ConfigError, match="on_bad_rows='skip'"):
-        naiad.read_csv(path, max_bad_rows=3)
     for bad in (-1, 1.5, 0.0, "3", True):
-        with pytest.raises(naiad.ConfigError, match="max_bad_rows"):
-            naiad.read_csv(path, on_bad_rows="skip", max_bad_rows=bad)  # type: ignore[arg-type]
+        with pytest.raises(naiad.ConfigError, match="max_rows"):
+            naiad.read_csv(path, on_bad_rows=SkipBadRows(max_rows=bad))  # type: ignore[arg-type]
+    with pytest.raises(naiad.ConfigError, match="on_bad_rows"):
+        naiad.read_csv(path, on_bad_rows={"max_rows": 3})  # type: ignore[arg-type]
 
 
 def test_parquet_null_integers_are_ledgered_by_row(tmp_path: Any) -> None:
@@ -181,8 +182,8 @@ def test_a_state_stays_a_few_kb_whatever_rows_were_skipped_and_resumes_exactly(t
     paths = write_many_bad(str(tmp_path))  # 4,000 bad rows in 40 files: more (file, reason) pairs than a state keeps
     bad_total = 4000
 
-    def make(**kw: Any) -> naiad.DataLoader:
-        src = naiad.read_csv(paths, on_bad_rows="skip", **kw)
+    def make(max_bad_rows: int | None = None) -> naiad.DataLoader:
+        src = naiad.read_csv(paths, on_bad_rows=SkipBadRows(max_rows=max_bad_rows))
         return naiad.DataLoader(src, batch_size=64, shuffle=True, seed=2, shuffle_buffer=500, num_workers=workers)
 
     whole_loader = make()

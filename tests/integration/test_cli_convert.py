@@ -227,7 +227,7 @@ def test_convert_to_and_from_an_s3_url(s3, tmp_path):
     for shard in manifest["shards"]:
         body = s3.client.get_object(Bucket=BUCKET, Key=f"converted/{shard['file']}")["Body"].read()
         assert hashlib.sha256(body).hexdigest() == shard["sha256"] and len(body) == shard["bytes"]
-    cols = read_back(f"{dst}part-*.parquet", storage_options=s3.options())
+    cols = read_back(f"{dst}part-*.parquet", storage=s3.options())
     assert sorted(cols["id"].tolist()) == list(range(5000))
     # ... and from the URL back to a local Arrow file, in the same order.
     assert convert(f"{dst}part-*.parquet", str(tmp_path / "back.arrow"), "--storage-options", options) == 0

@@ -22,6 +22,7 @@ import torch
 import naiad
 from naiad.errors import DecodeError, SourceError
 from naiad.media.images import DecodeImages
+from naiad.sources import SkipBadRows
 
 wds = pytest.importorskip("webdataset", reason="the shard tests write shards with webdataset (pip install 'naiad[test]')")
 Image = pytest.importorskip("PIL.Image", reason="the decode tests write images with Pillow (pip install 'naiad[test]')")
@@ -316,7 +317,7 @@ def test_images_that_do_not_decode_count_toward_max_bad_rows_and_the_states_bad_
         assert sum(loader.stats().bad_rows.values()) == 3 and len(rest) == 7
     finally:
         loader.close()
-    strict = naiad.DataLoader(open_shards(pattern, tmp_path, on_bad_rows="skip", max_bad_rows=2), batch_size=8,
+    strict = naiad.DataLoader(open_shards(pattern, tmp_path, on_bad_rows=SkipBadRows(max_rows=2)), batch_size=8,
                               transform=decode)
     try:
         with pytest.raises(SourceError, match="past max_bad_rows=2") as info:

@@ -504,6 +504,7 @@ def write_table(folder: Path) -> Path:
 def test_shards_behind_s3_urls_read_by_brace_range_through_the_cache(tmp_path):
     pytest.importorskip("moto.server", reason="needs moto[server]")
     pytest.importorskip("s3fs", reason="needs s3fs")
+    from naiad.sources.storage import Storage
     from tests.s3server import BUCKET, S3Server
 
     server = S3Server()
@@ -516,7 +517,7 @@ def test_shards_behind_s3_urls_read_by_brace_range_through_the_cache(tmp_path):
         url = f"s3://{BUCKET}/wds/train-{{0000..0002}}.tar"
         cache = tmp_path / "cache"
 
-        src = naiad.read_webdataset(url, storage_options=server.options(), cache_dir=str(cache), block_bytes=2048)
+        src = naiad.read_webdataset(url, storage=Storage(server.options(), cache_dir=str(cache)), block_bytes=2048)
         loader = naiad.DataLoader(src, batch_size=4, shuffle=True, seed=4, shuffle_buffer=9, num_workers=2,
                                   worker_mode="thread")
         assert [p.rsplit("/", 1)[1] for p in src.paths] == ["train-0000.tar", "train-0001.tar", "train-0002.tar"]

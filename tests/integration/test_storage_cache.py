@@ -20,6 +20,7 @@ import naiad  # noqa: E402
 from naiad.errors import ConfigError  # noqa: E402
 from naiad.sources.cache import block_cache, cache_stats  # noqa: E402
 from naiad.sources.retries import RetryPolicy
+from naiad.sources.storage import Storage
 from tests.conftest_stream import FORMATS  # noqa: E402
 from tests.s3server import (  # noqa: E402
     BUCKET,
@@ -110,11 +111,11 @@ def test_a_changed_object_is_fetched_again_never_mixed_with_the_cached_one(serve
 
     url = server.put("changed/a.csv", body(1000))
     cache = tmp_path / "cache"
-    src = naiad.read_csv(url, storage_options=options(server), cache_dir=cache, block_bytes=64)
+    src = naiad.read_csv(url, storage=Storage(options(server), cache_dir=cache), block_bytes=64)
     assert sorted(epoch_ids(naiad.DataLoader(src, batch_size=16, shuffle=True, seed=0))) == list(range(1000, 1100))
     server.put("changed/a.csv", body(2000))
     before = cache_stats(cache).misses  # the new version's scan and blocks are misses (fetched)
-    again = naiad.read_csv(url, storage_options=options(server), cache_dir=cache, block_bytes=64)
+    again = naiad.read_csv(url, storage=Storage(options(server), cache_dir=cache), block_bytes=64)
     assert again.storage.stat(url).size == src.storage.stat(url).size
     assert again.storage.stat(url).etag != src.storage.stat(url).etag
     assert sorted(epoch_ids(naiad.DataLoader(again, batch_size=16, shuffle=True, seed=0))) == list(range(2000, 2100))
@@ -135,7 +136,7 @@ def test_eviction_keeps_the_cache_under_cache_bytes(server, tmp_path):
 
 
 def _read_in_a_process(url: str, opts: dict, cache: str, out: mp.Queue) -> None:
-    src = naiad.read_csv(url, storage_options=opts, cache_dir=cache, block_bytes=64, retry=FAST_FAIL)
+    src = naiad.read_csv(url, storage=Storage(opts, FAST_FAIL, cache_dir=cache), block_bytes=64)
     loader = naiad.DataLoader(src, batch_size=16, shuffle=True, seed=3, read_ahead=4)
     out.put((sorted(epoch_ids(loader)), cache_stats(cache).misses))
 
@@ -149,7 +150,7 @@ def test_two_processes_sharing_one_cache_read_correct_data_and_fetch_each_range_
     url = upload(server, tmp_path, "csv", "shared", sizes=[300, 200])
     cache = tmp_path / "cache"
     opts = options(server)
-    len(naiad.read_csv(url, storage_options=opts, cache_dir=cache, block_bytes=64))  # the index, once
+    len(naiad.read_csv(url, storage=Storage(opts, cache_dir=cache), block_bytes=64))  # the index, once
     shutil.rmtree(cache / "blocks")  # the chunks its scan kept: the two processes fetch them again
     before = cache_stats(cache).misses
     ctx = mp.get_context("spawn")
@@ -188,11 +189,11 @@ def test_a_new_source_skips_the_scan_of_a_remote_file_with_no_get(server, tmp_pa
     body = b"id,pad\n" + b"".join(b"%d,%s\n" % (i, b"x" * 40) for i in range(40_000))  # 1.8 MB
     url = server.put("indexed/big.csv", body)
     cache = tmp_path / "cache"
-    first = naiad.read_csv(url, storage_options=options(server), cache_dir=cache, block_bytes=64 << 10)
+    first = naiad.read_csv(url, storage=Storage(options(server), cache_dir=cache), block_bytes=64 << 10)
     assert len(first) == 40_000
     scanned = len(object_gets(server, "indexed"))
     assert scanned > 0
-    again = naiad.read_csv(url, storage_options=options(server), cache_dir=cache, block_bytes=64 << 10)
+    again = naiad.read_csv(url, storage=Storage(options(server), cache_dir=cache), block_bytes=64 << 10)
     assert len(again) == 40_000 and again.blocks() == first.blocks()
     assert len(object_gets(server, "indexed")) == scanned  # no GET of the object at all
     assert list((cache / "index").iterdir())
@@ -202,9 +203,9 @@ def test_a_new_source_skips_the_scan_of_a_remote_file_with_no_get(server, tmp_pa
 def test_without_a_cache_dir_the_remote_index_lives_in_the_user_cache(server, tmp_path):
     body = b"id,pad\n" + b"".join(b"%d,%s\n" % (i, b"x" * 40) for i in range(40_000))
     url = server.put("user-index/big.csv", body)
-    assert len(naiad.read_csv(url, storage_options=options(server), block_bytes=64 << 10)) == 40_000
+    assert len(naiad.read_csv(url, storage=options(server), block_bytes=64 << 10)) == 40_000
     before = len(object_gets(server, "user-index"))
-    assert len(naiad.read_csv(url, storage_options=options(server), block_bytes=64 << 10)) == 40_000
+    assert len(naiad.read_csv(url, storage=options(server), block_bytes=64 << 10)) == 40_000
     later = object_gets(server, "user-index")[before:]
     # Only the header and the type sample (the first MiB), never the rest of the 1.8 MB object.
     ends = [int(r.split("-")[1]) for r in later if r]
@@ -213,9 +214,9 @@ def test_without_a_cache_dir_the_remote_index_lives_in_the_user_cache(server, tm
 
 def test_cache_arguments_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="`cache_bytes` bounds the cache in `cache_dir`"):
-        naiad.read_csv(str(tmp_path / "x.csv"), cache_bytes=100)
+        naiad.read_csv(str(tmp_path / "x.csv"), storage=Storage(cache_bytes=100))
     with pytest.raises(ConfigError, match="`cache_bytes` must be an int >= 1"):
-        naiad.read("s3://b/x.csv", cache_dir=tmp_path, cache_bytes=0)
+        naiad.read("s3://b/x.csv", storage=Storage(cache_dir=tmp_path, cache_bytes=0))
 
 
 @pytest.mark.timeout(120)
@@ -229,7 +230,7 @@ def test_small_blocks_go_through_chunks_the_scan_already_fetched(server, tmp_pat
     body = b"id,pad\n" + b"".join(b"%d,%s\n" % (i, b"y" * 20) for i in range(1000))  # about 30 KB
     url = server.put("chunks/a.csv", body)
     cache = tmp_path / "cache"
-    src = naiad.read_csv(url, storage_options=options(server), cache_dir=cache, block_bytes=500, index_dir=False)
+    src = naiad.read_csv(url, storage=Storage(options(server), cache_dir=cache), block_bytes=500, index_dir=False)
     src.prepare()
     scan_gets = object_gets(server, "chunks")
     assert len(scan_gets) <= -(-len(body) // 4096) + 1  # one request per chunk (and the header's)
@@ -240,7 +241,7 @@ def test_small_blocks_go_through_chunks_the_scan_already_fetched(server, tmp_pat
     assert object_gets(server, "chunks") == scan_gets  # the epoch's ~60 blocks: no request at all
     # A cache too small to hold the object: each block is its own entry, fetched alone.
     small = tmp_path / "small"
-    src = naiad.read_csv(url, storage_options=options(server), cache_dir=small, cache_bytes=len(body),
+    src = naiad.read_csv(url, storage=Storage(options(server), cache_dir=small, cache_bytes=len(body)),
                          block_bytes=500, index_dir=False)
     assert sorted(epoch_ids(naiad.DataLoader(src, batch_size=32, shuffle=True, seed=0))) == list(range(1000))
     assert entries(small) >= len(src.blocks())

@@ -18,6 +18,7 @@ import naiad  # noqa: E402
 from naiad.errors import SourceError  # noqa: E402
 from naiad.sources.cache import cache_stats  # noqa: E402
 from naiad.sources.retries import RetryPolicy  # noqa: E402
+from naiad.sources.storage import Storage  # noqa: E402
 from tests.conftest_stream import FORMATS  # noqa: E402
 from tests.s3server import (  # noqa: E402
     BUCKET,
@@ -140,9 +141,9 @@ def test_process_workers_of_two_sources_of_one_url_each_reach_their_own_endpoint
 @pytest.mark.timeout(120)
 def test_two_sources_of_one_url_each_retry_by_their_own_policy(server, tmp_path):
     url = upload_numbered(server, str(tmp_path), "csv", "policies", [50])
-    twice = naiad.read_csv(url, storage_options=proxied(server), block_bytes=64, retry=FAST_FAIL)
-    thrice = naiad.read_csv(url, storage_options=proxied(server), block_bytes=64,
-                            retry=RetryPolicy(attempts=3, base_s=0.01, max_wait_s=0.01))
+    twice = naiad.read_csv(url, storage=Storage(proxied(server), FAST_FAIL), block_bytes=64)
+    thrice = naiad.read_csv(url, storage=Storage(proxied(server), RetryPolicy(attempts=3, base_s=0.01, max_wait_s=0.01)),
+                            block_bytes=64)
     twice.prepare()
     thrice.prepare()
     server.proxy.reset_every = 1  # every response from now on

@@ -17,6 +17,7 @@ pytest.importorskip("s3fs", reason="the object storage tests need s3fs (pip inst
 import naiad  # noqa: E402
 from naiad.errors import SourceError  # noqa: E402
 from naiad.sources.retries import RetryPolicy
+from naiad.sources.storage import Storage
 from naiad.testing import check_resume  # noqa: E402
 from tests.conftest_stream import FORMATS  # noqa: E402
 from tests.s3server import (  # noqa: E402
@@ -78,7 +79,7 @@ def test_exactly_once_across_process_workers_and_ranks(s3, tmp_path, fmt):
 def test_spawned_workers_rebuild_the_filesystem_from_the_options(s3, tmp_path):
     # spawn pickles the source: its Storage (options, retries, sizes) crosses, no live filesystem.
     url = upload(s3, tmp_path, "parquet", "spawn")
-    src = naiad.read(url, storage_options=s3.options())
+    src = naiad.read(url, storage=s3.options())
     loader = naiad.DataLoader(src, batch_size=10, num_workers=2, multiprocessing_context="spawn")
     assert sorted(epoch_ids(loader)) == list(range(TOTAL))
 
@@ -97,22 +98,22 @@ def test_resume_mid_epoch_is_exact(s3, tmp_path, fmt):
 
 def test_a_missing_object_fails_at_construction_naming_it(s3):
     with pytest.raises(SourceError, match=rf"s3://{BUCKET}/nowhere/x.csv: object or bucket not found"):
-        naiad.read_csv(f"s3://{BUCKET}/nowhere/x.csv", storage_options=s3.options())
+        naiad.read_csv(f"s3://{BUCKET}/nowhere/x.csv", storage=s3.options())
 
 
 def test_a_missing_bucket_fails_at_construction(s3):
     with pytest.raises(SourceError, match="no-such-bucket-here/x.parquet: object or bucket not found"):
-        naiad.read_parquet("s3://no-such-bucket-here/x.parquet", storage_options=s3.options())
+        naiad.read_parquet("s3://no-such-bucket-here/x.parquet", storage=s3.options())
 
 
 def test_a_glob_that_matches_nothing_fails_at_construction(s3):
     with pytest.raises(SourceError, match=rf"s3://{BUCKET}/empty/\*.csv: the pattern matches no object"):
-        naiad.read(f"s3://{BUCKET}/empty/*.csv", storage_options=s3.options())
+        naiad.read(f"s3://{BUCKET}/empty/*.csv", storage=s3.options())
 
 
 def test_an_object_deleted_after_construction_is_a_source_error_naming_it(s3, tmp_path):
     url = upload(s3, tmp_path, "csv", "deleted", sizes=[30])
-    src = naiad.read_csv(url, storage_options=s3.options(), block_bytes=64)
+    src = naiad.read_csv(url, storage=s3.options(), block_bytes=64)
     s3.client.delete_object(Bucket=BUCKET, Key="deleted/part-000.csv")
     with pytest.raises(SourceError, match="deleted/part-000.csv: object or bucket not found"):
         epoch_ids(naiad.DataLoader(src, batch_size=8))
@@ -134,9 +135,9 @@ def test_wrong_credentials_are_refused_at_construction(tmp_path):
         _moto_auth(server, b"0")
         try:
             with pytest.raises(SourceError, match=r"auth/a.csv: access refused .*check the credentials"):
-                naiad.read_csv(url, storage_options=server.options(key="not-a-key", secret="nope"))
+                naiad.read_csv(url, storage=server.options(key="not-a-key", secret="nope"))
             good = server.options(key=key["AccessKeyId"], secret=key["SecretAccessKey"])
-            assert sorted(epoch_ids(naiad.DataLoader(naiad.read_csv(url, storage_options=good), batch_size=4))) == [1, 2]
+            assert sorted(epoch_ids(naiad.DataLoader(naiad.read_csv(url, storage=good), batch_size=4))) == [1, 2]
         finally:
             _moto_auth(server, b"inf")
     finally:
@@ -175,8 +176,8 @@ def test_retries_exhausted_name_the_url_the_byte_range_and_the_cause(s3, tmp_pat
     proxy = FaultProxy(s3.port)
     try:
         options = s3.options(proxy.endpoint, config_kwargs={"retries": {"max_attempts": 1}})
-        src = naiad.read_csv(url, storage_options=options, block_bytes=64,
-                             retry=RetryPolicy(attempts=2, base_s=0.01, max_wait_s=0.01))
+        src = naiad.read_csv(url, storage=Storage(options, RetryPolicy(attempts=2, base_s=0.01, max_wait_s=0.01)),
+                             block_bytes=64)
         src.blocks()
         proxy.reset_every = 1  # every response from now on
         with pytest.raises(SourceError, match=r"exhaust/part-000.csv: reading bytes \d+-\d+ failed after 2 attempt\(s\)"):
@@ -192,6 +193,6 @@ def test_npy_row_ranges_are_read_from_the_object(s3):
     arr = np.arange(60, dtype=np.float32).reshape(20, 3)
     np.save(buf, arr)
     url = s3.put("npy/m.npy", buf.getvalue())
-    src = naiad.read_npy(url, storage_options=s3.options(), block_rows=6)
+    src = naiad.read_npy(url, storage=s3.options(), block_rows=6)
     block = src.blocks()[1]
     assert np.array_equal(src.read_block(block, 1, 4).columns["x"], arr[7:10])

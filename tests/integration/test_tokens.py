@@ -250,7 +250,7 @@ def test_token_files_read_from_an_s3_url_equal_the_local_ones(s3, tmp_path):
     paths = numbered_files(tmp_path, (203, 45, 300))
     for i, p in enumerate(paths):
         s3.put(f"tokens/part-{i}{os.path.splitext(p)[1]}", pathlib.Path(p).read_bytes())
-    remote = naiad.read_tokens(f"s3://{BUCKET}/tokens/part-*", seq_len=8, eos_id=3, storage_options=s3.options())
+    remote = naiad.read_tokens(f"s3://{BUCKET}/tokens/part-*", seq_len=8, eos_id=3, storage=s3.options())
     local = naiad.read_tokens(paths, seq_len=8, eos_id=3)
     assert [f.layout for f in remote.files] == ["bin", "npy", "shard"] and len(remote) == len(local)
     loaders = [naiad.DataLoader(ds, batch_size=8, shuffle=True, seed=0, num_workers=2) for ds in (remote, local)]

@@ -24,6 +24,7 @@ import naiad
 from naiad.errors import SourceError
 from naiad.sources.images import LISTING_PARAMS
 from naiad.sources.index import load_arrays, save_arrays
+from naiad.trust.paths import MediaAccess
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,7 +93,7 @@ def test_a_remote_table_reads_only_its_own_folder_unless_roots_are_named(memory_
     reasons = {e["row"]: e["reason"] for e in loader.stats().bad_row_ledger}
     assert sorted(reasons) == [1, 2, 3, 5]
     assert "leaves the table's folder" in reasons[1] and "media_roots" in reasons[2]
-    named = naiad.read_parquet(url, media_roots=[f"{root}/elsewhere", f"{root}-other"], on_bad_rows="skip")
+    named = naiad.read_parquet(url, media=MediaAccess(roots=(f"{root}/elsewhere", f"{root}-other")), on_bad_rows="skip")
     batch = next(iter(naiad.DataLoader(named, batch_size=8)))
     assert batch["y"].tolist() == [0, 2, 3, 4] and batch["image"] == [png(0), png(1), png(2), png(0)]
 
@@ -110,7 +111,7 @@ def test_a_local_table_reads_under_its_folder_or_named_roots(tmp_path):
     loader = naiad.DataLoader(naiad.read_parquet(data / "t.parquet", on_bad_rows="skip"), batch_size=8)
     assert next(iter(loader))["y"].tolist() == [0, 1]
     assert [e["row"] for e in loader.stats().bad_row_ledger] == [2, 3, 4]
-    named = naiad.read_parquet(data / "t.parquet", media_roots=[str(outside)], on_bad_rows="skip")
+    named = naiad.read_parquet(data / "t.parquet", media=MediaAccess(roots=(str(outside),)), on_bad_rows="skip")
     batch = next(iter(naiad.DataLoader(named, batch_size=8)))
     assert batch["y"].tolist() == [0, 1, 3, 4] and batch["image"][2:] == [png(1), png(1)]
 
@@ -120,22 +121,24 @@ def test_a_named_file_is_read_only_if_regular_and_within_the_size_bound(tmp_path
     (tmp_path / "small.bin").write_bytes(b"y" * 10)
     os.mkfifo(tmp_path / "pipe.png")  # opening it for reading would block forever
     (tmp_path / "t.parquet").write_bytes(table_of(["pipe.png", "big.bin", "small.bin"]))
-    loader = naiad.DataLoader(naiad.read_parquet(tmp_path / "t.parquet", on_bad_rows="skip", max_media_bytes=4096),
+    loader = naiad.DataLoader(naiad.read_parquet(tmp_path / "t.parquet", on_bad_rows="skip", media=MediaAccess(max_bytes=4096)),
                               batch_size=8)
     batch = next(iter(loader))
     assert batch["image"] == [b"y" * 10]
     reasons = [e["reason"] for e in loader.stats().bad_row_ledger]
     assert "not a regular file" in reasons[0] and "5,000 bytes" in reasons[1]
-    with pytest.raises(naiad.ConfigError, match="max_media_bytes"):
-        naiad.read_parquet(tmp_path / "t.parquet", max_media_bytes=0)
+    with pytest.raises(naiad.ConfigError, match="must be an int >= 1"):
+        naiad.read_parquet(tmp_path / "t.parquet", media=MediaAccess(max_bytes=0))
+    with pytest.raises(naiad.ConfigError, match="`media` must be a naiad.MediaAccess"):
+        naiad.read_parquet(tmp_path / "t.parquet", media=4096)  # type: ignore[arg-type]
 
 
 def test_a_remote_file_over_the_size_bound_is_not_fetched(memory_bucket):
     fs, root = memory_bucket
     put(fs, f"{root}/d/big.bin", b"z" * 3000)
     url = put(fs, f"{root}/d/t.parquet", table_of(["big.bin"]))
-    with pytest.raises(SourceError, match=r"3,000 bytes, more than max_media_bytes=1,000"):
-        read_all(naiad.read_parquet(url, max_media_bytes=1000))
+    with pytest.raises(SourceError, match=r"3,000 bytes, more than the reader's MediaAccess\(max_bytes=1,000\)"):
+        read_all(naiad.read_parquet(url, media=MediaAccess(max_bytes=1000)))
 
 
 # -- kept listings ------------------------------------------------------------------------------
@@ -315,7 +318,7 @@ def test_a_link_inside_a_local_tables_folder_is_followed_only_inside_it(tmp_path
     assert next(iter(loader))["image"] == [png(0)]
     reasons = [e["reason"] for e in loader.stats().bad_row_ledger]
     assert len(reasons) == 3 and all("is a link to" in r for r in reasons)
-    named = naiad.read_parquet(data / "t.parquet", on_bad_rows="skip", media_roots=[str(elsewhere)])
+    named = naiad.read_parquet(data / "t.parquet", on_bad_rows="skip", media=MediaAccess(roots=(str(elsewhere),)))
     assert next(iter(naiad.DataLoader(named, batch_size=8)))["image"] == [png(0), png(2)]
 
 

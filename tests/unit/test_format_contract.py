@@ -19,13 +19,12 @@ from naiad.testing import check_resume
 
 
 class ToySource(naiad.Source):
-    """Rows held in memory, in parts of any size, cut into blocks of ``block_rows``: the
-    contract's three methods and nothing else."""
+    """Rows held in memory, in parts of any size, cut into blocks of ``block_rows``: the base
+    initialiser and the contract's three methods, nothing else."""
 
     def __init__(self, parts: list[dict[str, np.ndarray]], block_rows: int) -> None:
         # No files: each part's name stands for a path (in the plan and in error messages).
-        self.paths = [f"toy-part-{i}" for i in range(len(parts))]
-        self.on_bad_rows = "raise"
+        super().__init__([f"toy-part-{i}" for i in range(len(parts))], expand=False)
         self.parts = dict(zip(self.paths, parts, strict=True))
         self.block_rows = block_rows
         self.reads: Counter[Block] = Counter()  # this copy's calls of _read, per block

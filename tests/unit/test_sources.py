@@ -53,7 +53,7 @@ def test_csv_types_are_inferred_then_fixed_and_strings_are_lists(tmp_path):
 def test_csv_options_delimiter_names_columns_dtypes(tmp_path):
     p = tmp_path / "d.tsv"
     p.write_text("1\t2\tx\n3\t4\ty\n")
-    src = sources.read_csv(str(p), delimiter="\t", header=False, column_names=["a", "b", "c"],
+    src = sources.read_csv(str(p), csv=sources.CsvFormat(delimiter="\t", header=False, column_names=["a", "b", "c"]),
                            columns=["c", "a"], dtypes={"a": "float32"})
     cols = src.read_block(src.blocks()[0]).columns
     assert list(cols) == ["a", "c"]  # file order
@@ -230,7 +230,7 @@ def test_bad_options_raise_config_error(tmp_path):
     with pytest.raises(ConfigError, match="on_bad_rows"):
         sources.read_csv(paths, on_bad_rows="ignore")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="delimiter"):
-        sources.read_csv(paths, delimiter=";;")
+        sources.read_csv(paths, csv=sources.CsvFormat(delimiter=";;"))
 
 
 def test_header_mismatch_between_files_raises(tmp_path):
@@ -246,15 +246,15 @@ def test_quoted_newline_needs_opt_in(tmp_path):
     with pytest.raises(SourceError):
         src = sources.read_csv(str(p))
         src.read_block(src.blocks()[0])
-    ok = sources.read_csv(str(p), newlines_in_values=True)
+    ok = sources.read_csv(str(p), csv=sources.CsvFormat(newlines_in_values=True))
     cols = _read_all(ok)
     assert cols["s"].tolist() == ["two\nlines", "plain"]
     assert ok.read_block(ok.blocks()[0], 1, 2).columns["a"].tolist() == [2]
     p.write_text('a,s\n1,"two\nlines"\n2\n3,x\n')
     with pytest.raises(SourceError, match="data row 2: Expected 2 columns, got 1"):
-        bad = sources.read_csv(str(p), newlines_in_values=True)
+        bad = sources.read_csv(str(p), csv=sources.CsvFormat(newlines_in_values=True))
         bad.read_block(bad.blocks()[0])
-    skip = sources.read_csv(str(p), newlines_in_values=True, on_bad_rows="skip")
+    skip = sources.read_csv(str(p), csv=sources.CsvFormat(newlines_in_values=True), on_bad_rows="skip")
     data = skip.read_block(skip.blocks()[0])
     assert data.bad_rows == 1 and data.columns["a"].tolist() == [1, 3]
 

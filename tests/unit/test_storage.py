@@ -53,7 +53,7 @@ def test_memory_urls_glob_read_and_pickle(mem):
 def test_a_storage_pickles_as_plain_data_without_a_filesystem(mem):
     with mem.open("/naiad-unit/a.txt", "wb") as f:
         f.write(b"hello\n")
-    src = naiad.read_text("memory://naiad-unit/a.txt", storage_options={})
+    src = naiad.read_text("memory://naiad-unit/a.txt", storage={})
     src.storage.filesystem("memory://naiad-unit/a.txt")
     state = pickle.loads(pickle.dumps(src.storage)).__dict__
     assert set(state) == {"options", "retry", "infos", "_key", "cache_dir", "cache_bytes", "endpoint"}
@@ -99,7 +99,7 @@ def test_two_sources_of_one_url_keep_their_own_cache(mem, tmp_path):
     url = "memory://naiad-unit/c.csv"
     cache = tmp_path / "cache"
     # Parsed blocks not kept across epochs: every epoch reads its bytes.
-    cached = naiad.read_csv(url, cache_dir=cache, block_bytes=16, index_dir=False, keep_parsed_bytes=0)
+    cached = naiad.read_csv(url, storage=Storage(cache_dir=cache), block_bytes=16, index_dir=False, keep_parsed_bytes=0)
     plain = naiad.read_csv(url, block_bytes=16, index_dir=False, keep_parsed_bytes=0)  # made after, no cache
     pickle.loads(pickle.dumps(plain))  # a worker's copy of it
     ids = [int(i) for b in naiad.DataLoader(plain, batch_size=8) for i in b["id"]]
@@ -132,8 +132,10 @@ def test_a_missing_extra_is_a_config_error_naming_it():
 
 
 def test_storage_options_must_be_a_mapping():
-    with pytest.raises(ConfigError, match="`storage_options` must be a dict"):
-        naiad.read_csv("memory://x.csv", storage_options="anon")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must be a dict"):
+        naiad.read_csv("memory://x.csv", storage=Storage("anon"))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must be a naiad.Storage or a dict"):
+        naiad.read_csv("memory://x.csv", storage="anon")  # type: ignore[arg-type]
 
 
 class _ClientError(Exception):

@@ -1,10 +1,13 @@
-"""File formats: each reader returns a lazy :class:`Source` cut into blocks with row counts.
+"""File formats: each reader is the lazy :class:`Source` class it returns, cut into blocks with
+row counts.
 
 ``read_csv``, ``read_jsonl`` and ``read_text`` cut files into byte ranges of whole lines;
 ``read_parquet`` into row groups; ``read_arrow`` into record batches; ``read_npy`` into row
 ranges of a memory-mapped array. Parsing is PyArrow's (or a NumPy memory map), a block at a time.
 ``read_webdataset`` (tar shards) and ``read_images`` (an image folder) read samples: byte ranges
-of samples, runs of files (docs/SAMPLES.md).
+of samples, runs of files (docs/SAMPLES.md). The options the readers share are values spelled
+once (NOTE [ Reader options ] in options.py): :class:`Storage`, :class:`SkipBadRows`,
+:class:`MediaAccess`, and CSV's :class:`CsvFormat`.
 """
 
 from __future__ import annotations
@@ -12,24 +15,37 @@ from __future__ import annotations
 from naiad.sources.arrow import ArrowSource, read_arrow
 from naiad.sources.auto import read
 from naiad.sources.base import Block, BlockData, Source
-from naiad.sources.csv import CsvSource, read_csv
+from naiad.sources.contract import SourceTraits
+from naiad.sources.csv import CsvFormat, CsvSource, read_csv
 from naiad.sources.images import ImageFolderSource, read_images
 from naiad.sources.jsonl import JsonlSource, read_jsonl
 from naiad.sources.npy import NpySource, read_npy
+from naiad.sources.options import SkipBadRows
 from naiad.sources.parquet import ParquetSource, read_parquet
+from naiad.sources.retries import RetryPolicy
+from naiad.sources.storage import Storage
 from naiad.sources.text import TextSource, read_text
 from naiad.sources.webdataset import WebDatasetSource, read_webdataset
+from naiad.sources.wrapper import FormatWrapper
+from naiad.trust.paths import MediaAccess
 
 __all__ = [
     "ArrowSource",
     "Block",
     "BlockData",
+    "CsvFormat",
     "CsvSource",
+    "FormatWrapper",
     "ImageFolderSource",
     "JsonlSource",
+    "MediaAccess",
     "NpySource",
     "ParquetSource",
+    "RetryPolicy",
+    "SkipBadRows",
     "Source",
+    "SourceTraits",
+    "Storage",
     "TextSource",
     "WebDatasetSource",
     "read",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,6 @@ import pyarrow as pa
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
 from naiad.sources.base import Source
-from naiad.sources.cache import CacheDir
 from naiad.sources.columnar import ReaderCache, check_no_nulls, indexed_blocks
 from naiad.sources.columns import (
     DTypes,
@@ -23,68 +22,21 @@ from naiad.sources.columns import (
     select_columns,
     table_to_columns,
 )
-from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows, default_block_rows
+from naiad.sources.contract import Block, BlockData, GroupPart, SourceTraits, default_block_rows
 from naiad.sources.ipc_footer import ipc_batch_rows
-from naiad.sources.media import has_binary, is_media_struct, media_schema, resolve_media
+from naiad.sources.media import (
+    has_binary,
+    is_media_struct,
+    media_access,
+    media_schema,
+    resolve_media,
+)
+from naiad.sources.options import BadRows, StorageLike
 from naiad.sources.paths import PathLike
-from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage
 from naiad.trust.paths import MediaAccess
 
 __all__ = ["ArrowSource", "read_arrow"]
-
-def read_arrow(
-    paths: PathLike,
-    *,
-    columns: Sequence[str] | None = None,
-    dtypes: DTypes = None,
-    on_bad_rows: OnBadRows = "raise",
-    max_bad_rows: int | float | None = None,
-    block_rows: int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    retry: RetryPolicy | None = None,
-    cache_dir: CacheDir = None,
-    cache_bytes: int | None = None,
-    media_roots: str | Sequence[str] | None = None,
-    max_media_bytes: int | None = None,
-) -> ArrowSource:
-    """A lazy source over Arrow IPC *file* format (Feather v2) files; a block is a record batch.
-
-    Files are memory-mapped, so reading a block copies only the rows a batch needs. The IPC
-    *stream* format has no index of its batches; convert it with ``pyarrow.ipc.new_file``.
-    Binary columns and ``{bytes, path}`` media structs read as in :func:`read_parquet`.
-
-    Args:
-        paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
-        columns: read only these columns (output keeps file order).
-        dtypes: a mapping column -> dtype, or one dtype for every numeric column.
-        on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).
-        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
-            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
-            summarises the skipped rows (docs/STREAMING.md, "Bad input").
-        block_rows: the most rows of a block: a bigger record batch is read as slices of it,
-            each a block of the shuffle (None: about 1/4096 of the source's rows, between 1,024
-            and 65,536, for local files; remote files keep whole batches, which are what one
-            range read fetches). NOTE [ Record batch slices ].
-        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
-            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
-        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
-        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
-            workers and processes of the machine, so later epochs read them locally ("auto":
-            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
-        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
-            (None: half the disk's free space).
-        media_roots: folders or URL prefixes that the paths of ``{bytes, path}`` media structs
-            may name besides the table's own folder (docs/SECURITY.md); None: that folder only.
-        max_media_bytes: the most bytes a file such a path names may hold (None: 256 MiB).
-
-    Example:
-        >>> ds = naiad.read_arrow("train.arrow")  # doctest: +SKIP
-    """
-    return ArrowSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows,
-                       block_rows=block_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir,
-                       cache_bytes=cache_bytes, media_roots=media_roots, max_media_bytes=max_media_bytes)
-
 
 def _open(path: str, store: Storage | None) -> pa.ipc.RecordBatchFileReader:
     if storage.is_remote(path):
@@ -107,9 +59,29 @@ def open_ipc(path: str, store: Storage | None = None) -> pa.ipc.RecordBatchFileR
 
 
 class ArrowSource(Source):
-    """Arrow IPC files cut into record batches (see :func:`read_arrow`)."""
+    """A lazy source over Arrow IPC *file* format (Feather v2) files; a block is a record batch,
+    or a slice of a big one: ``naiad.read_arrow``.
 
-    blocks_from_metadata = True
+    Files are memory-mapped, so reading a block copies only the rows a batch needs. The IPC
+    *stream* format has no index of its batches; convert it with ``pyarrow.ipc.new_file``.
+    Binary columns and ``{bytes, path}`` media structs read as in :class:`ParquetSource`.
+
+    Args:
+        paths, columns, dtypes, storage, media: as every reader takes them
+            (:class:`~naiad.Source`).
+        on_bad_rows: what a null in an integer column, or a media struct with neither bytes
+            nor a file it may read, does: as every reader's.
+        block_rows: the most rows of a block: a bigger record batch is read as slices of it,
+            each a block of the shuffle (None: about 1/4096 of the source's rows, between 1,024
+            and 65,536, for local files; remote files keep whole batches, which are what one
+            range read fetches). NOTE [ Record batch slices ].
+
+    Example:
+        >>> ds = naiad.read_arrow("train.arrow")  # doctest: +SKIP
+    """
+
+    reader_name = "read_arrow"
+    traits = SourceTraits(blocks_from_metadata=True)
 
     def __init__(
         self,
@@ -117,18 +89,13 @@ class ArrowSource(Source):
         *,
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
-        on_bad_rows: OnBadRows = "raise",
-        max_bad_rows: int | float | None = None,
+        on_bad_rows: BadRows = "raise",
         block_rows: int | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-        cache_dir: CacheDir = None,
-        cache_bytes: int | None = None,
-        media_roots: str | Sequence[str] | None = None,
-        max_media_bytes: int | None = None,
+        storage: StorageLike = None,
+        media: MediaAccess | None = None,
+        **deprecated: Any,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options,
-                         retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage=storage, deprecated=deprecated)
         if block_rows is not None and (isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1):
             raise ConfigError(f"`block_rows` must be an int >= 1 or None, got {block_rows!r}.")
         self.block_rows = block_rows
@@ -138,7 +105,7 @@ class ArrowSource(Source):
         self._batches: dict[tuple[str, int], pa.RecordBatch] = {}
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
-        self.media = MediaAccess.of(media_roots, max_media_bytes)
+        self.media = media_access(media)
         self.schema()  # the schema is metadata: check columns and dtypes now
 
     def _read_schema(self) -> pa.Schema:
@@ -254,3 +221,6 @@ def sliced_blocks(blocks: list[Block], step: int | None) -> list[Block]:
         edges = np.linspace(0, b.rows, pieces + 1).astype(np.int64).tolist()
         out += [Block(b.path, b.start, b.stop, hi - lo, b.first_line + lo) for lo, hi in zip(edges, edges[1:])]
     return out
+
+
+read_arrow = ArrowSource

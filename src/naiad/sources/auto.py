@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from naiad.errors import ConfigError
 from naiad.sources.arrow import read_arrow
 from naiad.sources.base import Source
-from naiad.sources.csv import read_csv
+from naiad.sources.csv import CsvFormat, read_csv
 from naiad.sources.jsonl import read_jsonl
 from naiad.sources.npy import read_npy
+from naiad.sources.options import StorageLike, old_storage
 from naiad.sources.parquet import read_parquet
 from naiad.sources.paths import PathLike, expand_paths
 from naiad.sources.storage import Storage
@@ -20,9 +21,9 @@ from naiad.sources.webdataset import read_webdataset
 
 __all__ = ["READERS", "read", "reader_name"]
 
-READERS: dict[str, tuple[Callable[..., Source], dict[str, Any]]] = {
+READERS: dict[str, tuple[type[Source], dict[str, Any]]] = {
     ".csv": (read_csv, {}),
-    ".tsv": (read_csv, {"delimiter": "\t"}),
+    ".tsv": (read_csv, {"csv": CsvFormat(delimiter="\t")}),
     ".parquet": (read_parquet, {}),
     ".feather": (read_arrow, {}),
     ".arrow": (read_arrow, {}),
@@ -38,14 +39,15 @@ READERS: dict[str, tuple[Callable[..., Source], dict[str, Any]]] = {
 _COMPRESSED = (".gz", ".zst", ".bz2", ".lz4")
 
 
-def read(paths: PathLike, **options: Any) -> Source:
+def read(paths: PathLike, *, storage: StorageLike = None, **options: Any) -> Source:
     """A lazy source over ``paths`` (a file, a glob or a list), with the reader for their suffix.
 
     ``.csv``/``.tsv`` (also compressed: ``.csv.gz``, ``.csv.zst``), ``.parquet``,
     ``.arrow``/``.feather``/``.ipc``, ``.jsonl``/``.ndjson``, ``.npy``, ``.txt`` and ``.tar``
-    (WebDataset shards). ``options``
-    go to that reader (``columns=``, ``dtypes=``, ``storage_options=``, ``cache_dir=``, ...). ``paths`` may be
-    URLs (``s3://bucket/train-*.parquet``; docs/STORAGE.md).
+    (WebDataset shards). ``options`` go to that reader (``columns=``, ``dtypes=``,
+    ``on_bad_rows=``, ...); ``storage`` is every reader's (a ``naiad.Storage``, or a dict of its
+    filesystem options), so ``paths`` may be URLs (``s3://bucket/train-*.parquet``;
+    docs/STORAGE.md). A ``.tsv`` file is read with a tab delimiter unless ``csv=`` names another.
 
     Raises:
         SourceError: no file matches.
@@ -55,9 +57,8 @@ def read(paths: PathLike, **options: Any) -> Source:
         >>> ds = naiad.read("train-*.parquet", columns=["x", "y"])  # doctest: +SKIP
     """
     # Listed once: the reader gets the files and the Storage that recorded them.
-    storage = Storage(options.pop("storage_options", None), options.pop("retry", None),
-                      cache_dir=options.pop("cache_dir", None), cache_bytes=options.pop("cache_bytes", None))
-    files = expand_paths(paths, storage)
+    store = Storage.of(old_storage("read", storage, options))
+    files = expand_paths(paths, store)
     suffixes = {_suffix(f) for f in files}
     if len(suffixes) > 1:
         raise ConfigError(f"`paths` mix formats ({', '.join(sorted(suffixes))}); read each format on its own.")
@@ -68,13 +69,23 @@ def read(paths: PathLike, **options: Any) -> Source:
             f"{', '.join(sorted(READERS))} (or call a reader such as naiad.read_csv directly)."
         )
     reader, implied = READERS[suffix]
-    return reader(files, **{**implied, **options}, storage_options=storage)
+    return reader(files, **_with_implied(implied, options), storage=store)
+
+
+def _with_implied(implied: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` over what the suffix implies; a ``CsvFormat`` given without a delimiter takes
+    the suffix's (a ``.tsv`` file's tab)."""
+    out = {**implied, **options}
+    given, suffix_csv = options.get("csv"), implied.get("csv")
+    if isinstance(given, CsvFormat) and isinstance(suffix_csv, CsvFormat) and given.delimiter is None:
+        out["csv"] = replace(given, delimiter=suffix_csv.delimiter)
+    return out
 
 
 def reader_name(paths: PathLike) -> str:
     """The name of the reader :func:`read` uses for ``paths`` (``"read_parquet"``), for messages."""
     suffix = _suffix(expand_paths(paths)[0])
-    return READERS[suffix][0].__name__ if suffix in READERS else "none"
+    return READERS[suffix][0].reader_name if suffix in READERS else "none"
 
 
 def _suffix(path: str) -> str:

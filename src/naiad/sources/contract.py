@@ -3,7 +3,8 @@
 NOTE [ Format contract ]
 A source is a format (this module's :class:`SourceFormat`) joined to the block-reading engine
 (:class:`~naiad.sources.engine.BlockEngine`) by :class:`~naiad.sources.base.Source`. A new kind
-of source subclasses ``Source`` and writes three methods:
+of source subclasses ``Source``, calls its initialiser (``Source.__init__``: the files, the bad
+rows policy, the storage) and writes three methods:
 
 - ``_read_schema()``: the output schema (after column selection and dtypes), from metadata or a
   sample;
@@ -13,38 +14,52 @@ of source subclasses ``Source`` and writes three methods:
 
 Everything else is the engine's: the cached schema and block list (files cut side by side on
 threads, or counted beside the first reads), parsed blocks kept across epochs, read groups,
-scattered rows for a resume, the row counts the plan needs. A format may do more where it can
-do it cheaper, each optional and each with a default that is always right:
+scattered rows for a resume, the row counts the plan needs. What the planner must know of a
+format beyond its blocks is one value, its :class:`SourceTraits` (NOTE [ Source traits ]). A
+format may do more where it can do it cheaper, each optional and each with a default that is
+always right:
 
 - ``_early_cut(path)`` and ``early_rows(block)`` (or ``early_block(block)``): the blocks before
   their rows are counted, so reads start beside the count (NOTE [ Early reads ] in
-  naiad/stream/early.py); default: no early cut. ``reads_before_count``: such reads whatever the
-  source's size (a count that costs a walk of every file); ``keys_by_file``: rows keyed by their
-  file and their row in it, known from a block alone, so a worker-side transform's reads start
-  early too.
+  naiad/stream/early.py), with ``SourceTraits.early_cut``; default: no early cut.
 - ``_group_table(parts, use_threads)``: several whole reads of local files as one Arrow table
   (one decode call); default None, read one by one.
 - ``_read_group(parts, use_threads)`` and ``_read_rows_many(parts, use_threads)``: a read group,
   or a resume's scattered rows, in one parse (the line formats); the engine's defaults read part
   by part.
-- ``keeps_parsed`` (kept blocks on by default) and ``parsed_bytes()`` (their size), and
-  ``blocks_from_metadata`` (blocks are the file's own parts: a footer gives the row count).
+- ``parsed_bytes()``: the size of its parsed blocks, kept when ``SourceTraits.keeps_parsed``.
 - ``sample_bytes()``: about how many bytes a row holds when that is far more than its schema
   says (an image, a clip): the default shuffle buffer is sized by it; default None.
 
 A format may use from the engine ``schema()``, ``blocks()`` and ``local_bytes()``, and the
 options set by ``Source.__init__``: ``paths``, ``storage``, ``on_bad_rows``. Nothing here is
-called per row: a read is a block or a range of one.
+called per row: a read is a block or a range of one. A source made of another source (its reads
+transformed) is a :class:`~naiad.sources.wrapper.FormatWrapper`, not a format (NOTE [ Format
+wrappers ] in sources/wrapper.py).
+
+NOTE [ Source traits ]
+The planner, the stream and the tools ask a source a few questions its blocks do not answer:
+are its blocks the file's own parts, how early may a pass read, how are its rows keyed, are its
+parsed blocks kept, what does a block's ``first_line`` count. The answers are one frozen value,
+``source.traits`` (:class:`SourceTraits`), set by the format (a class attribute, or per source
+where an option changes an answer) and read by every consumer; a wrapper derives its own from
+the source it wraps (:meth:`~naiad.sources.wrapper.FormatWrapper.wrap_traits`), so a tokenized
+tar source plans as the tar source does. They change the plan (``reads_before_count`` and
+``blocks_from_metadata`` choose block runs or single blocks, and the default buffer), so a
+format's traits are part of what a state resumes: changing one changes the order of its passes.
 """
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
+from naiad.errors import ConfigError
 from naiad.sources.columns import Columns
 
 if TYPE_CHECKING:
@@ -56,6 +71,7 @@ __all__ = [
     "GroupPart",
     "OnBadRows",
     "SourceFormat",
+    "SourceTraits",
     "bad_entry",
     "default_block_rows",
 ]
@@ -132,6 +148,52 @@ def bad_entry(at: int, path: str, reason: str, *, line: int | None = None, row: 
     return out
 
 
+@dataclass(frozen=True)
+class SourceTraits:
+    """What the planner, the stream and the tools know of a source besides its blocks (NOTE [
+    Source traits ]). Every field defaults to what a format that says nothing does.
+
+    Attributes:
+        blocks_from_metadata: the blocks are the file's own parts, read from its metadata (row
+            groups, record batches) rather than cut to a size: they may be large (see
+            ``stream.default_buffer_rows``), their rows are known from a footer
+            (``Source.known_rows``), and a resume reads each of them once.
+        early_cut: the format cuts a file into blocks before their rows are counted
+            (``_early_cut``, ``early_block``), so a fresh pass on one rank may read beside the
+            count (NOTE [ Early reads ] in naiad/stream/early.py).
+        reads_before_count: a fresh pass on one rank reads before the rows are counted whatever
+            the source's size: counting its rows costs far more than the first reads need (a
+            walk of every tar shard's headers); else only sources of ``early.EARLY_MIN_BYTES``
+            or more do. Such a source's plan permutes single blocks (NOTE [ Block runs ]).
+        keys_by_file: a row's key, the ``__index__`` a worker-side transform keys its randomness
+            by (NOTE [ Decode in the workers ] in pipeline.py), is its file's number times 2**32
+            plus its row in that file (``stream.reads.FileRowKeys``): known from its block alone
+            (its ``first_line``), so those reads need no count either; else it is the row's
+            number in the source, which needs every block counted.
+        keeps_parsed: the format keeps its parsed blocks across epochs by default, when they fit
+            the budget: parsing costs far more than reading (NOTE [ Kept blocks ] in
+            sources/decoded.py).
+        line_numbers: a block's ``first_line`` is the 1-based line of its first row in a text
+            file (one row a line), which errors name; else it is the 0-based row (or sample) of
+            its first row in the file.
+    """
+
+    blocks_from_metadata: bool = False
+    early_cut: bool = False
+    reads_before_count: bool = False
+    keys_by_file: bool = False
+    keeps_parsed: bool = False
+    line_numbers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.reads_before_count and not self.early_cut:
+            raise ConfigError("SourceTraits(reads_before_count=True) needs early_cut=True: reads before the count "
+                              "read the blocks the early cut gives.")
+
+
+_OLD_FLAGS = frozenset(("blocks_from_metadata", "reads_before_count", "keys_by_file", "keeps_parsed"))
+
+
 class SourceFormat(ABC):
     """The contract a file format implements (NOTE [ Format contract ]): its schema, its blocks,
     and a read of a block's rows. The optional hooks here default to "cannot"; the engine
@@ -142,32 +204,28 @@ class SourceFormat(ABC):
         storage: how remote files are reached (docs/STORAGE.md).
         on_bad_rows: "raise" (a :class:`~naiad.SourceError`) or "skip" (each skipped row a
             :func:`bad_entry` in :attr:`BlockData.bad`).
+        traits: what the planner knows of the format besides its blocks (NOTE [ Source traits ]):
+            a class attribute of the format, or a source's own where an option changes it.
     """
 
     paths: list[str]
     storage: Storage
     on_bad_rows: OnBadRows
+    traits: SourceTraits = SourceTraits()
 
-    blocks_from_metadata: ClassVar[bool] = False
-    """Whether the blocks are the file's own parts, read from its metadata (row groups, record
-    batches) rather than cut to a size: they may be large (see ``stream.default_buffer_rows``)."""
-
-    reads_before_count: ClassVar[bool] = False
-    """Whether a fresh pass on one rank reads before the rows are counted whatever the source's
-    size (NOTE [ Early reads ] in naiad/stream/early.py): counting its rows costs far more than
-    the first reads need (a walk of every tar shard's headers); else only sources of
-    ``early.EARLY_MIN_BYTES`` or more do."""
-
-    keys_by_file: ClassVar[bool] = False
-    """Whether a row's key, the ``__index__`` a worker-side transform keys its randomness by
-    (NOTE [ Decode in the workers ] in pipeline.py), is its file's number times 2**32 plus its row
-    in that file (``stream.reads.FileRowKeys``): known from its block alone (its ``first_line``),
-    so those reads need no count either; else it is the row's number in the source, which needs
-    every block counted."""
-
-    keeps_parsed: ClassVar[bool] = False
-    """Whether this format keeps its parsed blocks across epochs by default, when they fit the
-    budget: parsing costs far more than reading (NOTE [ Kept blocks ] in sources/decoded.py)."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A format written before the traits set the planner's flags as class attributes: they
+        # still count, for a release, folded into its traits.
+        super().__init_subclass__(**kwargs)
+        old = {name: cls.__dict__[name] for name in _OLD_FLAGS if name in cls.__dict__}
+        if old:
+            warnings.warn(f"{cls.__name__}: the class flags {sorted(old)} are deprecated; set "
+                          f"traits = SourceTraits({', '.join(f'{k}={v!r}' for k, v in sorted(old.items()))}) instead.",
+                          DeprecationWarning, stacklevel=2)
+            folded = {k: bool(v) for k, v in old.items()}
+            if folded.get("reads_before_count"):
+                folded["early_cut"] = True
+            cls.traits = replace(cls.traits, **folded)
 
     # -- what every format provides ----------------------------------------------------------
 
@@ -186,7 +244,8 @@ class SourceFormat(ABC):
     # -- what a format may provide where it can do it cheaper --------------------------------
 
     def _early_cut(self, path: str) -> list[Block] | None:
-        """``path``'s blocks before their rows are counted, where the format can cut it so."""
+        """``path``'s blocks before their rows are counted, where the format can cut it so (a
+        format that does says ``SourceTraits(early_cut=True)``)."""
         return None
 
     def early_rows(self, block: Block) -> int:

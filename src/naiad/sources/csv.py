@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,6 @@ import pyarrow.csv as pacsv
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
 from naiad.sources.base import Source
-from naiad.sources.cache import CacheDir
 from naiad.sources.columns import (
     DTypes,
     apply_dtypes,
@@ -24,7 +24,7 @@ from naiad.sources.columns import (
     select_columns,
     table_to_columns,
 )
-from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows, bad_entry
+from naiad.sources.contract import Block, BlockData, GroupPart, SourceTraits, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
@@ -39,10 +39,10 @@ from naiad.sources.lines import (
     read_block_bytes,
     slice_rows,
 )
+from naiad.sources.options import BadRows, StorageLike, warn_renamed
 from naiad.sources.paths import PathLike
-from naiad.sources.retries import RetryPolicy
 
-__all__ = ["CsvSource", "read_csv"]
+__all__ = ["CsvFormat", "CsvSource", "read_csv"]
 
 _SAMPLE_BYTES = 1 << 20
 _COLUMN_RE = re.compile(r"column #(\d+)")
@@ -79,132 +79,116 @@ def _open_quote_on_last_line(data: bytes, quote: bytes) -> bool:
     return data.count(quote, data.rfind(b"\n", 0, end) + 1, end) % 2 == 1
 
 
-def read_csv(
-    paths: PathLike,
-    *,
-    delimiter: str = ",",
-    header: bool = True,
-    column_names: Sequence[str] | None = None,
-    columns: Sequence[str] | None = None,
-    dtypes: DTypes = None,
-    compression: str | None = "infer",
-    quote_char: str | None = '"',
-    newlines_in_values: bool = False,
-    on_bad_rows: OnBadRows = "raise",
-    max_bad_rows: int | float | None = None,
-    block_bytes: int | None = None,
-    index_dir: IndexDir = None,
-    storage_options: Mapping[str, Any] | None = None,
-    retry: RetryPolicy | None = None,
-    cache_dir: CacheDir = None,
-    cache_bytes: int | None = None,
-    keep_parsed_bytes: int | None = None,
-) -> CsvSource:
-    """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow.
+_OLD_KEYWORDS = ("delimiter", "header", "column_names", "quote_char", "newlines_in_values", "compression")
+
+
+@dataclass(frozen=True)
+class CsvFormat:
+    """How CSV files are written: :class:`CsvSource`'s ``csv=`` (``naiad.CsvFormat``).
+
+    Attributes:
+        delimiter: the field separator ("\\t" for TSV); None: a comma (a tab for ``.tsv`` files
+            read through ``naiad.read``).
+        header: the first line of every file holds the column names.
+        column_names: names to use (replacing the header's when ``header`` is True; required
+            or "f0", "f1", ... when it is False).
+        quote_char: the quoting character, or None for no quoting.
+        newlines_in_values: allow newlines inside quoted values. Files are then not split
+            into byte ranges: each file is one block (memory grows with the file size).
+        compression: "infer" from the extension (.gz, .zst, .bz2, .lz4), a codec name or None.
+            A compressed file is read as one block (it cannot be entered in the middle).
+
+    Example:
+        >>> CsvFormat(delimiter="\\t", header=False).column_names is None
+        True
+    """
+
+    delimiter: str | None = None
+    header: bool = True
+    column_names: tuple[str, ...] | None = None
+    quote_char: str | None = '"'
+    newlines_in_values: bool = False
+    compression: str | None = "infer"
+
+    def __post_init__(self) -> None:
+        if self.delimiter is not None and (not isinstance(self.delimiter, str) or len(self.delimiter) != 1):
+            raise ConfigError(f"`delimiter` must be one character, got {self.delimiter!r}.")
+        if self.column_names is not None:
+            if isinstance(self.column_names, str):
+                raise ConfigError(f"`column_names` must be a list of names, got the string {self.column_names!r}.")
+            object.__setattr__(self, "column_names", tuple(self.column_names))
+
+    @classmethod
+    def folded(cls, csv: CsvFormat | None, old: dict[str, Any]) -> CsvFormat:
+        """``csv`` (None: the defaults) with the old keywords of ``old`` (popped from it) in
+        their fields, warned about (NOTE [ Reader options ] in options.py)."""
+        if csv is not None and not isinstance(csv, CsvFormat):
+            raise ConfigError(f"`csv` must be a naiad.CsvFormat, got {type(csv).__name__}.")
+        given = {k: old.pop(k) for k in _OLD_KEYWORDS if k in old}
+        if given:
+            warn_renamed("read_csv", {k: f"csv=naiad.CsvFormat({k}=...)" for k in given})
+        return replace(csv or cls(), **given)
+
+
+class CsvSource(LineBlocks, Source):
+    """A lazy source over CSV files (a path, a glob or a list), parsed by PyArrow, cut into
+    byte-range blocks of whole lines: ``naiad.read_csv``.
 
     Column types are inferred from the first MiB of the first non-empty file and then fixed for
     every block, so a batch never changes dtype; ``dtypes`` overrides them.
 
     Args:
-        paths: a file, a glob ("data/*.csv"), a folder (its data files) or a list of them; files are
-            read in this order.
-        delimiter: the field separator ("\\t" for TSV).
-        header: the first line of every file holds the column names.
-        column_names: names to use (replacing the header's when ``header`` is True; required
-            or "f0", "f1", ... when it is False).
-        columns: keep only these columns (output keeps file order).
-        dtypes: a mapping column -> dtype ("float32", np.int64, pa.string()...), or one dtype
-            for every numeric column (``dtypes="float32"``).
-        compression: "infer" from the extension (.gz, .zst, .bz2, .lz4), a codec name or None.
-            A compressed file is read as one block (it cannot be entered in the middle).
-        quote_char: the quoting character, or None for no quoting.
-        newlines_in_values: allow newlines inside quoted values. Files are then not split
-            into byte ranges: each file is one block (memory grows with the file size).
-        on_bad_rows: "raise" a :class:`~naiad.SourceError` naming file, line and problem, or
-            "skip" the row and count it (see ``StreamCounters.bad_rows``).
-        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
-            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
-            summarises the skipped rows (docs/STREAMING.md, "Bad input").
+        paths, columns, dtypes, on_bad_rows, index_dir, storage, keep_parsed_bytes: as every
+            reader takes them (:class:`~naiad.Source`).
+        csv: how the files are written (:class:`CsvFormat`: delimiter, header, column names,
+            quoting, newlines in values, compression); None: comma-separated with a header.
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/4096 of the source's local files together, or of each remote file,
             between 64 KiB and 4 MiB; see ``lines.default_block_bytes``).
-        index_dir: where the block index (the row-count scan's result) is kept, so a new
-            process, every rank and a resume skip the scan: None (the user cache folder),
-            "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
-            persisted). A file whose size or modification time changed is scanned again.
-        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
-            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
-        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
-        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
-            workers and processes of the machine, so later epochs read them locally ("auto":
-            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
-        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
-            (None: half the disk's free space).
-        keep_parsed_bytes: the most memory for parsed blocks kept across epochs in the
-            process that reads them (NOTE [ Kept blocks ] in naiad/sources/decoded.py): later
-            epochs then gather rows from memory instead of parsing again. Kept only when every
-            row fits (None: 1/16 of the memory, at most 1 GiB); 0 keeps nothing.
 
     Example:
         >>> ds = naiad.read_csv("diabetes.csv", dtypes="float32")  # doctest: +SKIP
         >>> loader = naiad.DataLoader(ds, batch_size=256, shuffle=True,
         ...                           transform=naiad.pack_xy(label="Outcome"))  # doctest: +SKIP
+        >>> tsv = naiad.read_csv("x.tsv", csv=naiad.CsvFormat(delimiter="\\t"))  # doctest: +SKIP
     """
-    return CsvSource(
-        paths, delimiter=delimiter, header=header, column_names=column_names, columns=columns,
-        dtypes=dtypes, compression=compression, quote_char=quote_char,
-        newlines_in_values=newlines_in_values, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-        storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir,
-        keep_parsed_bytes=keep_parsed_bytes,
-    )
 
-
-class CsvSource(LineBlocks, Source):
-    """CSV files cut into byte-range blocks (see :func:`read_csv`)."""
-
-    keeps_parsed = True
+    reader_name = "read_csv"
+    traits = SourceTraits(early_cut=True, keeps_parsed=True, line_numbers=True)
 
     def __init__(
         self,
         paths: PathLike,
         *,
-        delimiter: str = ",",
-        header: bool = True,
-        column_names: Sequence[str] | None = None,
+        csv: CsvFormat | None = None,
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
-        compression: str | None = "infer",
-        quote_char: str | None = '"',
-        newlines_in_values: bool = False,
-        on_bad_rows: OnBadRows = "raise",
-        max_bad_rows: int | float | None = None,
+        on_bad_rows: BadRows = "raise",
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
-        storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-        cache_dir: CacheDir = None,
-        cache_bytes: int | None = None,
+        storage: StorageLike = None,
         keep_parsed_bytes: int | None = None,
+        **deprecated: Any,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes,
-                         keep_parsed_bytes=keep_parsed_bytes)
-        if len(delimiter) != 1:
-            raise ConfigError(f"`delimiter` must be one character, got {delimiter!r}.")
+        csv = CsvFormat.folded(csv, deprecated)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage=storage, keep_parsed_bytes=keep_parsed_bytes,
+                         deprecated=deprecated)
         if block_bytes is not None and block_bytes < 1:
             raise ConfigError(f"`block_bytes` must be >= 1, got {block_bytes}.")
-        self.delimiter = delimiter
-        self.header = header
-        self.compression = compression
-        self.newlines_in_values = newlines_in_values
+        self.csv = csv
+        self.delimiter = csv.delimiter or ","
+        self.header = csv.header
+        self.compression = csv.compression
+        self.newlines_in_values = csv.newlines_in_values
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)
-        self._quote = quote_char
+        self._quote = csv.quote_char
         self._dtypes_arg = dtypes
         self._selected = list(columns) if columns is not None else None
-        self._names = list(column_names) if column_names is not None else None
+        self._names = list(csv.column_names) if csv.column_names is not None else None
         self._header_arg_names = self._names  # names given by the user replace every header
         self._full: pa.Schema | None = None  # every column, types fixed
-        if self._names is None and header:
+        if self._names is None and self.header:
             # The first file with a header names the columns (a file may be empty, 0 bytes).
             self._names = next((n for n in map(self._header_names, self.paths) if n is not None), None)
         if self._selected is not None and self._names is not None:
@@ -451,3 +435,6 @@ class CsvSource(LineBlocks, Source):
             )
         bad = tuple(bad_entry(at, block.path, problem, line=line, column=column) for at, line, problem, column in skipped)
         return BlockData(table_to_columns(table), bad)
+
+
+read_csv = CsvSource

@@ -47,9 +47,8 @@ class BlockEngine(SourceFormat):
     """The reading a source's format does not: schema and blocks cached, rows counted, parsed
     blocks kept, read groups, scattered rows (NOTE [ Format contract ] in sources/contract.py).
 
-    Its state starts empty at class level, so a source whose parts are not files on disk (an
-    in-memory table, ``coverage.PositionSource``) needs only set the contract's ``paths`` and
-    ``on_bad_rows``; ``Source.__init__`` sets it for the readers.
+    Its state starts empty at class level; ``Source.__init__`` sets it for every reader (with
+    ``expand=False`` for a source whose parts are not files on disk: an in-memory table).
 
     Attributes:
         keep_parsed_bytes: the budget for parsed blocks kept across epochs (the reader's
@@ -134,7 +133,7 @@ class BlockEngine(SourceFormat):
         """Every block's byte range before the rows are counted (rows -1, first line 0), for the
         reads that start beside the count (NOTE [ Early reads ] in naiad/stream/early.py); None when
         the format or a file does not cut that way, or the blocks are known or being counted."""
-        if self._blocks is not None or self._counting is not None:
+        if not self.traits.early_cut or self._blocks is not None or self._counting is not None:
             return None
         out: list[Block] = []
         for path in self.paths:
@@ -179,7 +178,7 @@ class BlockEngine(SourceFormat):
         if kept is None:
             budget = self.keep_parsed_bytes
             if budget is None:
-                budget = default_keep_bytes() if self.keeps_parsed else 0
+                budget = default_keep_bytes() if self.traits.keeps_parsed else 0
             if budget and self._blocks is None:
                 return None  # not counted yet: decided at a later read
             with _KEEP_DECISION:
@@ -221,7 +220,7 @@ class BlockEngine(SourceFormat):
     def known_rows(self) -> int | None:
         """Total rows when they cost no scan: the blocks are known, or come from metadata (a
         footer, a header); else None."""
-        if self._blocks is None and not self.blocks_from_metadata:
+        if self._blocks is None and not self.traits.blocks_from_metadata:
             return None
         return len(self)
 

@@ -33,15 +33,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.base import Source, check_max_bad_rows
+from naiad.sources.base import Source
 from naiad.sources.columns import Columns
-from naiad.sources.contract import Block, BlockData, OnBadRows, bad_entry
+from naiad.sources.contract import Block, BlockData, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir, load_arrays, save_arrays
+from naiad.sources.media import media_access
+from naiad.sources.options import BadRows
 from naiad.sources.samples import grid_blocks, indices, sample_block_bytes
-from naiad.sources.storage import Storage, is_remote, local_path
+from naiad.sources.storage import is_remote, local_path
 from naiad.trust.kept import miss
 from naiad.trust.paths import (
-    DEFAULT_MAX_MEDIA_BYTES,
+    MediaAccess,
     decode_names,
     encode_name,
     read_local_file,
@@ -61,16 +63,9 @@ MAX_LISTED_BYTES = 1 << 50
 LISTING_PARAMS: Mapping[str, Any] = {"kind": "image-folder", "version": 2, "extensions": list(IMG_EXTENSIONS)}
 
 
-def read_images(
-    root: str | os.PathLike[str],
-    *,
-    on_bad_rows: OnBadRows = "raise",
-    max_bad_rows: int | float | None = None,
-    block_bytes: int | None = None,
-    index_dir: IndexDir = None,
-    max_media_bytes: int | None = None,
-) -> ImageFolderSource:
-    """A lazy source over a folder of images: one sample per file, in blocks of runs of files.
+class ImageFolderSource(Source):
+    """A lazy source over a folder of images, in class sub-folders or flat: one sample per
+    file, in blocks of runs of files: ``naiad.read_images``.
 
     With one sub-folder per class (``root/cat/1.jpg``, ``root/dog/2.png``) the samples are
     labelled as ``torchvision.datasets.ImageFolder`` labels them: classes sorted by name,
@@ -78,67 +73,53 @@ def read_images(
     (NOTE [ Folder listing ]). A folder with no sub-folder is read flat, without labels. Columns:
     ``image`` (the file's bytes, to decode), ``label`` (int64; class folders only) and
     ``path`` (str). The listing is made once and kept like the block index, so a million files
-    are not listed again every epoch, rank or process.
+    are not listed again every epoch, rank or process. The root is the source's one "file"
+    (its ``paths``), its blocks runs of the files listed under it.
 
     Args:
         root: the folder (local).
-        on_bad_rows: a file that cannot be read (removed since it was listed): "raise" (a
-            SourceError naming it) or "skip" (into the loader's ledger).
-        max_bad_rows: with "skip", the most files an epoch may skip (per rank).
+        on_bad_rows: what a file that cannot be read (removed since it was listed, or larger
+            than ``media.max_bytes``) does: as every reader's (:class:`~naiad.Source`).
         block_bytes: about how many bytes of files a block holds (None: about 1/4096 of the
             folder, between 1 MiB and 32 MiB).
-        index_dir: where the listing is kept: None (naiad's user cache folder), "beside" (a
-            ``.naiad-index`` folder next to ``root``), a folder, or False (never kept).
-        max_media_bytes: the most bytes one file may hold (None: 256 MiB); a larger one is a
-            bad row, as a file that cannot be read is.
+        index_dir: where the listing is kept, as every reader's ("beside": next to ``root``).
+        media: a :class:`~naiad.trust.paths.MediaAccess` whose ``max_bytes`` is the most bytes
+            one file may hold (None: 256 MiB); a folder reads only the files under it, so its
+            ``roots`` must be empty.
+
+    Attributes:
+        root: the folder.
+        classes: the class names, sorted (empty for a flat folder).
+        class_to_idx: class name -> label, as ImageFolder's.
 
     Example:
         >>> ds = naiad.read_images("train/")  # doctest: +SKIP
         >>> ds.class_to_idx  # doctest: +SKIP
         {'cat': 0, 'dog': 1}
     """
-    return ImageFolderSource(root, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-                             index_dir=index_dir, max_media_bytes=max_media_bytes)
 
+    reader_name = "read_images"
 
-class ImageFolderSource(Source):
-    """A folder of images, in class sub-folders or flat (see :func:`read_images`).
-
-    Attributes:
-        root: the folder.
-        classes: the class names, sorted (empty for a flat folder).
-        class_to_idx: class name -> label, as ImageFolder's.
-    """
-
-    def __init__(self, root: str | os.PathLike[str], *, on_bad_rows: OnBadRows = "raise",
-                 max_bad_rows: int | float | None = None, block_bytes: int | None = None,
-                 index_dir: IndexDir = None, max_media_bytes: int | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, on_bad_rows: BadRows = "raise", block_bytes: int | None = None,
+                 index_dir: IndexDir = None, media: MediaAccess | None = None, **deprecated: Any) -> None:
         text = os.fspath(root)
         if is_remote(text):
             raise ConfigError(f"`root` must be a local folder, got the URL {text!r}; image folders behind URLs are not "
                               "read yet: pack them into tar shards and use naiad.read_webdataset.")
         text = local_path(text)
-        if not os.path.isdir(text):
-            raise SourceError("not a folder: `root` must be a folder of images (or of class folders).", path=text)
         if block_bytes is not None and (isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1):
             raise ConfigError(f"`block_bytes` must be an int >= 1 or None, got {block_bytes!r}.")
-        if on_bad_rows not in ("raise", "skip"):
-            raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {on_bad_rows!r}.")
-        if max_media_bytes is not None and (isinstance(max_media_bytes, bool) or not isinstance(max_media_bytes, int)
-                                            or max_media_bytes < 1):
-            raise ConfigError(f"`max_media_bytes` must be an int >= 1 or None (256 MiB), got {max_media_bytes!r}.")
-        # Not Source.__init__, which would list the folder's files as a table's: the root is
-        # this source's one "file", its blocks runs of the files listed under it.
-        if max_bad_rows is not None and on_bad_rows != "skip":
-            raise ConfigError(f"`max_bad_rows` limits the rows on_bad_rows='skip' skips; got it with on_bad_rows={on_bad_rows!r}.")
-        self.root = os.path.abspath(text)
-        self.paths = [self.root]
-        self.storage = Storage()
-        self.on_bad_rows = on_bad_rows
-        self.max_bad_rows = check_max_bad_rows(max_bad_rows)
+        access = media_access(media)
+        if access.roots:
+            raise ConfigError(f"`media` roots {list(access.roots)} do not apply to an image folder, which reads only the "
+                              "files under its root; give MediaAccess(max_bytes=...) alone.")
+        super().__init__([os.path.abspath(text)], on_bad_rows=on_bad_rows, expand=False, deprecated=deprecated)
+        if not os.path.isdir(text):
+            raise SourceError("not a folder: `root` must be a folder of images (or of class folders).", path=text)
+        self.root = self.paths[0]
+        self.max_media_bytes = access.max_bytes
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)
-        self.max_media_bytes = DEFAULT_MAX_MEDIA_BYTES if max_media_bytes is None else max_media_bytes
         self._listing: dict[str, np.ndarray] | None = None
         listing = self.listing()
         self.classes: list[str] = [str(c) for c in listing["classes"].tolist()]
@@ -193,7 +174,7 @@ class ImageFolderSource(Source):
         return self._read_files(rows)
 
     def _sizes(self) -> np.ndarray:
-        """The files' sizes as a read takes them: a larger file than ``max_media_bytes`` is a
+        """The files' sizes as a read takes them: a larger file than ``media.max_bytes`` is a
         bad row, so it weighs no more than that (and a kept listing's sizes sum bounded)."""
         return np.minimum(self.listing()["sizes"], self.max_media_bytes + 1)
 
@@ -392,3 +373,6 @@ def _labels_wrong(a: Mapping[str, Any]) -> str | None:
                 blob[starts[lo:hi, None] + np.arange(len(prefix))] == prefix):
             return f"a name outside its class folder {name!r}"
     return None
+
+
+read_images = ImageFolderSource

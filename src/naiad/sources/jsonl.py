@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,6 @@ import pyarrow.json as pajson
 from naiad.errors import SourceError
 from naiad.sources import storage
 from naiad.sources.base import Source
-from naiad.sources.cache import CacheDir
 from naiad.sources.columns import (
     DTypes,
     apply_dtypes,
@@ -23,7 +22,7 @@ from naiad.sources.columns import (
     select_columns,
     table_to_columns,
 )
-from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows, bad_entry
+from naiad.sources.contract import Block, BlockData, GroupPart, SourceTraits, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     BadRow,
@@ -37,8 +36,8 @@ from naiad.sources.lines import (
     read_block_bytes,
     slice_rows,
 )
+from naiad.sources.options import BadRows, StorageLike
 from naiad.sources.paths import PathLike
-from naiad.sources.retries import RetryPolicy
 
 __all__ = ["JsonlSource", "read_jsonl"]
 
@@ -58,70 +57,28 @@ def _parse_sample(data: bytes) -> pa.Table:
     return table
 
 
-def read_jsonl(
-    paths: PathLike,
-    *,
-    columns: Sequence[str] | None = None,
-    dtypes: DTypes = None,
-    compression: str | None = "infer",
-    on_bad_rows: OnBadRows = "raise",
-    max_bad_rows: int | float | None = None,
-    block_bytes: int | None = None,
-    index_dir: IndexDir = None,
-    storage_options: Mapping[str, Any] | None = None,
-    retry: RetryPolicy | None = None,
-    cache_dir: CacheDir = None,
-    cache_bytes: int | None = None,
-    keep_parsed_bytes: int | None = None,
-) -> JsonlSource:
-    """A lazy source over JSON Lines files (a path, a glob or a list), parsed by PyArrow.
+class JsonlSource(LineBlocks, Source):
+    """A lazy source over JSON Lines files (a path, a glob or a list), parsed by PyArrow, cut
+    into byte-range blocks of whole lines: ``naiad.read_jsonl``.
 
     Fields and their types are inferred from the first MiB of the first non-empty file, then
     fixed; fields that appear only later are ignored (name them in ``dtypes`` to keep them).
     A field missing from a row is NaN (floats) or a bad row (integers: pass a float dtype).
 
     Args:
-        paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
-        columns: keep only these fields (output keeps the inferred order).
-        dtypes: a mapping field -> dtype, or one dtype for every numeric field.
+        paths, columns, dtypes, on_bad_rows, index_dir, storage, keep_parsed_bytes: as every
+            reader takes them (:class:`~naiad.Source`).
         compression: "infer" from the extension, a codec name or None (one block per file).
-        on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
-        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
-            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
-            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/4096 of the source's local files together, or of each remote file,
             between 64 KiB and 4 MiB; see ``lines.default_block_bytes``).
-        index_dir: where the block index (the row-count scan's result) is kept, so a new
-            process, every rank and a resume skip the scan: None (the user cache folder),
-            "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
-            persisted). A file whose size or modification time changed is scanned again.
-        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
-            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
-        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
-        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
-            workers and processes of the machine, so later epochs read them locally ("auto":
-            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
-        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
-            (None: half the disk's free space).
-        keep_parsed_bytes: the most memory for parsed blocks kept across epochs in the
-            process that reads them (NOTE [ Kept blocks ] in naiad/sources/decoded.py): later
-            epochs then gather rows from memory instead of parsing again. Kept only when every
-            row fits (None: 1/16 of the memory, at most 1 GiB); 0 keeps nothing.
 
     Example:
         >>> ds = naiad.read_jsonl("events-*.jsonl.gz", columns=["x", "label"])  # doctest: +SKIP
     """
-    return JsonlSource(paths, columns=columns, dtypes=dtypes, compression=compression,
-                       on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-                       storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir,
-                       keep_parsed_bytes=keep_parsed_bytes)
 
-
-class JsonlSource(LineBlocks, Source):
-    """JSON Lines files cut into byte-range blocks (see :func:`read_jsonl`)."""
-
-    keeps_parsed = True
+    reader_name = "read_jsonl"
+    traits = SourceTraits(early_cut=True, keeps_parsed=True, line_numbers=True)
 
     def __init__(
         self,
@@ -130,18 +87,15 @@ class JsonlSource(LineBlocks, Source):
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
         compression: str | None = "infer",
-        on_bad_rows: OnBadRows = "raise",
-        max_bad_rows: int | float | None = None,
+        on_bad_rows: BadRows = "raise",
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
-        storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-        cache_dir: CacheDir = None,
-        cache_bytes: int | None = None,
+        storage: StorageLike = None,
         keep_parsed_bytes: int | None = None,
+        **deprecated: Any,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes,
-                         keep_parsed_bytes=keep_parsed_bytes)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage=storage, keep_parsed_bytes=keep_parsed_bytes,
+                         deprecated=deprecated)
         self.compression = compression
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)
@@ -264,3 +218,6 @@ class JsonlSource(LineBlocks, Source):
                               path=block.path, line=block.first_line + line0)
         bad = tuple(bad_entry(at, block.path, problem, line=line, column=column) for at, line, problem, column in skipped)
         return BlockData(table_to_columns(table), bad)
+
+
+read_jsonl = JsonlSource

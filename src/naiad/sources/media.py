@@ -8,9 +8,9 @@ bytes are embedded; made from paths without embedding (``cast_column("image", Im
 file names, then written), only ``path`` is set. A reader of such a table gets the column as
 bytes: the struct's ``bytes`` where they are there (no copy: the struct's child array), else
 the file at ``path``, read now where the table may read it (NOTE [ Paths inside tables ] in
-naiad/trust/paths.py: the table's own folder or bucket, or the reader's ``media_roots``; a
-local file through ``trust.read_local_file``, an object through the source's storage; at most
-``max_media_bytes`` either way). A row with neither, or whose path is refused, is a bad row: a
+naiad/trust/paths.py: the table's own folder or bucket, or the roots of the reader's
+``media=MediaAccess(roots=...)``; a local file through ``trust.read_local_file``, an object
+through the source's storage; at most its ``max_bytes`` either way). A row with neither, or whose path is refused, is a bad row: a
 SourceError naming the file, the row and the column, or skipped into the ledger with
 ``on_bad_rows="skip"``.
 
@@ -27,14 +27,29 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from naiad.errors import SourceError
+from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage as storage_mod
 from naiad.trust.paths import MediaAccess, locate_media, read_local_file
 
 if TYPE_CHECKING:
     from naiad.sources.storage import Storage
 
-__all__ = ["has_binary", "is_media_struct", "media_schema", "resolve_media"]
+__all__ = ["has_binary", "is_media_struct", "media_access", "media_schema", "resolve_media"]
+
+
+def media_access(media: MediaAccess | None) -> MediaAccess:
+    """A reader's ``media=`` checked: None (the table's own folder, 256 MiB a file) or a
+    :class:`MediaAccess`, its roots normalised as :meth:`MediaAccess.of` makes them (one made
+    with its own constructor, ``MediaAccess(roots=["/data/images"])``, reads the same).
+
+    Raises:
+        ConfigError: anything else, or roots or a size that :meth:`MediaAccess.of` refuses.
+    """
+    if media is None:
+        return MediaAccess.of()
+    if not isinstance(media, MediaAccess):
+        raise ConfigError(f"`media` must be a naiad.MediaAccess(roots=..., max_bytes=...), got {type(media).__name__}.")
+    return MediaAccess.of(media.roots or None, media.max_bytes)
 
 
 def is_media_struct(t: pa.DataType) -> bool:
@@ -123,7 +138,7 @@ def _read_media_file(where: str | None, table_path: str, store: Storage, access:
             size = info.size
             if size > access.max_bytes:
                 return None, (f"no bytes, and the file at its path {where!r} holds {size:,} bytes, more than "
-                              f"max_media_bytes={access.max_bytes:,}")
+                              f"the reader's MediaAccess(max_bytes={access.max_bytes:,})")
             return store.read_range(url, 0, size), ""
         return read_local_file(url, access.max_bytes), ""
     except (SourceError, OSError) as exc:

@@ -13,54 +13,14 @@ import pyarrow as pa
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
 from naiad.sources.base import Source
-from naiad.sources.cache import CacheDir
 from naiad.sources.columnar import ReaderCache
 from naiad.sources.columns import Columns, DTypes, to_arrow_type
-from naiad.sources.contract import Block, BlockData, OnBadRows, default_block_rows
+from naiad.sources.contract import Block, BlockData, default_block_rows
+from naiad.sources.options import BadRows, StorageLike, old_storage
 from naiad.sources.paths import PathLike, expand_paths
-from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage
 
 __all__ = ["NpySource", "read_npy"]
-
-
-def read_npy(
-    paths: PathLike | Mapping[str, PathLike],
-    *,
-    column: str = "x",
-    dtypes: DTypes = None,
-    block_rows: int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    retry: RetryPolicy | None = None,
-    cache_dir: CacheDir = None,
-    cache_bytes: int | None = None,
-) -> NpySource:
-    """A lazy source over memory-mapped ``.npy`` files; a block is ``block_rows`` rows.
-
-    An array of shape ``(n, ...)`` gives one column of that name whose batches have shape
-    ``(batch, ...)``; a structured array gives one column per field. A mapping
-    ``{"x": "x-*.npy", "y": "y-*.npy"}`` reads aligned files as columns (same row counts).
-
-    Args:
-        paths: a file, a glob or a list of them, or a mapping column -> files.
-        column: the column name for plain (not structured) arrays given without a mapping.
-        dtypes: a mapping column -> dtype, or one dtype for every column (cast per block).
-        block_rows: rows per block, the unit of reading and of block shuffling (None: about
-            1/4096 of the source's rows (its local files together; each remote file alone),
-            between 1,024 and 65,536 rows).
-        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
-            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
-        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
-        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
-            workers and processes of the machine, so later epochs read them locally ("auto":
-            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
-        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
-            (None: half the disk's free space).
-
-    Example:
-        >>> ds = naiad.read_npy({"x": "features.npy", "y": "labels.npy"})  # doctest: +SKIP
-    """
-    return NpySource(paths, column=column, dtypes=dtypes, block_rows=block_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
 
 
 # NumPy reads a header with ast.literal_eval, and CPython 3.11's AST constructor is not safe
@@ -140,7 +100,28 @@ def _open(path: str, store: Storage) -> np.ndarray | RemoteNpy:
 
 
 class NpySource(Source):
-    """Memory-mapped ``.npy`` files cut into row ranges (see :func:`read_npy`)."""
+    """A lazy source over memory-mapped ``.npy`` files; a block is ``block_rows`` rows of the
+    first axis: ``naiad.read_npy``.
+
+    An array of shape ``(n, ...)`` gives one column of that name whose batches have shape
+    ``(batch, ...)``; a structured array gives one column per field. A mapping
+    ``{"x": "x-*.npy", "y": "y-*.npy"}`` reads aligned files as columns (same row counts).
+
+    Args:
+        paths: a file, a glob or a list of them (as every reader takes them,
+            :class:`~naiad.Source`), or a mapping column -> files.
+        column: the column name for plain (not structured) arrays given without a mapping.
+        dtypes: a mapping column -> dtype, or one dtype for every column (cast per block).
+        block_rows: rows per block, the unit of reading and of block shuffling (None: about
+            1/4096 of the source's rows (its local files together; each remote file alone),
+            between 1,024 and 65,536 rows).
+        on_bad_rows, storage: as every reader takes them (no row of an array is bad).
+
+    Example:
+        >>> ds = naiad.read_npy({"x": "features.npy", "y": "labels.npy"})  # doctest: +SKIP
+    """
+
+    reader_name = "read_npy"
 
     def __init__(
         self,
@@ -149,26 +130,24 @@ class NpySource(Source):
         column: str = "x",
         dtypes: DTypes = None,
         block_rows: int | None = None,
-        on_bad_rows: OnBadRows = "raise",
-        storage_options: Mapping[str, Any] | Storage | None = None,
-        retry: RetryPolicy | None = None,
-        cache_dir: CacheDir = None,
-        cache_bytes: int | None = None,
+        on_bad_rows: BadRows = "raise",
+        storage: StorageLike = None,
+        **deprecated: Any,
     ) -> None:
         if block_rows is not None and block_rows < 1:
             raise ConfigError(f"`block_rows` must be >= 1, got {block_rows}.")
-        store = Storage.of(storage_options, retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        store = Storage.of(old_storage(self.reader_name, storage, deprecated))
         if isinstance(paths, Mapping):
             groups = {name: expand_paths(p, store) for name, p in paths.items()}
             counts = {name: len(ps) for name, ps in groups.items()}
             if len(set(counts.values())) != 1:
                 raise ConfigError(f"each column needs as many files as the others, got {counts}.")
             first = next(iter(groups))
-            super().__init__(groups[first], on_bad_rows=on_bad_rows, storage_options=store)
+            super().__init__(groups[first], on_bad_rows=on_bad_rows, storage=store, deprecated=deprecated, expand=False)
             # file of the first column -> the aligned files of every column
             self._aligned = {p: {n: groups[n][i] for n in groups} for i, p in enumerate(groups[first])}
         else:
-            super().__init__(paths, on_bad_rows=on_bad_rows, storage_options=store)
+            super().__init__(paths, on_bad_rows=on_bad_rows, storage=store, deprecated=deprecated)
             self._aligned = {p: {column: p} for p in self.paths}
         self.block_rows = block_rows
         self._dtypes_arg = dtypes
@@ -251,3 +230,6 @@ def _retype(t: pa.DataType, dtypes: Any, name: str) -> pa.DataType:
 
 def _np(t: pa.DataType) -> np.dtype:
     return np.dtype(t.to_pandas_dtype())
+
+
+read_npy = NpySource

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 from naiad.errors import SourceError
 from naiad.sources import storage
 from naiad.sources.base import Source
-from naiad.sources.cache import CacheDir
 from naiad.sources.columnar import ReaderCache, check_no_nulls, indexed_blocks
 from naiad.sources.columns import (
     DTypes,
@@ -23,64 +22,14 @@ from naiad.sources.columns import (
     select_columns,
     table_to_columns,
 )
-from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows
-from naiad.sources.media import has_binary, media_schema, resolve_media
+from naiad.sources.contract import Block, BlockData, GroupPart, SourceTraits
+from naiad.sources.media import has_binary, media_access, media_schema, resolve_media
+from naiad.sources.options import BadRows, StorageLike
 from naiad.sources.paths import PathLike
-from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage
 from naiad.trust.paths import MediaAccess
 
 __all__ = ["ParquetSource", "read_parquet"]
-
-def read_parquet(
-    paths: PathLike,
-    *,
-    columns: Sequence[str] | None = None,
-    dtypes: DTypes = None,
-    on_bad_rows: OnBadRows = "raise",
-    max_bad_rows: int | float | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    retry: RetryPolicy | None = None,
-    cache_dir: CacheDir = None,
-    cache_bytes: int | None = None,
-    media_roots: str | Sequence[str] | None = None,
-    max_media_bytes: int | None = None,
-) -> ParquetSource:
-    """A lazy source over Parquet files (a path, a glob or a list); a block is a row group.
-
-    Only footers are read until iteration. Shuffling permutes row groups and mixes rows in the
-    shuffle buffer, so files written with small row groups (say 64k rows) shuffle better.
-
-    A binary column reaches a batch as a list of ``bytes``; the ``{bytes, path}`` struct that
-    Hugging Face ``datasets`` writes for its ``Image`` and ``Audio`` features as one column of
-    bytes: the embedded bytes, or the file at ``path`` (relative to the Parquet file's folder)
-    when only the path is there (NOTE [ Media structs ], docs/SAMPLES.md).
-
-    Args:
-        paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
-        columns: read only these columns (output keeps file order).
-        dtypes: a mapping column -> dtype, or one dtype for every numeric column.
-        on_bad_rows: what a null in an integer column does: "raise" or "skip" (and count).
-        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
-            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
-            summarises the skipped rows (docs/STREAMING.md, "Bad input").
-        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
-            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
-        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
-        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
-            workers and processes of the machine, so later epochs read them locally ("auto":
-            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
-        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
-            (None: half the disk's free space).
-        media_roots: folders or URL prefixes that the paths of ``{bytes, path}`` media structs
-            may name besides the table's own folder (docs/SECURITY.md); None: that folder only.
-        max_media_bytes: the most bytes a file such a path names may hold (None: 256 MiB).
-
-    Example:
-        >>> ds = naiad.read_parquet("train/*.parquet", columns=["x", "y"])  # doctest: +SKIP
-    """
-    return ParquetSource(paths, columns=columns, dtypes=dtypes, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, media_roots=media_roots, max_media_bytes=max_media_bytes)
-
 
 def _open(path: str, store: Storage | None) -> pq.ParquetFile:
     if storage.is_remote(path):
@@ -101,9 +50,29 @@ def open_parquet(path: str, store: Storage | None = None) -> pq.ParquetFile:
 
 
 class ParquetSource(Source):
-    """Parquet files cut into row groups (see :func:`read_parquet`)."""
+    """A lazy source over Parquet files (a path, a glob or a list); a block is a row group:
+    ``naiad.read_parquet``.
 
-    blocks_from_metadata = True
+    Only footers are read until iteration. Shuffling permutes row groups and mixes rows in the
+    shuffle buffer, so files written with small row groups (say 64k rows) shuffle better.
+
+    A binary column reaches a batch as a list of ``bytes``; the ``{bytes, path}`` struct that
+    Hugging Face ``datasets`` writes for its ``Image`` and ``Audio`` features as one column of
+    bytes: the embedded bytes, or the file at ``path`` (relative to the Parquet file's folder)
+    when only the path is there (NOTE [ Media structs ], docs/SAMPLES.md).
+
+    Args:
+        paths, columns, dtypes, storage, media: as every reader takes them
+            (:class:`~naiad.Source`).
+        on_bad_rows: what a null in an integer column, or a media struct with neither bytes
+            nor a file it may read, does: as every reader's.
+
+    Example:
+        >>> ds = naiad.read_parquet("train/*.parquet", columns=["x", "y"])  # doctest: +SKIP
+    """
+
+    reader_name = "read_parquet"
+    traits = SourceTraits(blocks_from_metadata=True)
 
     def __init__(
         self,
@@ -111,19 +80,15 @@ class ParquetSource(Source):
         *,
         columns: Sequence[str] | None = None,
         dtypes: DTypes = None,
-        on_bad_rows: OnBadRows = "raise",
-        max_bad_rows: int | float | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-        cache_dir: CacheDir = None,
-        cache_bytes: int | None = None,
-        media_roots: str | Sequence[str] | None = None,
-        max_media_bytes: int | None = None,
+        on_bad_rows: BadRows = "raise",
+        storage: StorageLike = None,
+        media: MediaAccess | None = None,
+        **deprecated: Any,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage=storage, deprecated=deprecated)
         self._selected = list(columns) if columns is not None else None
         self._dtypes_arg = dtypes
-        self.media = MediaAccess.of(media_roots, max_media_bytes)
+        self.media = media_access(media)
         self.schema()  # the footer is metadata: check columns and dtypes now
 
     def _read_schema(self) -> pa.Schema:
@@ -186,3 +151,6 @@ class ParquetSource(Source):
         except (OSError, pa.ArrowException):
             return None
         return pa.concat_tables(pieces)
+
+
+read_parquet = ParquetSource

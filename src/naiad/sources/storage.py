@@ -24,6 +24,7 @@ cache: its ranges are not what blocks read).
 
 from __future__ import annotations
 
+import copy
 import functools
 import io
 import json
@@ -80,28 +81,37 @@ Cached = bool | Literal["chunks"]
 
 
 class Storage:
-    """How a source reaches its remote files: ``storage_options``, retries, objects' identities.
+    """Where a source's bytes live and how they are fetched: the filesystem's options, the retry
+    policy, the local cache of remote byte ranges (docs/STORAGE.md). A reader's ``storage=``.
 
     Plain data, so it pickles; the filesystem is rebuilt in each process (NOTE [ Remote files
-    in workers ]).
+    in workers ]). A source keeps its own copy (:meth:`of`), in which it records the size and
+    ETag of each object it lists, so one Storage may be given to many readers.
 
     Args:
-        storage_options: passed to the fsspec filesystem (``key``/``secret``, ``anon``,
+        options: passed to the fsspec filesystem (``key``/``secret``, ``anon``,
             ``endpoint_url``, ``client_kwargs``...); None: credentials from the usual places.
-        retry: the retry policy for transient errors.
+        retry: the retry policy for transient errors (None: ``RetryPolicy()``, NOTE [ Retries ]).
         cache_dir: where fetched byte ranges are kept on local disk (a folder, or "auto":
-            naiad's user cache folder); None: no cache (NOTE [ Block cache ] in cache.py).
+            naiad's user cache folder), shared by the workers and processes of the machine, so
+            later epochs read them locally; None: no cache (NOTE [ Block cache ] in cache.py).
         cache_bytes: the cache's soft bound in bytes, least recently used entries evicted past
             it; None: half the disk's free space when the cache is first used.
+
+    Example:
+        >>> Storage({"anon": True}, cache_dir=None)
+        Storage(options=['anon'])
     """
 
     def __init__(
-        self, storage_options: Mapping[str, Any] | None = None, retry: RetryPolicy | None = None, *,
+        self, options: Mapping[str, Any] | None = None, retry: RetryPolicy | None = None, *,
         cache_dir: CacheDir = None, cache_bytes: int | None = None,
     ) -> None:
-        if storage_options is not None and not isinstance(storage_options, Mapping):
-            raise ConfigError(f"`storage_options` must be a dict, got {type(storage_options).__name__}.")
-        self.options: dict[str, Any] = dict(storage_options or {})
+        if options is not None and not isinstance(options, Mapping):
+            raise ConfigError(f"`options` (the filesystem's storage_options) must be a dict, got {type(options).__name__}.")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigError(f"`retry` must be a naiad RetryPolicy, got {type(retry).__name__}.")
+        self.options: dict[str, Any] = dict(options or {})
         self.retry = retry or RetryPolicy()
         self.cache_dir = resolve_cache_dir(cache_dir, cache_bytes)
         self.cache_bytes = cache_bytes
@@ -115,14 +125,38 @@ class Storage:
             self._key = repr(sorted(self.options.items()))
 
     @classmethod
-    def of(
-        cls, storage_options: Mapping[str, Any] | Storage | None, retry: RetryPolicy | None = None, *,
-        cache_dir: CacheDir = None, cache_bytes: int | None = None,
-    ) -> Storage:
-        """A Storage from a reader's arguments (one already made, by ``naiad.read``, is kept)."""
-        if isinstance(storage_options, Storage):
-            return storage_options
-        return cls(storage_options, retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+    def of(cls, storage: Storage | Mapping[str, Any] | None) -> Storage:
+        """A source's own Storage from a reader's ``storage=``: a copy of a Storage (with the
+        objects it has listed: ``naiad.read`` hands over the files it found), a dict of
+        filesystem options, or None (the defaults).
+
+        Raises:
+            ConfigError: anything else.
+        """
+        if isinstance(storage, Storage):
+            return storage.copy()
+        if storage is None or isinstance(storage, Mapping):
+            return cls(storage)
+        raise ConfigError(f"`storage` must be a naiad.Storage or a dict (the filesystem's storage_options), "
+                          f"got {type(storage).__name__}.")
+
+    def copy(self) -> Storage:
+        """The same settings and the objects recorded so far, recorded apart from here on."""
+        out = copy.copy(self)
+        out.infos = dict(self.infos)
+        out.__dict__.pop("_total", None)
+        return out
+
+    def __repr__(self) -> str:
+        # The options' names only: their values are credentials as often as not.
+        parts = [f"options={sorted(self.options)}"] if self.options else []
+        if self.retry != RetryPolicy():
+            parts.append(f"retry={self.retry!r}")
+        if self.cache_dir is not None:
+            parts.append(f"cache_dir={self.cache_dir!r}")
+        if self.cache_bytes is not None:
+            parts.append(f"cache_bytes={self.cache_bytes}")
+        return f"Storage({', '.join(parts)})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

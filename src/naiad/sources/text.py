@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -11,8 +10,7 @@ import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources.base import Source
-from naiad.sources.cache import CacheDir
-from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows, bad_entry
+from naiad.sources.contract import Block, BlockData, GroupPart, SourceTraits, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
     CutArgs,
@@ -23,54 +21,25 @@ from naiad.sources.lines import (
     read_block_bytes,
     slice_rows,
 )
+from naiad.sources.options import BadRows, StorageLike
 from naiad.sources.paths import PathLike
-from naiad.sources.retries import RetryPolicy
 
 __all__ = ["TextSource", "read_text"]
 
 
-def read_text(
-    paths: PathLike,
-    *,
-    column: str = "text",
-    encoding: str = "utf-8",
-    compression: str | None = "infer",
-    on_bad_rows: OnBadRows = "raise",
-    max_bad_rows: int | float | None = None,
-    block_bytes: int | None = None,
-    index_dir: IndexDir = None,
-    storage_options: Mapping[str, Any] | None = None,
-    retry: RetryPolicy | None = None,
-    cache_dir: CacheDir = None,
-    cache_bytes: int | None = None,
-    keep_parsed_bytes: int | None = None,
-) -> TextSource:
-    """A lazy source over text files: each line (without its newline) is one sample.
+class TextSource(LineBlocks, Source):
+    """A lazy source over text files, cut into byte-range blocks of whole lines: each line
+    (without its newline) is one sample: ``naiad.read_text``.
 
     Args:
-        paths: a file, a glob, a folder (its data files) or a list of them; files are read in this order.
+        paths, on_bad_rows, index_dir, storage: as every reader takes them
+            (:class:`~naiad.Source`).
         column: the name of the one column of the batches.
         encoding: "utf-8" (checked; a line that is not UTF-8 is a bad row) or "latin-1".
         compression: "infer" from the extension, a codec name or None (one block per file).
-        on_bad_rows: "raise" a :class:`~naiad.SourceError`, or "skip" and count.
-        max_bad_rows: with ``on_bad_rows="skip"``, the most rows an epoch may skip (per rank):
-            a count, or a fraction (float) of the rows the rank reads; past it, a SourceError
-            summarises the skipped rows (docs/STREAMING.md, "Bad input").
         block_bytes: the size of a block, the unit of reading and of block shuffling
             (None: about 1/4096 of the source's local files together, or of each remote file,
             between 64 KiB and 4 MiB; see ``lines.default_block_bytes``).
-        index_dir: where the block index (the row-count scan's result) is kept, so a new
-            process, every rank and a resume skip the scan: None (the user cache folder),
-            "beside" (a ``.naiad-index`` folder next to each file), a folder, or False (never
-            persisted). A file whose size or modification time changed is scanned again.
-        storage_options: for URLs (``s3://``, ``gs://``, ...): options of the fsspec filesystem
-            (credentials, ``endpoint_url``...; docs/STORAGE.md); None: the environment's.
-        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
-        cache_dir: for URLs: a folder where fetched blocks are kept on local disk, shared by the
-            workers and processes of the machine, so later epochs read them locally ("auto":
-            naiad's user cache folder); None: no cache (docs/STORAGE.md, "Local cache").
-        cache_bytes: the cache's bound in bytes, least recently used blocks evicted past it
-            (None: half the disk's free space).
         keep_parsed_bytes: the most memory for the lines kept across epochs as Python strings
             in the process that reads them, so later epochs split nothing (None: 1/16 of the
             memory, at most 1 GiB; 0: keep nothing). Counted as the text's bytes and 88 bytes
@@ -81,16 +50,9 @@ def read_text(
         >>> next(iter(naiad.DataLoader(ds, batch_size=2)))["text"]  # doctest: +SKIP
         ['first line', 'second line']
     """
-    return TextSource(paths, column=column, encoding=encoding, compression=compression,
-                      on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, block_bytes=block_bytes,
-                      storage_options=storage_options, retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes, index_dir=index_dir,
-                      keep_parsed_bytes=keep_parsed_bytes)
 
-
-class TextSource(LineBlocks, Source):
-    """Text files cut into byte-range blocks of whole lines (see :func:`read_text`)."""
-
-    keeps_parsed = True
+    reader_name = "read_text"
+    traits = SourceTraits(early_cut=True, keeps_parsed=True, line_numbers=True)
 
     def __init__(
         self,
@@ -99,18 +61,15 @@ class TextSource(LineBlocks, Source):
         column: str = "text",
         encoding: str = "utf-8",
         compression: str | None = "infer",
-        on_bad_rows: OnBadRows = "raise",
-        max_bad_rows: int | float | None = None,
+        on_bad_rows: BadRows = "raise",
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
-        storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-        cache_dir: CacheDir = None,
-        cache_bytes: int | None = None,
+        storage: StorageLike = None,
         keep_parsed_bytes: int | None = None,
+        **deprecated: Any,
     ) -> None:
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options, retry=retry,
-                         cache_dir=cache_dir, cache_bytes=cache_bytes, keep_parsed_bytes=keep_parsed_bytes)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage=storage, keep_parsed_bytes=keep_parsed_bytes,
+                         deprecated=deprecated)
         if encoding.lower().replace("_", "-") not in ("utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"):
             raise ConfigError(f"`encoding` must be 'utf-8' or 'latin-1', got {encoding!r}.")
         self.column = column
@@ -183,3 +142,6 @@ def _utf8_mask(binary: pa.Array) -> np.ndarray:
         except UnicodeDecodeError:
             out[i] = False
     return out
+
+
+read_text = TextSource

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -13,11 +13,10 @@ import pyarrow as pa
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
 from naiad.sources.base import Source
-from naiad.sources.cache import CacheDir
-from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows
+from naiad.sources.contract import Block, BlockData, GroupPart, SourceTraits
 from naiad.sources.index import Identity, IndexDir, TableFile, check_index_dir, identity
+from naiad.sources.options import BadRows, StorageLike
 from naiad.sources.paths import PathLike
-from naiad.sources.retries import RetryPolicy
 from naiad.sources.samples import early_grid, extension_type, grid_blocks, sample_block_bytes
 from naiad.sources.tarindex import KeptIndexes, ShardIndex, keep_indexes, scan_shard, table_of
 from naiad.sources.tarsamples import KEY, read_samples
@@ -25,20 +24,9 @@ from naiad.sources.tarsamples import KEY, read_samples
 __all__ = ["KEY", "WebDatasetSource", "read_webdataset"]
 
 
-def read_webdataset(
-    paths: PathLike,
-    *,
-    extensions: Sequence[str] | None = None,
-    on_bad_rows: OnBadRows = "raise",
-    max_bad_rows: int | float | None = None,
-    block_bytes: int | None = None,
-    index_dir: IndexDir = None,
-    storage_options: Mapping[str, Any] | None = None,
-    retry: RetryPolicy | None = None,
-    cache_dir: CacheDir = None,
-    cache_bytes: int | None = None,
-) -> WebDatasetSource:
-    """A lazy source over WebDataset tar shards (a path, a glob, a brace range, URLs or a list).
+class WebDatasetSource(Source):
+    """A lazy source over WebDataset tar shards (a path, a glob, a brace range, URLs or a list),
+    cut into byte ranges of samples: ``naiad.read_webdataset``.
 
     A sample is the members that share a key, as WebDataset groups them: the name up to the
     first dot of its base name (``train/n0144/x_17.jpg`` and ``train/n0144/x_17.cls`` are the
@@ -55,59 +43,39 @@ def read_webdataset(
     keys each sample by its shard's number times 2**32 plus its number in the shard.
 
     Args:
-        paths: shards: a file, a glob (``train-*.tar``), a brace range
-            (``train-{0000..0099}.tar``), a URL (``s3://bucket/train-{0000..0099}.tar``) or a list.
+        paths, storage: as every reader takes them (:class:`~naiad.Source`).
         extensions: the extensions to read, in this order (``["jpg", "cls"]``); None: those
             every sample of the first shard has, in the order of its first sample. A sample
             without one of them is a bad sample.
         on_bad_rows: what a bad sample does (a member missing, a ``cls`` that is not a number, a
-            ``json`` that does not parse, two members with one extension): "raise" (a
-            SourceError naming the shard and the key) or "skip" (into the loader's ledger).
-        max_bad_rows: with "skip", the most samples an epoch may skip (per rank): a count or a
-            fraction (float); past it, a SourceError summarises them.
+            ``json`` that does not parse, two members with one extension): as every reader's,
+            the error naming the shard and the key.
         block_bytes: the grid step blocks are cut on (None: about 1/4096 of the source,
             between 1 MiB and 32 MiB).
-        index_dir: where the member indexes are kept (one file for all the shards): None
-            (naiad's user cache folder; for URLs the ``cache_dir`` if given), "beside" (a
-            ``.naiad-index`` folder next to the first shard), a folder, or False (never kept:
-            each process walks the headers again).
-        storage_options: for URLs: options of the fsspec filesystem (docs/STORAGE.md).
-        retry: how transient errors of remote reads are retried.
-        cache_dir: for URLs: a folder where fetched byte ranges are kept on local disk ("auto":
-            naiad's user cache folder); None: no cache.
-        cache_bytes: the cache's bound in bytes (None: half the disk's free space).
+        index_dir: where the member indexes are kept (one file for all the shards), as every
+            reader's; for URLs, None is the storage's ``cache_dir`` when it has one.
 
     Example:
         >>> ds = naiad.read_webdataset("shards/train-{0000..0099}.tar")  # doctest: +SKIP
         >>> loader = naiad.DataLoader(ds, batch_size=256, shuffle=True, seed=0)  # doctest: +SKIP
     """
-    return WebDatasetSource(paths, extensions=extensions, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows,
-                            block_bytes=block_bytes, index_dir=index_dir, storage_options=storage_options,
-                            retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
 
-
-class WebDatasetSource(Source):
-    """WebDataset tar shards cut into byte ranges of samples (see :func:`read_webdataset`)."""
-
+    reader_name = "read_webdataset"
     # Counting a shard's samples is walking its headers, far more than the first reads need:
     # a fresh pass reads from the byte grid while the shards are indexed beside it, whatever
     # their size, keying its samples by shard and sample (NOTE [ Early reads ]).
-    reads_before_count = True
-    keys_by_file = True
+    traits = SourceTraits(early_cut=True, reads_before_count=True, keys_by_file=True)
 
     def __init__(
         self,
         paths: PathLike,
         *,
         extensions: Sequence[str] | None = None,
-        on_bad_rows: OnBadRows = "raise",
-        max_bad_rows: int | float | None = None,
+        on_bad_rows: BadRows = "raise",
         block_bytes: int | None = None,
         index_dir: IndexDir = None,
-        storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-        cache_dir: CacheDir = None,
-        cache_bytes: int | None = None,
+        storage: StorageLike = None,
+        **deprecated: Any,
     ) -> None:
         if block_bytes is not None and (isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 512):
             raise ConfigError(f"`block_bytes` must be an int >= 512 (a tar block) or None, got {block_bytes!r}.")
@@ -117,8 +85,7 @@ class WebDatasetSource(Source):
             extensions = [e.lower().lstrip(".") for e in extensions]
             if KEY in extensions or len(set(extensions)) != len(extensions):
                 raise ConfigError(f"`extensions` must name each extension once, and not {KEY!r}; got {extensions!r}.")
-        super().__init__(paths, on_bad_rows=on_bad_rows, max_bad_rows=max_bad_rows, storage_options=storage_options,
-                         retry=retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        super().__init__(paths, on_bad_rows=on_bad_rows, storage=storage, deprecated=deprecated)
         self.extensions = list(extensions) if extensions is not None else None
         self.block_bytes = block_bytes
         self.index_dir = check_index_dir(index_dir)
@@ -292,3 +259,6 @@ class WebDatasetSource(Source):
             return BlockData(self.empty_columns())
         return read_samples([(path, self.shard_index(path), rows) for path, rows in asks if len(rows)], self.schema(),
                             self.on_bad_rows, self.storage)
+
+
+read_webdataset = WebDatasetSource

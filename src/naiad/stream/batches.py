@@ -110,7 +110,7 @@ def default_buffer_rows(source: Source, *, decoded_bytes: int | None = None) -> 
     """
     samples = source.sample_bytes() if decoded_bytes is None else max(source.sample_bytes() or 0, decoded_bytes)
     width = max(row_bytes(source.schema()), samples or 0, 1)
-    if not source.blocks_from_metadata:
+    if not source.traits.blocks_from_metadata:
         if samples is None:
             return DEFAULT_SHUFFLE_BUFFER_ROWS
         return int(max(MIN_SAMPLE_BUFFER_ROWS, min(DEFAULT_SHUFFLE_BUFFER_ROWS, BUFFER_BYTES_BUDGET // width)))
@@ -506,7 +506,7 @@ class BatchStream(Iterator[Batch]):
         """Reads planned before the rows are counted: a fresh pass on one rank (NOTE [ Early reads ])."""
         if self._plan is not None or self.batches_yielded or self.legs or self.world_size != 1:
             return None
-        if self.options.index_column is not None and not self.source.keys_by_file:
+        if self.options.index_column is not None and not self.source.traits.keys_by_file:
             return None  # a row's number in the source needs every block's count before the first read
         o = self.options
         return EarlyReads.start(self.source, seed=o.seed, epoch=self.epoch, shuffle=o.shuffle,
@@ -537,7 +537,7 @@ class BatchStream(Iterator[Batch]):
             restore = BufferReplay.replay(plan, buffer, start) if start else BufferReplay.nothing()
             # A resume's owed rows, then its held rows, come first (NOTE [ Owed rows first ]).
             # Blocks decoded whole whatever rows are picked (row groups, compressed files) are read once.
-            whole = self.source.blocks_from_metadata or any(b.stop < 0 for b in self.source.blocks())
+            whole = self.source.traits.blocks_from_metadata or any(b.stop < 0 for b in self.source.blocks())
             restoring = Restoring(plan, restore, group_rows(o.buffer_rows), int(plan.batch_sizes[self.batches_yielded]),
                                   in_steps=not whole)
             results = self.imap(restoring.tasks())

@@ -68,11 +68,11 @@ a CSV), and a 150 MB CSV's first epoch measured 0.90-0.94x as fast with early re
 
 def may_read_early(source: Source) -> bool:
     """Whether a fresh pass over ``source`` may read before its rows are counted: a format whose
-    count costs more than the first reads (``reads_before_count``: tar shards, whatever their
+    count costs more than the first reads (``traits.reads_before_count``: tar shards, whatever their
     size, local or remote), else local files of ``EARLY_MIN_BYTES`` or more. Such a source's plan
     permutes single blocks (NOTE [ Block runs ] in plan.py), since the early reads cannot know
     the count; it is a property of the data alone, so a resume or another rank plans the same."""
-    return source.reads_before_count or (source.local_bytes() or 0) >= EARLY_MIN_BYTES
+    return source.traits.reads_before_count or (source.local_bytes() or 0) >= EARLY_MIN_BYTES
 
 
 class EarlyReads:

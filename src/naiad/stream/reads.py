@@ -46,8 +46,8 @@ class RowKeys(Protocol):
 
 def row_keys(source: Source) -> RowKeys:
     """The keys of ``source``'s rows: :class:`FileRowKeys` for a format that keys its rows by file
-    (``keys_by_file``: tar shards), else :class:`RowNumbers`, which needs the rows counted."""
-    return FileRowKeys(source.paths) if source.keys_by_file else RowNumbers(source)
+    (``traits.keys_by_file``: tar shards), else :class:`RowNumbers`, which needs the rows counted."""
+    return FileRowKeys(source.paths) if source.traits.keys_by_file else RowNumbers(source)
 
 
 class FileRowKeys:

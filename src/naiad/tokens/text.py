@@ -47,9 +47,8 @@ import pyarrow as pa
 import torch
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.base import Block, BlockData, GroupPart, Source, bad_entry
-from naiad.sources.columns import Columns
-from naiad.sources.lines import LineBlocks
+from naiad.sources.base import Block, BlockData, Source, bad_entry
+from naiad.sources.wrapper import Asked, FormatWrapper
 from naiad.tokens.windows import document_ids, position_ids
 
 __all__ = ["TOKENS_COLUMN", "TokenizedSource", "Tokenize", "load_tokenizer", "pack_windows", "tokenize"]
@@ -314,110 +313,45 @@ def tokenize(tokenizer: Any, column: str = "text", *, seq_len: int, pack: bool =
     return Tokenize(tokenizer, column, int(seq_len), bool(pack), eos_id)
 
 
-class TokenizedSource(Source):
-    """A text source read tokenized: its rows, blocks and plan are the text source's; each read
-    returns one column, :data:`TOKENS_COLUMN`, each document's ids and EOS as bytes (NOTE [
-    Tokenizing in the workers ]). Everything but the reads is the wrapped source's.
+class TokenizedSource(FormatWrapper):
+    """A text source read tokenized: its rows, blocks, traits and plan are the text source's
+    (NOTE [ Format wrappers ] in sources/wrapper.py); each read returns one column,
+    :data:`TOKENS_COLUMN`, each document's ids and EOS as bytes (NOTE [ Tokenizing in the
+    workers ]).
 
     Raises:
         ConfigError: at construction, when the source has no such text column.
     """
 
-    def __init__(self, inner: Source, tokenize: Tokenize) -> None:  # noqa: D107 - no Source.__init__: the inner's options
+    def __init__(self, inner: Source, tokenize: Tokenize) -> None:
         names = inner.column_names
         if tokenize.column not in names:
             raise ConfigError(f"naiad.tokenize(column={tokenize.column!r}): the source has no such column; it has "
                               f"{names}. Pass the text column's name as `column=`.")
-        self.inner = inner
+        super().__init__(inner)
         self.tokenize = tokenize
-        self.paths = inner.paths
-        self.storage = inner.storage
-        self.on_bad_rows = inner.on_bad_rows
-        self.max_bad_rows = inner.max_bad_rows
-        self.blocks_from_metadata = inner.blocks_from_metadata  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"TokenizedSource({self.inner!r}, {self.tokenize!r})"
 
-    # -- the contract: the inner's ------------------------------------------------------------
-
     def _read_schema(self) -> pa.Schema:
         return pa.schema([(TOKENS_COLUMN, pa.binary())])
 
-    def _file_blocks(self, path: str) -> list[Block]:
-        return self.inner._file_blocks(path)
+    def transform(self, data: BlockData, asked: Asked) -> BlockData:
+        """The inner's read of documents as their tokens; with ``on_bad_rows="skip"`` a document
+        the tokenizer cannot take is skipped as a bad row, keeping its position (NOTE [ Bad rows
+        keep their positions ])."""
+        lines = self.traits.line_numbers  # a block's first line is 1-based, one row a line; else its first row, 0-based
 
-    def _read(self, block: Block, lo: int, hi: int, use_threads: bool) -> BlockData:
-        return self.read_block(block, lo, hi, use_threads=use_threads)
-
-    def blocks(self) -> list[Block]:
-        return self.inner.blocks()
-
-    def count_beside(self) -> None:
-        self.inner.count_beside()
-
-    def counted(self) -> bool:
-        return self.inner.counted()
-
-    def early_blocks(self) -> list[Block] | None:
-        return self.inner.early_blocks()
-
-    def early_rows(self, block: Block) -> int:
-        return self.inner.early_rows(block)
-
-    def prepare(self) -> None:
-        self.inner.prepare()
-
-    def keep_nothing(self) -> None:
-        self.inner.keep_nothing()
-
-    def local_bytes(self) -> int | None:
-        return self.inner.local_bytes()
-
-    def known_rows(self) -> int | None:
-        return self.inner.known_rows()
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def sample_bytes(self) -> int | None:
-        return self.inner.sample_bytes()
-
-    def parsed_bytes(self) -> int:
-        return self.inner.parsed_bytes()
-
-    # -- the reads: the inner's, tokenized ----------------------------------------------------
-
-    def read_block(self, block: Block, lo: int = 0, hi: int | None = None, *, use_threads: bool = False) -> BlockData:
-        data = self.inner.read_block(block, lo, hi, use_threads=use_threads)
-        hi = block.rows if hi is None else hi
-        return self._tokenized(data, lambda: [(block, r) for r in range(lo, hi)])
-
-    def read_group(self, parts: Sequence[GroupPart], *, use_threads: bool = False) -> BlockData:
-        data = self.inner.read_group(parts, use_threads=use_threads)
-        return self._tokenized(data, lambda: [(b, int(r)) for b, lo, hi, take in parts
-                                              for r in (range(lo, hi) if take is None else lo + np.asarray(take))])
-
-    def read_rows(self, block: Block, rows: np.ndarray, *, use_threads: bool = False) -> BlockData:
-        return self.read_rows_many([(block, rows)], use_threads=use_threads)
-
-    def read_rows_many(self, parts: Sequence[tuple[Block, np.ndarray]], *, use_threads: bool = False) -> BlockData:
-        data = self.inner.read_rows_many(parts, use_threads=use_threads)
-        return self._tokenized(data, lambda: [(b, int(r)) for b, rows in parts for r in rows])
-
-    def empty_columns(self) -> Columns:
-        return {TOKENS_COLUMN: []}
-
-    def _tokenized(self, data: BlockData, asked: Callable[[], list[tuple[Block, int]]]) -> BlockData:
         def kept() -> list[tuple[int, Block, int]]:  # the rows returned: (position asked, block, row)
             skipped = {int(e["at"]) for e in data.bad}
             return [(j, b, r) for j, (b, r) in enumerate(asked()) if j not in skipped]
 
         def where(i: int) -> tuple[str, int | None, str]:
             _, block, row = kept()[i]
-            if isinstance(self.inner, LineBlocks):  # a block's first line is 1-based; one row a line
+            if lines:
                 return block.path, block.first_line + row, ""
-            return block.path, None, f"row {block.first_line + row}: "  # columnar: the block's first row, 0-based
+            return block.path, None, f"row {block.first_line + row}: "
 
         texts = data.columns[self.tokenize.column]
         try:
@@ -425,18 +359,15 @@ class TokenizedSource(Source):
         except SourceError:
             if self.on_bad_rows != "skip":
                 raise
-        # on_bad_rows="skip": the documents the tokenizer cannot take are skipped as bad rows,
-        # each keeping its position (NOTE [ Bad rows keep their positions ]).
         texts = texts.tolist() if isinstance(texts, np.ndarray) else list(texts)
         found = dict(self.tokenize.failures(texts))
         rows = kept()
         bad = list(data.bad)
         for i, reason in found.items():
             at, block, row = rows[i]
-            line = block.first_line + row
-            text_format = isinstance(self.inner, LineBlocks)
-            bad.append(bad_entry(at, block.path, reason, line=line if text_format else None,
-                                 row=None if text_format else line, column=self.tokenize.column))
+            number = block.first_line + row
+            bad.append(bad_entry(at, block.path, reason, line=number if lines else None,
+                                 row=None if lines else number, column=self.tokenize.column))
         bad.sort(key=lambda e: int(e["at"]))
         good = [t for i, t in enumerate(texts) if i not in found]
         return BlockData({TOKENS_COLUMN: self.tokenize.documents(good, where) if good else []}, tuple(bad))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,9 +30,8 @@ import torch
 from torch.utils.data import Dataset
 
 from naiad.errors import ConfigError
-from naiad.sources.cache import CacheDir
+from naiad.sources.options import StorageLike, old_storage, refuse_unknown
 from naiad.sources.paths import PathLike, expand_paths
-from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage
 from naiad.tokens.files import TokenFile, TokenReader, inspect_token_file, token_dtype
 
@@ -45,10 +44,8 @@ def read_tokens(
     seq_len: int,
     dtype: Any = None,
     eos_id: int | None = None,
-    storage_options: Mapping[str, Any] | Storage | None = None,
-    retry: RetryPolicy | None = None,
-    cache_dir: CacheDir = None,
-    cache_bytes: int | None = None,
+    storage: StorageLike = None,
+    **deprecated: Any,
 ) -> TokenWindows:
     """Token files as a dataset of ``seq_len``-token training windows (NOTE [ Token windows ]).
 
@@ -70,11 +67,9 @@ def read_tokens(
         dtype: the tokens' dtype in flat files (default uint16); ``.npy`` files and shards carry
             their own.
         eos_id: the token that ends a document; None: no position or document ids.
-        storage_options: for URLs: options of the fsspec filesystem (docs/STORAGE.md).
-        retry: how transient errors of remote reads are retried (None: ``RetryPolicy()``).
-        cache_dir: for URLs: a folder where fetched ranges are kept on local disk ("auto":
-            naiad's user cache folder); None: no cache.
-        cache_bytes: the cache's bound in bytes (None: half the disk's free space).
+        storage: for URLs: a ``naiad.Storage`` (the filesystem's options, retries, a local
+            cache of fetched ranges) or a dict of its options, as every reader takes it
+            (:class:`~naiad.Source`, docs/STORAGE.md).
 
     Raises:
         ConfigError: a bad argument (``seq_len`` < 1, a dtype that is not an integer one).
@@ -94,8 +89,9 @@ def read_tokens(
         raise ConfigError(f"`seq_len` must be an int >= 1, got {seq_len!r}.")
     if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))):
         raise ConfigError(f"`eos_id` must be an int token id or None, got {eos_id!r}.")
+    store = Storage.of(old_storage("read_tokens", storage, deprecated))
+    refuse_unknown("read_tokens", deprecated)
     dt = token_dtype(dtype) if dtype is not None else None
-    store = Storage.of(storage_options, retry, cache_dir=cache_dir, cache_bytes=cache_bytes)
     files = [inspect_token_file(p, dt, store) for p in expand_paths(paths, store)]
     return TokenWindows(files, int(seq_len), None if eos_id is None else int(eos_id), store)
 

@@ -345,8 +345,8 @@ def open_source(src: str | Sequence[str], opts: ConvertOptions) -> Source:
         if name in accepted:
             kw[name] = value
         elif name == "dtypes" and value is not None:
-            raise ConfigError(f"{reader.__name__} takes no `dtypes`; its column is text.")
-    return reader(files, **kw, storage_options=storage)
+            raise ConfigError(f"naiad.{reader.reader_name} takes no `dtypes`; its column is text.")
+    return reader(files, **kw, storage=storage)
 
 
 def output_schema(source: Source, columns: Sequence[str] | None) -> pa.Schema:

@@ -138,7 +138,7 @@ def inspect_source(paths: str | Sequence[str], *, storage_options: Mapping[str, 
         assert isinstance(paths, str)
         source: Source = read_images(paths, **reader_options)
     else:
-        source = read(paths, storage_options=storage_options, **reader_options)
+        source = read(paths, storage=storage_options, **reader_options)
     if isinstance(source, ImageFolderSource):
         files: list[dict[str, Any]] = [{"path": source.root, "bytes": source.parsed_bytes()}]
     else:
@@ -267,7 +267,7 @@ def _notes(source: Source, report: InspectReport, suffix: str) -> list[str]:
     if count < _FEW_BLOCKS and report.rows >= 64 * 1024:
         notes.append(f"only {count} block(s) for {report.rows:,} rows: a shuffled epoch's block permutation has "
                      "little to mix; `naiad convert --shuffle` writes row groups of about 1/4096 of the rows")
-    if biggest > _BIG_BLOCK_ROWS and source.blocks_from_metadata:
+    if biggest > _BIG_BLOCK_ROWS and source.traits.blocks_from_metadata:
         notes.append(f"blocks of up to {biggest:,} rows: the shuffle buffer is sized to hold two of them "
                      "(memory); `naiad convert` writes smaller row groups (--row-group-rows)")
     if suffix == ".parquet":
