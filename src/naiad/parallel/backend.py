@@ -1,38 +1,50 @@
-"""The process workers behind a WorkerPool, and what both kinds of workers share (threads:
-:mod:`naiad.parallel.thread_backend`).
+"""The process workers behind a WorkerPool: started, told their tasks, watched, torn down.
 
-A backend starts and stops workers by id, hands a worker one task at a time and delivers
-``(worker_id, kind, seq, value, stage_seconds)`` messages (see NOTE [ Worker protocol ] in
-:mod:`naiad.parallel.pool`). It knows nothing of order, epochs or errors' meaning: the pool does.
+A backend starts and stops workers by id, hands a worker its tasks and delivers each worker's
+messages as ``(worker_id, kind, seq, value, stage_seconds)`` (NOTE [ Worker protocol ] in
+:mod:`naiad.parallel.protocol`), adding its own news of a worker: how it ended. It knows nothing
+of order, epochs or errors' meaning: the pool does. What a worker runs once set up is in
+:mod:`naiad.parallel.worker_side`; thread workers are in :mod:`naiad.parallel.thread_backend`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 import multiprocessing.connection as mpc
 import os
 import pickle
 import queue
 import signal
 import time
-import traceback
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from naiad.parallel.context import (
-    WorkerContext,
-    enter,
-    seed_globals,
-    take_stages,
-    task_seed_sequence,
+from naiad.parallel.context import WorkerContext
+from naiad.parallel.protocol import (
+    ERROR,
+    NO_TASK,
+    OK,
+    STOP,
+    Exhausted,
+    Kind,
+    Message,
+    RemoteError,
+    Reply,
+    Task,
+    add_note,
+    from_wire,
+    to_wire,
 )
 from naiad.parallel.transport import pack
+from naiad.parallel.worker_side import WorkerSpec, serve
 
-__all__ = ["Exhausted", "RemoteError", "add_note"]
+__all__ = ["Exhausted", "ProcessBackend", "RemoteError", "add_note"]
 
 # How often a blocked wait wakes up to check that the other side is alive.
 POLL_S = 0.5
@@ -40,95 +52,27 @@ POLL_S = 0.5
 # a task nobody will read (after a `break` or an error) need not be waited for.
 JOIN_TIMEOUT_S = 1.0
 
-Message = tuple[int, str, int, Any, dict]
-InitFn = Callable[[int], None] | None
-PrepareFn = Callable[[WorkerContext], None] | None
-
-
-class Exhausted(Exception):
-    """Raised by a handler to say this worker has nothing more to give (an iterable ran out)."""
-
-
-def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)``, also on Python 3.10 (where the note is stored but not printed)."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    else:  # pragma: no cover - Python 3.10
-        notes = getattr(exc, "__notes__", None) or []
-        notes.append(note)
-        try:
-            exc.__notes__ = notes  # type: ignore[attr-defined]
-        except Exception:
-            pass
-
-
-class RemoteError:
-    """An exception raised in a worker, carried to the consumer with its type, message and traceback."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        try:
-            # Most exceptions pickle; keeping the object keeps its type, args, notes and attributes.
-            self.payload: bytes | None = pickle.dumps(exc)
-        except Exception:
-            self.payload = None
-        self.type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        self.message = str(exc)
-
-    def rebuild(self) -> BaseException:
-        """The exception to raise in the consumer (the same type whenever it can be rebuilt)."""
-        exc: BaseException | None = None
-        if self.payload is not None:
-            try:
-                exc = pickle.loads(self.payload)  # our own worker's bytes, never user input
-            except Exception:
-                exc = None
-        if exc is None:
-            exc = RuntimeError(f"{self.type_name}: {self.message}")
-        add_note(exc, "Traceback in the worker:\n" + self.tb.rstrip())
-        return exc
-
-
-def worker_seed(base_seed: int, worker_id: int) -> int:
-    """The per-worker seed a :class:`WorkerContext` reports (and that seeds a worker at start).
-
-    torch's: ``base_seed + worker_id`` (what its ``get_worker_info().seed`` reports).
-    """
-    return base_seed + worker_id
-
-
-def run_task(handler: Callable[[Any], Any], seq: int, payload: Any) -> tuple:
-    """Run one task; the message that answers it."""
-    t0, c0 = time.perf_counter(), time.thread_time()
-    take_stages()  # a failed task's leftovers are not this one's
-    try:
-        result = handler(payload)
-    except Exhausted:
-        return ("exhausted", seq, None, {})
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the consumer
-        return ("error", seq, RemoteError(exc), {})
-    # Wall and CPU time: a thread's CPU time is what the read-ahead tuner weighs against the
-    # rest of the process (NOTE [ Tuned read-ahead ]).
-    stages = {"worker": time.perf_counter() - t0, "worker_cpu": time.thread_time() - c0}
-    stages.update(take_stages())  # parts of the task the handler timed apart (report_stage)
-    return ("ok", seq, result, stages)
+_LOG = logging.getLogger("naiad.workers")
 
 
 # --------------------------------------------------------------------------------------------
-# Process workers.
+# Inside a worker process.
 
 
-def _seed_at_start(context: WorkerContext) -> None:
-    # Exactly as torch seeds its worker processes, before worker_init_fn: set-up code sees
-    # seeded generators, and a worker_init_fn that draws or seeds from them acts as in torch.
+def _set_up_process(context: WorkerContext) -> None:
+    # Ctrl-C goes to the whole process group; the main process decides, and tears us down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import random
 
     import torch
     from torch.utils.data._utils.worker import _generate_state
 
-    seed = context.seed
-    random.seed(seed)
-    torch.manual_seed(seed & (2**64 - 1))
+    torch.set_num_threads(1)  # W workers x N intra-op threads would oversubscribe the cores
+    fix_mmap_threshold()
+    # Exactly as torch seeds its worker processes, before worker_init_fn: set-up code sees
+    # seeded generators, and a worker_init_fn that draws or seeds from them acts as in torch.
+    random.seed(context.seed)
+    torch.manual_seed(context.seed & (2**64 - 1))
     np.random.seed(_generate_state(context.base_seed & (2**64 - 1), context.worker_id))
 
 
@@ -158,94 +102,48 @@ def fix_mmap_threshold() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-def _process_worker_main(
-    factory: Callable[[WorkerContext], Callable[[Any], Any]],
-    context: WorkerContext,
-    task_queue: Any,
-    result_conn: mpc.Connection,
-    worker_init_fn: InitFn,
-    prepare: PrepareFn = None,
-) -> None:
-    # Ctrl-C goes to the whole process group; the main process decides, and tears us down.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import torch
-
-    torch.set_num_threads(1)  # W workers x N intra-op threads would oversubscribe the cores
-    fix_mmap_threshold()
+def _process_worker_main(spec: WorkerSpec, context: WorkerContext, task_queue: Any, result_conn: mpc.Connection) -> None:
     parent = os.getppid()
-    _seed_at_start(context)
-    enter(context, None)
+    _set_up_process(context)
     # NOTE [ Worker randomness ]: a worker_init_fn owns the global generators from then on.
-    reseed = worker_init_fn is None
+    serve(spec, context, _queued_tasks(task_queue, parent), functools.partial(_send, result_conn),
+          reseed=spec.worker_init_fn is None)
 
-    def send(msg: tuple) -> bool:
-        try:
-            if msg[0] == "ok":
-                msg = (msg[0], msg[1], pack(msg[2]), msg[3])
-            result_conn.send(msg)
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            return False  # the main process is gone
-        except Exception as exc:  # the result did not pickle: report that instead
-            result_conn.send(("error", msg[1], RemoteError(exc), {}))
-        return True
 
-    try:
-        if prepare is not None:
-            prepare(context)
-        if worker_init_fn is not None:
-            worker_init_fn(context.worker_id)
-        handler = factory(context)
-    except BaseException as exc:  # noqa: BLE001
-        send(("error", -1, RemoteError(exc), {}))
-        return
-    if not send(("ready", -1, None, {})):
-        return
-    current: tuple[int, int] | None = None
+def _queued_tasks(task_queue: Any, parent: int) -> Iterator[Task]:
+    """The tasks sent to this worker, until it is told to stop, its queue closes or its parent is gone."""
     while True:
         try:
-            item = task_queue.get(timeout=POLL_S)
+            task = task_queue.get(timeout=POLL_S)
         except queue.Empty:
             if os.getppid() != parent:  # orphaned: the training process died
                 return
             continue
         except (EOFError, OSError):
             return
-        if item is None:
+        if task is STOP:
             return
-        seq, payload, key = item
-        if len(key) > 2:  # NOTE [ Worker randomness ]: a task with its own seed sequence
-            current = None
-            enter(context, key[1], fresh=True, entropy=key[2])
-            if reseed:
-                seed_globals(task_seed_sequence(key[2]))
-        elif key != current:  # fresh generators each pass
-            current = key
-            epoch = key[1]
-            enter(context, epoch, fresh=True)
-            if reseed:
-                seed_globals(context.seed_sequence(epoch))
-        if not send(run_task(handler, seq, payload)):
-            return
+        yield task
+
+
+def _send(result_conn: mpc.Connection, reply: Reply) -> bool:
+    """Send ``reply`` to the main process; False when it is gone (NOTE [ Worker protocol ])."""
+    kind, seq, value, stages = reply
+    try:
+        result_conn.send(to_wire((kind, seq, pack(value), stages) if kind is OK else reply))
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return False  # the main process is gone
+    except Exception as exc:  # the result did not pickle (only a result can fail): report that instead
+        result_conn.send(to_wire((ERROR, seq, RemoteError(exc), {})))
+    return True
 
 
 class ProcessBackend:
     """Worker processes, each with a task queue and a result pipe; workers start and stop by id."""
 
-    def __init__(
-        self,
-        factory: Callable[[WorkerContext], Callable[[Any], Any]],
-        context: Any,
-        base_seed: int,
-        rank: int,
-        worker_init_fn: InitFn,
-        prepare: PrepareFn = None,
-    ) -> None:
-        self._factory = factory
+    def __init__(self, spec: WorkerSpec, context: Any) -> None:
+        self._spec = spec
         self._mp = context
-        self._base_seed = base_seed
-        self._rank = rank
-        self._init = worker_init_fn
-        self._prepare = prepare
         self.task_queues: list[Any] = []
         self.conns: list[Any] = []
         self.procs: list[Any] = []
@@ -271,12 +169,9 @@ class ProcessBackend:
         # the feeder, as torch does for its index queues.
         tq.cancel_join_thread()
         reader, writer = self._mp.Pipe(duplex=False)
-        wctx = WorkerContext(
-            w, num_workers, worker_seed(self._base_seed, w), "process", self._base_seed, self._rank
-        )
         p = self._mp.Process(
             target=_process_worker_main,
-            args=(self._factory, wctx, tq, writer, self._init, self._prepare),
+            args=(self._spec, self._spec.context(w, num_workers, "process"), tq, writer),
             name=f"naiad-worker-{w}",
             daemon=True,
         )
@@ -288,7 +183,7 @@ class ProcessBackend:
             reader.close()
             writer.close()
             tq.close()
-            hint = _unpicklable_hint(w, self._mp, self._factory, self._init, self._prepare)
+            hint = _unpicklable_hint(w, self._mp, self._spec)
             warnings.warn(
                 f"Got pickle error when attempting to start a worker Process. {hint}",
                 UserWarning,
@@ -317,10 +212,12 @@ class ProcessBackend:
         (its stop message fails to send) owes nothing and is terminated, then killed."""
         self.stopping.add(w)
         try:
-            self.task_queues[w].put(None)
+            self.task_queues[w].put(STOP)
         except Exception:  # noqa: BLE001 - whatever failed, the worker is never told: end it
             self.forced.add(w)
-            _end_process(self.procs[w], grace_s=0.0)
+            p = self.procs[w]
+            how = _end_process(p, grace_s=0.0)
+            _LOG.info("worker %d (pid %s) could not be told to stop: %s, exit code %s", w, p.pid, how, p.exitcode)
 
     def submit(self, worker_id: int, seq: int, payload: Any, key: tuple) -> None:
         """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
@@ -329,42 +226,52 @@ class ProcessBackend:
     def _drain(self, w: int, out: list[Message]) -> None:
         conn = self.conns[w]
         while conn.poll():
-            kind, seq, value, stages = conn.recv()
-            out.append((w, kind, seq, value, stages))
+            out.append(from_wire(w, conn.recv()))
+
+    def _receive(self, w: int, out: list[Message]) -> bool:
+        """Take in what worker ``w`` sent; False when its pipe says it has ended."""
+        try:
+            self._drain(w, out)
+        except (EOFError, OSError):
+            return False
+        except Exception as exc:  # a message that did not unpickle here, or of no known kind
+            out.append((w, Kind.UNREADABLE, NO_TASK, exc, {}))
+        return True
+
+    def _report_end(self, w: int, out: list[Message]) -> None:
+        """Deliver what worker ``w`` sent before it ended, then how it ended."""
+        try:
+            self._drain(w, out)
+        except Exception:
+            pass  # a large result's shared memory goes with its sender: the death is reported
+        proc = self.procs[w]
+        proc.join(timeout=POLL_S)
+        self.dead.add(w)
+        stopped = w in self.stopping and (proc.exitcode == 0 or w in self.forced)
+        if proc.exitcode != 0 and proc.pid is not None:
+            remove_shm_of(proc.pid)
+        out.append((w, Kind.RETIRED if stopped else Kind.DIED, NO_TASK, proc.exitcode, {}))
 
     def poll(self, timeout_s: float) -> list[Message]:
+        """The workers' messages, waiting up to ``timeout_s`` for the first; a worker's end
+        (its sentinel, or EOF on its pipe) comes after what it sent before it."""
         live = [i for i in range(len(self.procs)) if i not in self.dead]
         sentinels = {self.procs[i].sentinel: i for i in live}
         ready = mpc.wait([self.conns[i] for i in live] + list(sentinels), timeout=timeout_s)
         out: list[Message] = []
-        ended: list[int] = []
+        ended = {sentinels[r] for r in ready if isinstance(r, int)}
         for r in ready:
             if isinstance(r, int):
-                ended.append(sentinels[r])
-                continue
+                continue  # a sentinel: its worker is among the ended already
             w = self._conn_index[id(r)]
-            try:
-                self._drain(w, out)
-            except (EOFError, OSError):
-                ended.append(w)
-            except Exception as exc:  # a result that could not be rebuilt here
-                out.append((w, "error", -2, RemoteError(exc), {}))
-        for w in sorted(set(ended)):
-            # Deliver what it sent before it ended, then report how it ended.
-            try:
-                self._drain(w, out)
-            except Exception:
-                pass  # a large result's shared memory goes with its sender: the death is reported
-            proc = self.procs[w]
-            proc.join(timeout=POLL_S)
-            self.dead.add(w)
-            stopped = w in self.stopping and (proc.exitcode == 0 or w in self.forced)
-            if proc.exitcode != 0 and proc.pid is not None:
-                remove_shm_of(proc.pid)
-            out.append((w, "retired" if stopped else "died", -1, proc.exitcode, {}))
+            if not self._receive(w, out):
+                ended.add(w)
+        for w in sorted(ended):
+            self._report_end(w, out)
         return out
 
     def pid(self, worker_id: int) -> int | None:
+        """Worker ``worker_id``'s process id."""
         return self.procs[worker_id].pid
 
     def exitcode(self, worker_id: int) -> int | None:
@@ -377,6 +284,7 @@ class ProcessBackend:
         return list(self.procs)
 
     def close(self) -> None:
+        """Stop the workers: ask, wait, then terminate and kill (see :func:`_shutdown_processes`)."""
         self._finalizer()
 
 
@@ -395,12 +303,12 @@ def _named_parts(label: str, value: Any) -> list[tuple[str, Any]]:
     return [*parts, *value.keywords.items()]
 
 
-def _unpicklable_hint(w: int, mp_context: Any, factory: Any, init: InitFn, prepare: PrepareFn) -> str:
+def _unpicklable_hint(w: int, mp_context: Any, spec: WorkerSpec) -> str:
     """What a worker could not be started with, in words: which argument does not pickle, and the fixes."""
     from multiprocessing.reduction import ForkingPickler
 
-    parts = [*_named_parts("the handler factory", factory), ("worker_init_fn", init),
-             *_named_parts("the worker set-up", prepare)]
+    parts = [*_named_parts("the handler factory", spec.factory), ("worker_init_fn", spec.worker_init_fn),
+             *_named_parts("the worker set-up", spec.prepare)]
     culprits, seen = [], set()
     for name, value in parts:
         if id(value) in seen:
@@ -422,21 +330,26 @@ def _unpicklable_hint(w: int, mp_context: Any, factory: Any, init: InitFn, prepa
     )
 
 
-def _end_process(p: Any, grace_s: float) -> None:
-    """Wait ``grace_s`` for ``p`` to return, then terminate it, then kill it."""
+def _end_process(p: Any, grace_s: float) -> str:
+    """Wait ``grace_s`` for ``p`` to return, then terminate it, then kill it; how it ended:
+    ``"returned"``, ``"terminated"`` or ``"killed"``."""
     p.join(timeout=grace_s)
+    how = "returned"
     if p.is_alive():
+        how = "terminated"
         p.terminate()
         p.join(timeout=1.0)
     if p.is_alive():
+        how = "killed"
         p.kill()
         p.join(timeout=1.0)
+    return how
 
 
 def _shutdown_processes(owner_pid: int, procs: list[Any], task_queues: list[Any], conns: list[Any]) -> None:
     """Stop worker processes: ask each to return, wait, then terminate and kill.
 
-    Each worker is asked with a ``None`` task; asking can fail (the queue closed, no thread
+    Each worker is asked with a ``STOP`` task; asking can fail (the queue closed, no thread
     left to start its feeder at interpreter exit), and waiting can be cut short by a worker
     that never reads its queue: either way the escalation that follows ends it. The Process
     objects are not closed: they stay usable after teardown (``join``, ``is_alive``,
@@ -444,15 +357,19 @@ def _shutdown_processes(owner_pid: int, procs: list[Any], task_queues: list[Any]
     """
     if os.getpid() != owner_pid:
         return  # a forked child's copy of the pool: the workers are its parent's to stop
-    for tq, p in zip(task_queues, procs):
-        if p.is_alive():
+    running = [p.is_alive() for p in procs]
+    for tq, alive in zip(task_queues, running):
+        if alive:
             try:
-                tq.put_nowait(None)
+                tq.put_nowait(STOP)
             except Exception:  # noqa: BLE001 - not told: the escalation below ends it
                 pass
     deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for p in procs:
-        _end_process(p, grace_s=max(0.0, deadline - time.monotonic()))
+    for p, alive in zip(procs, running):
+        how = _end_process(p, grace_s=max(0.0, deadline - time.monotonic()))
+        if alive:  # the routine end is DEBUG; one that had to be forced, INFO
+            _LOG.log(logging.DEBUG if how == "returned" else logging.INFO,
+                     "%s (pid %s) %s at teardown, exit code %s", p.name, p.pid, how, p.exitcode)
     for tq in task_queues:
         tq.cancel_join_thread()  # never block interpreter exit on an unread task
         tq.close()

@@ -128,7 +128,7 @@ def take_stages() -> dict[str, float]:
     return stages or {}
 
 
-Frame = tuple["WorkerContext | None", "int | None", "np.random.Generator | None"]
+Frame = tuple["WorkerContext | None", "int | None", "np.random.Generator | None", "tuple[int, ...] | None"]
 
 
 def enter(
@@ -148,6 +148,7 @@ def enter(
         getattr(_local, "context", None),
         getattr(_local, "epoch", None),
         getattr(_local, "rng", None),
+        getattr(_local, "entropy", None),
     )
     if rng is not None:
         _local.rng = rng
@@ -160,9 +161,13 @@ def enter(
 
 
 def leave(previous: Frame) -> np.random.Generator | None:
-    """Restore ``previous`` (from :func:`enter`); return the generator the left frame used."""
+    """Restore ``previous`` (from :func:`enter`); return the generator the left frame used.
+
+    Everything :func:`enter` set is put back, so a worker that runs another's handler inside
+    its own task (a nested pool inline, a decode) goes on with its own randomness after it.
+    """
     used = getattr(_local, "rng", None)
-    _local.context, _local.epoch, _local.rng = previous
+    _local.context, _local.epoch, _local.rng, _local.entropy = previous
     return used
 
 

@@ -1,35 +1,15 @@
 """WorkerPool: run a handler over a stream of tasks in processes or threads, results in order.
 
-NOTE [ Worker protocol ]
-Each worker owns a task channel (main -> worker) and the main process owns one result channel
-per worker (worker -> main). Tasks are ``(seq, payload, (pass_id, epoch))``; ``seq`` numbers are
-unique for the pool's lifetime, so a result that belongs to an abandoned epoch (a ``break``) is
-recognised and dropped; at the first task of each pass a worker reseeds its generators from the
-epoch (NOTE [ Worker randomness ] in :mod:`naiad.parallel.context`). A worker answers every task
-with exactly one message:
-
-    ("ok", seq, result, stage_seconds)    the handler returned
-    ("exhausted", seq, None, {})          the handler raised Exhausted (an iterable ran out)
-    ("error", seq, RemoteError, {})       the handler raised; re-raised in the consumer, and the
-                                          iteration goes on with the next task (as torch's)
-
-plus one ("ready", -1, None, {}) or ("error", -1, RemoteError, {}) after building its handler.
-The main process waits on the result channels *and* the process sentinels together
-(``multiprocessing.connection.wait``), so a worker that dies is seen at once, not after a
-timeout; its buffered results are drained first, then a WorkerError names the worker, its exit
-code and the task it held, or, within a restart budget, the worker is replaced and sent again
-the tasks it owed (NOTE [ Worker restarts ] in :mod:`naiad.parallel.restart`). A failed task
-fails only itself (NOTE [ A failed task ] in :mod:`naiad.parallel.results`). Tasks go through
-``multiprocessing.Queue`` (a feeder thread), so the main process never blocks on a full pipe
-while a worker blocks on sending its result. Results travel inline or through shared memory by
-size (NOTE [ Batch transport ]). :class:`~naiad.parallel.workers.WorkerSet` keeps the workers
-and what each owes; the pool keeps the passes.
+The pool owns its workers' life and size; a pass's tasks and the order of their delivery are
+:mod:`naiad.parallel.passes`'s, the workers and their messages :mod:`naiad.parallel.workers`'s,
+and what crosses between the pool and a worker is NOTE [ Worker protocol ] in
+:mod:`naiad.parallel.protocol`. Resizes go to the ``naiad.workers`` logger at INFO.
 
 NOTE [ Resizing ]
 ``resize(n)`` changes the number of workers while an ``imap`` runs, and ordered delivery stays
 exact because order is kept by ``seq``, never by worker. New tasks go round-robin to the
 *active* workers; a worker taken out of the rotation is *retiring*: it finishes the tasks it
-owes (the pool counts them per worker), and only when it owes none is it sent ``None`` and
+owes (the pool counts them per worker), and only when it owes none is it sent ``STOP`` and
 leaves with exit code 0, which is reported as "retired", not as a death. (It must not leave
 earlier: a result in shared memory can only be received while its sender lives.) With no
 active worker the pool runs tasks inline, in submit order, between the workers' results; a
@@ -50,45 +30,43 @@ waiting (``check_alive``). Walks are the exception: each worker walks one iterat
 ``imap_until_exhausted`` ends the walk before it (its next ``next()`` raises StopIteration).
 The loader decides what concurrent passes mean (docs/WORKERS.md, "Two passes at once").
 
-Teardown escalates: a ``None`` task asks each worker to return, then join with a timeout, then
+Teardown escalates: a ``STOP`` task asks each worker to return, then join with a timeout, then
 terminate, then kill; a worker that cannot be asked (its stop message fails to send) is
 terminated, then killed. Workers ignore SIGINT (Ctrl-C reaches the main process, which tears them
-down) and return when their parent is gone, so no worker outlives the training process.
+down) and return when their parent is gone, so no worker outlives the training process. How
+each worker ended goes to the ``naiad.workers`` logger: DEBUG when it returned, INFO when it had
+to be terminated or killed (or, a thread, left running).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import multiprocessing as mp
-import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
-from naiad.errors import ConfigError, WorkerError
-from naiad.parallel.backend import (
-    POLL_S,
-    Exhausted,
-    ProcessBackend,
-    RemoteError,
-    add_note,
-    worker_seed,
+from naiad.errors import ConfigError
+from naiad.parallel.backend import ProcessBackend
+from naiad.parallel.context import WorkerContext, get_worker_context, worker_rng
+from naiad.parallel.inline import InlineWorker
+from naiad.parallel.passes import (
+    OnDeliver,
+    PassOptions,
+    Pinned,
+    PoolPass,
+    assign_tasks,
+    run_inline,
+    walk_assignments,
 )
-from naiad.parallel.context import (
-    WorkerContext,
-    enter,
-    get_worker_context,
-    leave,
-    take_stages,
-    worker_rng,
-)
+from naiad.parallel.protocol import Exhausted, RemoteError, TaskKey, add_note
 from naiad.parallel.restart import RestartBudget
-from naiad.parallel.results import DeferredResults, Failed, PoolResults
+from naiad.parallel.results import DeferredResults, PoolResults
 from naiad.parallel.thread_backend import ThreadBackend
-from naiad.parallel.workers import Done, Pending, WorkerSet
+from naiad.parallel.worker_side import HandlerFactory, WorkerSpec
+from naiad.parallel.workers import INLINE, WorkerSet
 
 __all__ = [
     "Exhausted",
@@ -105,32 +83,14 @@ __all__ = [
     "worker_rng",
 ]
 
-HandlerFactory = Callable[[WorkerContext], Callable[[Any], Any]]
-"""Builds, inside a worker, the callable that turns one task payload into one result."""
-
-OnDeliver = Callable[[int, Any], None]
-"""Told ``(worker, payload)`` of each task just before its result (or its exception) is
-delivered: out of order, how a pass knows which of its tasks it has delivered."""
-
-INLINE = -1  # the "worker" of a task run in the calling thread
+_LOG = logging.getLogger("naiad.workers")
 
 
-@dataclass(frozen=True)
-class Pinned:
-    """A task that must run on one given worker (its payload is passed to the handler)."""
-
-    worker_id: int
-    payload: Any
-
-
-def _make_backend(
-    mode: str, factory: HandlerFactory, mp_context: str | Any | None, base_seed: int, rank: int,
-    worker_init_fn: Callable[[int], None] | None, prepare: Callable[[WorkerContext], None] | None,
-) -> ProcessBackend | ThreadBackend:
+def _make_backend(mode: str, spec: WorkerSpec, mp_context: str | Any | None) -> ProcessBackend | ThreadBackend:
     if mode == "thread":
-        return ThreadBackend(factory, base_seed, rank, worker_init_fn, prepare)
+        return ThreadBackend(spec)
     mp_ctx = mp.get_context(mp_context) if mp_context is None or isinstance(mp_context, str) else mp_context
-    return ProcessBackend(factory, mp_ctx, base_seed, rank, worker_init_fn, prepare)
+    return ProcessBackend(spec, mp_ctx)
 
 
 class WorkerPool:
@@ -192,30 +152,23 @@ class WorkerPool:
         self.num_workers = num_workers
         self.mode = mode if num_workers > 0 else "inline"
         self.timeout_s = timeout_s or None
-        self._factory = factory
         self._worker_mode = mode
-        self._worker_init_fn = worker_init_fn
-        self._prepare = prepare
-        self._init_inline = init_inline
         self._describe = describe
-        self._inline_handler: Callable[[Any], Any] | None = None
-        self._inline_context = WorkerContext(0, 0, worker_seed(base_seed, 0), "inline", base_seed, rank)
-        self._inline_rng: Any = None
-        self._inline_rng_key: tuple[int, int] | None = None
+        spec = WorkerSpec(factory, worker_init_fn, prepare, base_seed, rank)
         # The backend factory holds what a backend needs, never the pool: the pool's workers
         # then go when the pool does, by reference counting alone (no cycle to wait for).
-        make_backend = functools.partial(_make_backend, mode, factory, multiprocessing_context, base_seed, rank,
-                                         worker_init_fn, prepare)
+        make_backend = functools.partial(_make_backend, mode, spec, multiprocessing_context)
         self._workers = WorkerSet(make_backend, process=mode == "process", describe=describe, restarts=restarts)
+        self._inline = InlineWorker(spec, describe=describe, init=init_inline,
+                                    stage_seconds=self._workers.stage_seconds)
         self._active = self._workers.active  # the same list: workers that take new tasks
         self._passes = 0
         self._pass_ids = itertools.count()
         self._prefetch: int | None = None  # set by resize(); overrides imap's argument
-        self._walking_iterators = False
         self._walk_results: weakref.ReferenceType[PoolResults] | None = None
         self._closed = False
         if num_workers == 0:
-            self._build_inline_handler()
+            self._inline.handler()
         else:
             self._workers.grow(num_workers)
 
@@ -231,19 +184,6 @@ class WorkerPool:
 
     # -- workers -------------------------------------------------------------------------------
 
-    def _build_inline_handler(self) -> Callable[[Any], Any]:
-        if self._inline_handler is None:
-            previous = enter(self._inline_context, None)
-            try:
-                if self._prepare is not None:
-                    self._prepare(self._inline_context)
-                if self._worker_init_fn is not None and self._init_inline:
-                    self._worker_init_fn(0)
-                self._inline_handler = self._factory(self._inline_context)
-            finally:
-                leave(previous)
-        return self._inline_handler
-
     def resize(self, num_workers: int, *, prefetch: int | None = None) -> None:
         """Change the number of workers (and tasks in flight per worker), also during a pass.
 
@@ -255,27 +195,27 @@ class WorkerPool:
             num_workers: the new number of workers, >= 0.
             prefetch: tasks in flight per worker from now on; None keeps the current value.
         """
-        if self._closed:
-            raise ConfigError("this WorkerPool is closed.")
+        self._check_open()
         if num_workers < 0:
             raise ConfigError(f"`num_workers` must be >= 0, got {num_workers}.")
-        if prefetch is not None:
-            if prefetch < 1:
-                raise ConfigError(f"`prefetch` must be >= 1, got {prefetch}.")
-            self._prefetch = prefetch
-        if num_workers == len(self._active):
+        if prefetch is not None and prefetch < 1:
+            raise ConfigError(f"`prefetch` must be >= 1, got {prefetch}.")
+        self._prefetch = prefetch if prefetch is not None else self._prefetch
+        before = len(self._active)
+        if num_workers == before:
             return
-        if self._walking_iterators:
+        if self._workers.walking:
             raise ConfigError(
                 "cannot resize a WorkerPool during imap_until_exhausted: each worker walks its "
                 "own iterator. Resize between passes."
             )
-        if num_workers > len(self._active):
+        if num_workers > before:
             self._workers.grow(num_workers)
         else:
             self._workers.shrink(num_workers)
         self.num_workers = num_workers
         self.mode = self._worker_mode if num_workers > 0 else "inline"
+        _LOG.info("pool resized from %d to %d workers (%s)", before, num_workers, self.mode)
 
     @property
     def workers_ready(self) -> bool:
@@ -297,12 +237,22 @@ class WorkerPool:
 
     # -- passes --------------------------------------------------------------------------------
 
-    def _pass_key(self, epoch: int | None) -> tuple[int, int]:
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("this WorkerPool is closed.")
+
+    def _pass_key(self, epoch: int | None) -> TaskKey:
         # (pass id, epoch): workers start fresh generators at each new key.
         if epoch is None:
             epoch = self._passes
         self._passes = epoch + 1
         return next(self._pass_ids), epoch
+
+    def _capacity(self, prefetch: int) -> int:
+        """Tasks a pass may have in flight now: ``prefetch`` per active worker (a resize's own
+        prefetch first), or one at a time inline."""
+        per_worker = self._prefetch or max(1, prefetch)
+        return per_worker * len(self._active) if self._active else 1
 
     def imap(
         self,
@@ -327,27 +277,27 @@ class WorkerPool:
         tasks (NOTE [ A failed task ]). ``on_deliver(worker, payload)``, when given, is called
         just before each task's result or exception is delivered (the worker is -1 inline).
         """
-        if self._closed:
-            raise ConfigError("this WorkerPool is closed.")
-        key = self._pass_key(epoch)
+        self._check_open()
+        options = PassOptions(prefetch, in_order, self._pass_key(epoch), task_seed, on_deliver)
         it = iter(tasks)
         if self._workers.backend is None:
-            return PoolResults(self._imap_inline(it, prefetch, in_order, key, task_seed, on_deliver))
-        return PoolResults(self._drive(self._assign(it, in_order), prefetch, in_order, key,
-                                       task_seed=task_seed, on_deliver=on_deliver))
+            return PoolResults(self._imap_inline(it, options))
+        return PoolResults(self._run(self._assign(it, in_order), options))
 
-    def _assign(self, tasks: Iterator[Any], in_order: bool = True) -> Iterator[tuple[int, Any]]:
-        k = 0
-        for task in tasks:
-            if isinstance(task, Pinned):
-                yield task.worker_id, task.payload
-                continue
-            active = self._active  # read at every task: resize() may change it
-            if not active:
-                yield INLINE, task
-                continue
-            yield (active[k % len(active)] if in_order else self._workers.least_busy(active)), task
-            k += 1
+    def _assign(self, tasks: Iterator[Any], in_order: bool) -> Iterator[tuple[int, Any]]:
+        return assign_tasks(tasks, self._active, in_order, self._workers.least_busy)
+
+    def _run(self, assignments: Iterator[tuple[int, Any]], options: PassOptions) -> Iterator[Any]:
+        capacity = functools.partial(self._capacity, options.prefetch)
+        one_pass = PoolPass(self._workers, self._inline, options, capacity=capacity, describe=self._describe,
+                            timeout_s=self.timeout_s)
+        return one_pass.run(assignments)
+
+    def _imap_inline(self, tasks: Iterator[Any], options: PassOptions) -> Iterator[Any]:
+        payloads = (task.payload if isinstance(task, Pinned) else task for task in tasks)
+        exhausted = yield from run_inline(self._inline, options, payloads, INLINE, until=lambda: bool(self._active))
+        if not exhausted and self._active:  # resized: the workers take the rest of this pass
+            yield from self._run(self._assign(tasks, options.in_order), options)
 
     def imap_until_exhausted(
         self,
@@ -365,8 +315,7 @@ class WorkerPool:
         this is how each worker walks its own copy of an iterable. ``on_deliver`` as in
         :meth:`imap` (inline, the worker is 0).
         """
-        if self._closed:
-            raise ConfigError("this WorkerPool is closed.")
+        self._check_open()
         earlier = self._walk_results() if self._walk_results is not None else None
         if earlier is not None:
             # Each worker walks one iterator: a new walk ends the one before (NOTE [ Passes
@@ -374,204 +323,23 @@ class WorkerPool:
             earlier.close()
         key = self._pass_key(epoch)
         if not self._active:
-            return PoolResults(self._imap_inline_until_exhausted(payload_for, key, on_deliver))
-        workers = list(self._active)
-        active = {w: True for w in workers}
-        cycle = itertools.cycle(workers)
-
-        def assign() -> Iterator[tuple[int, Any]]:
-            while any(active.values()):
-                if in_order:
-                    for _ in range(len(workers)):
-                        w = next(cycle)
-                        if active[w]:
-                            break
-                else:
-                    w = self._workers.least_busy([v for v in workers if active[v]])
-                yield w, payload_for(w)
-
-        results = PoolResults(self._walk(assign(), prefetch, in_order, key, active, payload_for, on_deliver))
+            options = PassOptions(prefetch, in_order, key, on_deliver=on_deliver)
+            payloads = (payload_for(0) for _ in itertools.count())
+            return PoolResults(run_inline(self._inline, options, payloads, 0))
+        going = {w: True for w in self._active}  # the workers whose iterator has not run out
+        options = PassOptions(prefetch, in_order, key, on_deliver=on_deliver, walking=going)
+        assignments = walk_assignments(going, in_order, self._workers.least_busy, payload_for)
+        results = PoolResults(self._walk(assignments, options, payload_for))
         self._walk_results = weakref.ref(results)
         return results
 
-    def _walk(
-        self,
-        assign: Iterator[tuple[int, Any]],
-        prefetch: int,
-        in_order: bool,
-        key: tuple[int, int],
-        active: dict[int, bool],
-        payload_for: Callable[[int], Any],
-        on_deliver: OnDeliver | None = None,
-    ) -> Iterator[Any]:
-        self._walking_iterators = True
-        self._workers.walk_payload = payload_for
-        self._workers.ledger.start_walk(key)  # a restarted worker walks its iterator again to here
+    def _walk(self, assignments: Iterator[tuple[int, Any]], options: PassOptions,
+              payload_for: Callable[[int], Any]) -> Iterator[Any]:
+        self._workers.start_walk(options.key, payload_for)  # a restarted worker walks again to here
         try:
-            yield from self._drive(assign, prefetch, in_order, key, active=active,
-                                   on_deliver=on_deliver)
+            yield from self._run(assignments, options)
         finally:
-            if self._workers.ledger.walk_key == key:  # not a later walk's (a walk ends the one before)
-                self._walking_iterators = False
-                self._workers.walk_payload = None
-                self._workers.ledger.start_walk(None)
-
-    def _call_inline(self, payload: Any, key: tuple[int, int], entropy: tuple[int, ...] | None = None) -> Any:
-        handler = self._build_inline_handler()
-        # Inline, the calling thread is the worker only during the call; its worker_rng()
-        # stream is kept here between calls of a pass so draws go on instead of restarting
-        # (unless the task has its own seed sequence).
-        rng = self._inline_rng if self._inline_rng_key == key and entropy is None else None
-        previous = enter(self._inline_context, key[1], rng, fresh=rng is None, entropy=entropy)
-        try:
-            return handler(payload)
-        except Exhausted:
-            raise
-        except Exception as exc:
-            add_note(exc, f"naiad: raised in the main process while loading {self._describe(payload)}")
-            raise
-        finally:
-            self._inline_rng, self._inline_rng_key = leave(previous), key
-            seconds = self._workers.stage_seconds
-            for stage, s in take_stages().items():  # parts the handler timed apart (report_stage)
-                seconds[stage] = seconds.get(stage, 0.0) + s
-
-    def _imap_inline(
-        self, tasks: Iterator[Any], prefetch: int, in_order: bool, key: tuple[int, int],
-        task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
-        on_deliver: OnDeliver | None = None,
-    ) -> Iterator[Any]:
-        for task in tasks:
-            payload = task.payload if isinstance(task, Pinned) else task
-            try:
-                result = self._call_inline(payload, key, task_seed(payload) if task_seed else None)
-            except Exhausted:
-                return
-            except Exception as exc:  # NOTE [ A failed task ]
-                result = Failed(exc)
-            if on_deliver is not None:
-                on_deliver(INLINE, payload)
-            yield result
-            if self._active:  # resized: the workers take the rest of this pass
-                yield from self._drive(self._assign(tasks, in_order), prefetch, in_order, key,
-                                       task_seed=task_seed, on_deliver=on_deliver)
-                return
-
-    def _imap_inline_until_exhausted(self, payload_for: Callable[[int], Any], key: tuple[int, int],
-                                     on_deliver: OnDeliver | None = None) -> Iterator[Any]:
-        while True:
-            payload = payload_for(0)
-            try:
-                result = self._call_inline(payload, key)
-            except Exhausted:
-                return
-            except Exception as exc:  # NOTE [ A failed task ]: the iterator decides what follows
-                result = Failed(exc)
-            if on_deliver is not None:
-                on_deliver(0, payload)
-            yield result
-
-    def _drive(
-        self,
-        assignments: Iterator[tuple[int, Any]],
-        prefetch: int,
-        in_order: bool,
-        key: tuple[int, int],
-        *,
-        active: dict[int, bool] | None = None,
-        task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
-        on_deliver: OnDeliver | None = None,
-    ) -> Iterator[Any]:
-        workers = self._workers
-        backend = workers.ensure_backend()
-        pending: Pending = {}
-        order: deque[int] = deque()
-        done: Done = {}
-        exhausted_input = False
-
-        def capacity() -> int:
-            per_worker = self._prefetch or max(1, prefetch)
-            return per_worker * len(self._active) if self._active else 1
-
-        def refill() -> None:
-            nonlocal exhausted_input
-            while not exhausted_input and len(pending) < capacity():
-                try:
-                    w, payload = next(assignments)
-                except StopIteration:
-                    exhausted_input = True
-                    return
-                seq = next(workers.seq)
-                entropy = task_seed(payload) if task_seed is not None else None
-                if w == INLINE:
-                    try:
-                        done[seq] = ("ok", self._call_inline(payload, key, entropy))
-                    except Exhausted:
-                        done[seq] = ("exhausted", None)
-                    except Exception as exc:  # raised in turn, after the results before it
-                        done[seq] = ("raise", exc)
-                else:
-                    workers.send(w, seq, payload, key if entropy is None else (*key, entropy))
-                pending[seq] = (w, payload)
-                order.append(seq)
-
-        try:
-            if workers.restarts.limit:  # a worker that died between passes is replaced before it is sent work
-                workers.receive(backend.poll(0), pending, done)
-            refill()
-            while pending or done:
-                # Deliver what is deliverable.
-                while order and (order[0] in done if in_order else done):
-                    seq = order.popleft() if in_order else next(iter(done))
-                    if not in_order:
-                        order.remove(seq)
-                    kind, value = done.pop(seq)
-                    w, payload = pending.pop(seq)
-                    if on_deliver is not None and kind != "exhausted":
-                        on_deliver(w, payload)
-                    if kind == "ok":
-                        yield value
-                    elif kind == "exhausted":
-                        if active is not None:
-                            active[w] = False
-                        elif w == INLINE:
-                            return
-                    elif kind == "raise":  # NOTE [ A failed task ]
-                        yield Failed(value)
-                    else:  # error
-                        exc = value.rebuild()
-                        add_note(exc, f"naiad: raised in worker {w} (pid {backend.pid(w)}) while loading {self._describe(payload)}")
-                        yield Failed(exc)
-                        del exc
-                    refill()
-                if not pending:
-                    break
-                self._collect(backend, pending, done)
-                workers.reap()
-        finally:
-            # Results still owed for this iteration are dropped (now if parked, else on arrival).
-            workers.abandon(pending, done)
-
-    def _collect(self, backend: Any, pending: Pending, done: Done) -> None:
-        workers = self._workers
-        if workers.adopt(pending, done):  # received while another pass waited
-            return
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        while True:
-            wait_s = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-            if workers.receive(backend.poll(wait_s), pending, done):
-                return
-            workers.check_alive(pending, done)
-            if deadline is not None and time.monotonic() >= deadline:
-                w, payload = next((t for s, t in pending.items() if s not in done), next(iter(pending.values())))
-                doing = f"while loading {self._describe(payload)}"
-                # torch's words first, so code that matches them keeps working.
-                raise WorkerError(
-                    f"DataLoader timed out after {self.timeout_s} seconds: no result from naiad "
-                    f"worker {w} {doing}; raise `timeout` or find what blocks the dataset.",
-                    worker_id=w,
-                    task=doing,
-                )
+            self._workers.end_walk(options.key)  # unless a later walk ended this one
 
     def close(self) -> None:
         """Stop the workers: ask, wait, then terminate and kill. Safe to call more than once."""

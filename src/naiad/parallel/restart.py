@@ -37,7 +37,10 @@ from typing import Any
 
 from naiad.errors import WorkerError
 
-__all__ = ["DEATHS_PER_TASK", "MAX_LOG", "RestartBudget", "TaskLedger", "death_error", "doing_words", "repeated_death_error"]
+__all__ = [
+    "DEATHS_PER_TASK", "MAX_LOG", "RestartBudget", "TaskLedger", "death_error", "doing_words", "ended_words",
+    "repeated_death_error",
+]
 
 MAX_LOG = 100
 """Restarts described one by one in :meth:`RestartBudget.stats`; later ones are only counted."""
@@ -128,17 +131,26 @@ class TaskLedger:
         return self._deaths[seq]
 
 
-def _how(pid: int | None, exitcode: int | None) -> tuple[str, str]:
-    """(torch's words, naiad's words) for how a worker ended."""
+def ended_words(exitcode: int | None) -> str:
+    """How a worker ended, in naiad's words: ``"killed by signal SIGKILL"``, ``"exited with code 3"``."""
     if exitcode is not None and exitcode < 0:
         try:
-            how = f"killed by signal {signal.Signals(-exitcode).name}"
-            described = signal.strsignal(-exitcode) or str(-exitcode)
+            return f"killed by signal {signal.Signals(-exitcode).name}"
         except ValueError:
-            how = f"killed by signal {-exitcode}"
-            described = str(-exitcode)
-        return f"DataLoader worker (pid {pid}) is killed by signal: {described}. ", how
-    return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. ", f"exited with code {exitcode}"
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def _how(pid: int | None, exitcode: int | None) -> tuple[str, str]:
+    """(torch's words, naiad's words) for how a worker ended."""
+    if exitcode is None or exitcode >= 0:
+        return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. ", ended_words(exitcode)
+    try:
+        signal.Signals(-exitcode)  # a number Python has no signal for is given as the number
+        described = signal.strsignal(-exitcode) or str(-exitcode)
+    except ValueError:
+        described = str(-exitcode)
+    return f"DataLoader worker (pid {pid}) is killed by signal: {described}. ", ended_words(exitcode)
 
 
 def death_error(

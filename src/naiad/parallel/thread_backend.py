@@ -1,48 +1,34 @@
 """Thread workers behind a WorkerPool: the same protocol as the process backend (NOTE [ Worker
-protocol ] in :mod:`naiad.parallel.pool`), in the training process, for sources whose reads
+protocol ] in :mod:`naiad.parallel.protocol`), in the training process, for sources whose reads
 release the GIL (PyArrow's parsers and decoders, NumPy's copies)."""
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
-from naiad.parallel.backend import (
-    JOIN_TIMEOUT_S,
-    InitFn,
-    Message,
-    PrepareFn,
-    RemoteError,
-    run_task,
-    worker_seed,
-)
-from naiad.parallel.context import WorkerContext, enter
+from naiad.parallel.backend import JOIN_TIMEOUT_S
+from naiad.parallel.context import WorkerContext
+from naiad.parallel.protocol import STOP, Message, Reply, Task
+from naiad.parallel.worker_side import WorkerSpec, serve
 
 __all__ = ["ThreadBackend"]
+
+_LOG = logging.getLogger("naiad.workers")
 
 
 class ThreadBackend:
     """Worker threads sharing one result queue; workers start and stop by id."""
 
-    def __init__(
-        self,
-        factory: Callable[[WorkerContext], Callable[[Any], Any]],
-        base_seed: int,
-        rank: int,
-        worker_init_fn: InitFn,
-        prepare: PrepareFn = None,
-    ) -> None:
-        self._factory = factory
-        self._base_seed = base_seed
-        self._rank = rank
-        self._init = worker_init_fn
-        self._prepare = prepare
+    def __init__(self, spec: WorkerSpec) -> None:
+        self._spec = spec
         self.results: queue.Queue = queue.Queue()
         self.task_queues: list[queue.Queue] = []
         self.threads: list[threading.Thread] = []
@@ -54,14 +40,11 @@ class ThreadBackend:
     def start(self, w: int, num_workers: int) -> None:
         """Start worker ``w`` (a stopped worker of that id finishes on its own queue)."""
         tasks: queue.Queue = queue.Queue()
-        wctx = WorkerContext(
-            w, num_workers, worker_seed(self._base_seed, w), "thread", self._base_seed, self._rank
-        )
         # The thread holds what it needs, not the backend: a pool dropped without close() is
         # collected, and its finalizer stops the threads.
         t = threading.Thread(
             target=_thread_worker_main,
-            args=(self._factory, self._init, self._prepare, self.results, wctx, tasks),
+            args=(self._spec, self._spec.context(w, num_workers, "thread"), tasks, self.results),
             name=f"naiad-worker-{w}",
             daemon=True,
         )
@@ -77,13 +60,14 @@ class ThreadBackend:
     def stop(self, w: int) -> None:
         """Ask worker ``w`` to return once its queued tasks are done."""
         self.stopping.add(w)
-        self.task_queues[w].put(None)
+        self.task_queues[w].put(STOP)
 
     def submit(self, worker_id: int, seq: int, payload: Any, key: tuple) -> None:
         """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
         self.task_queues[worker_id].put((seq, payload, key))
 
     def poll(self, timeout_s: float) -> list[Message]:
+        """The workers' messages, waiting up to ``timeout_s`` for the first."""
         try:
             out = [self.results.get(timeout=timeout_s)]
         except queue.Empty:
@@ -95,6 +79,7 @@ class ThreadBackend:
                 return out
 
     def pid(self, worker_id: int) -> int | None:
+        """The training process's id: thread workers run in it."""
         return os.getpid()
 
     def exitcode(self, worker_id: int) -> int | None:
@@ -106,44 +91,27 @@ class ThreadBackend:
         return list(self.threads)
 
     def close(self) -> None:
+        """Stop the workers: ask, then wait a bounded time (a thread cannot be killed)."""
         self._finalizer()
 
 
-def _thread_worker_main(
-    factory: Callable[[WorkerContext], Callable[[Any], Any]],
-    init: InitFn,
-    prepare: PrepareFn,
-    results: queue.Queue,
-    context: WorkerContext,
-    tasks: queue.Queue,
-) -> None:
+def _thread_worker_main(spec: WorkerSpec, context: WorkerContext, tasks: queue.Queue, results: queue.Queue) -> None:
     w = context.worker_id
-    enter(context, None)
-    try:
-        if prepare is not None:
-            prepare(context)
-        if init is not None:
-            init(w)
-        handler = factory(context)
-    except BaseException as exc:  # noqa: BLE001
-        results.put((w, "error", -1, RemoteError(exc), {}))
-        return
-    results.put((w, "ready", -1, None, {}))
-    current: tuple[int, int] | None = None
-    while True:
-        # Unbounded: an idle worker waits for its next task; every way a pool ends (close(),
-        # its collection, interpreter exit) puts the None that ends this loop.
-        item = tasks.get()
-        if item is None:
-            return
-        seq, payload, key = item
-        # Only worker_rng() follows the pass here: the global generators belong to every
-        # thread of the process, the training loop's included (NOTE [ Worker randomness ]).
-        entropy = key[2] if len(key) > 2 else None
-        enter(context, key[1], fresh=entropy is not None or key != current, entropy=entropy)
-        current = key
-        kind, seq, value, stages = run_task(handler, seq, payload)
-        results.put((w, kind, seq, value, stages))
+
+    def send(reply: Reply) -> bool:
+        results.put((w, *reply))
+        return True
+
+    # Only worker_rng() follows the pass here: the global generators belong to every thread
+    # of the process, the training loop's included (NOTE [ Worker randomness ]).
+    serve(spec, context, _queued_tasks(tasks), send, reseed=False)
+
+
+def _queued_tasks(tasks: queue.Queue) -> Iterator[Task]:
+    # Unbounded: an idle worker waits for its next task; every way a pool ends (close(),
+    # its collection, interpreter exit) puts the STOP that ends this loop.
+    while (task := tasks.get()) is not STOP:
+        yield task
 
 
 _LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
@@ -167,21 +135,27 @@ def _join_threads_at_exit() -> None:
                     tq.get_nowait()
             except queue.Empty:
                 pass
-            tq.put(None)
+            tq.put(STOP)
         threads += [t for t in backend.threads if t.is_alive()]
     for t in threads:
         t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _shutdown_threads(threads: list[threading.Thread], task_queues: list[queue.Queue]) -> None:
+    running = [t for t in threads if t.is_alive()]
     for tq in task_queues:
-        tq.put(None)
+        tq.put(STOP)
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     me = threading.current_thread()
-    for t in threads:
+    for t in running:
         if t is me:
             # The loader was collected in one of its own workers (the cyclic collector runs in
-            # whichever thread allocates): that thread leaves at its next task, the None above.
+            # whichever thread allocates): that thread leaves at its next task, the STOP above.
             continue
         # A thread stuck in user code cannot be killed; it is a daemon and dies with the process.
         t.join(timeout=max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            _LOG.info("%s (a thread) still runs after teardown's %.1f s: left to end with the process "
+                      "(a thread cannot be killed)", t.name, JOIN_TIMEOUT_S)
+        else:
+            _LOG.debug("%s (a thread) returned at teardown", t.name)

@@ -2,34 +2,46 @@
 
 A :class:`WorkerSet` starts and retires workers by id (NOTE [ Resizing ] in
 :mod:`naiad.parallel.pool`), sends tasks and notes what each worker owes, takes in the
-backend's messages (NOTE [ Worker protocol ]), and replaces a worker that died when the restart
-budget allows (NOTE [ Worker restarts ] in :mod:`naiad.parallel.restart`). The pool keeps the
-passes: which task goes where, and the order results are delivered in.
+backend's messages (NOTE [ Worker protocol ] in :mod:`naiad.parallel.protocol`), and replaces a
+worker that died when the restart budget allows (NOTE [ Worker restarts ] in
+:mod:`naiad.parallel.restart`). The pool keeps the passes: which task goes where, and the order
+results are delivered in (:mod:`naiad.parallel.passes`).
+
+Worker starts, retirements and restarts go to the ``naiad.workers`` logger: starts and
+retirements at INFO, a restart (a worker died) at WARNING.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from naiad.errors import WorkerError
-from naiad.parallel.backend import ProcessBackend, add_note
+from naiad.parallel.backend import ProcessBackend
+from naiad.parallel.protocol import ANSWERS, Kind, Message, Seq, TaskKey, add_note, add_seconds
 from naiad.parallel.restart import (
     DEATHS_PER_TASK,
     RestartBudget,
     TaskLedger,
     death_error,
     doing_words,
+    ended_words,
     repeated_death_error,
 )
 from naiad.parallel.thread_backend import ThreadBackend
 
-__all__ = ["Done", "Pending", "WorkerSet"]
+__all__ = ["INLINE", "Done", "Pending", "WorkerSet"]
 
-Pending = dict[int, tuple[int, Any]]  # seq -> (worker, payload) of a pass, in submit order
-Done = dict[int, tuple[str, Any]]  # seq -> (kind, value) received and not yet delivered
+INLINE: Final = -1
+"""The worker id of a task run in the calling thread (what ``on_deliver`` is told inline)."""
+
+Pending = dict[Seq, tuple[int, Any]]  # seq -> (worker, payload) of a pass, in submit order
+Done = dict[Seq, tuple[Kind, Any]]  # seq -> (kind, value) received and not yet delivered
 Backend = ProcessBackend | ThreadBackend
+
+_LOG = logging.getLogger("naiad.workers")
 
 
 class WorkerSet:
@@ -52,7 +64,7 @@ class WorkerSet:
         restarts: RestartBudget | None,
     ) -> None:
         self._make_backend = make_backend
-        self._process = process
+        self._mode = "process" if process else "thread"
         self._describe = describe
         self.backend: Backend | None = None
         self.active: list[int] = []
@@ -73,17 +85,22 @@ class WorkerSet:
             self.backend = self._make_backend()
         return self.backend
 
+    def _start(self, w: int, num_workers: int) -> None:
+        """Start worker ``w`` of ``num_workers`` (again, after a death: the same context)."""
+        backend = self.ensure_backend()
+        self.ready.discard(w)
+        backend.start(w, num_workers)
+        self._started_with[w] = num_workers
+        _LOG.info("worker %d: started, pid %s, %s mode", w, backend.pid(w), self._mode)
+
     def grow(self, target: int) -> None:
         """Bring the active workers up to ``target``: retiring ones first, then new ones."""
-        backend = self.ensure_backend()
         while len(self.active) < target:
             w = min(set(range(target + len(self.retiring) + 1)) - set(self.active))
             if w in self.retiring:  # still running and owing: back into the rotation
                 self.retiring.discard(w)
             else:
-                self.ready.discard(w)
-                backend.start(w, target)
-                self._started_with[w] = target
+                self._start(w, target)
                 self.ledger.take(w)
             self.active.append(w)
         self.active.sort()
@@ -112,7 +129,7 @@ class WorkerSet:
             return []
         return [self.backend.pid(w) for w in self.active]
 
-    def send(self, w: int, seq: int, payload: Any, key: tuple) -> None:
+    def send(self, w: int, seq: int, payload: Any, key: TaskKey) -> None:
         """Send worker ``w`` a task (raises the WorkerError of a worker known dead)."""
         backend = self.ensure_backend()
         if w in backend.dead:
@@ -120,37 +137,64 @@ class WorkerSet:
         backend.submit(w, seq, payload, key)
         self.ledger.sent(w, seq, payload, key)
 
-    def receive(self, messages: list, pending: Pending, done: Done) -> bool:
-        """Take the backend's messages in (results of ``pending`` into ``done``); whether one came."""
+    def start_walk(self, key: TaskKey, payload_for: Callable[[int], Any]) -> None:
+        """Workers walk their own iterators in pass ``key``: a restarted one walks again to where
+        it was (NOTE [ Worker restarts ]), and the pool cannot resize until the walk ends."""
+        self.walk_payload = payload_for
+        self.ledger.start_walk(key)
+
+    def end_walk(self, key: TaskKey) -> None:
+        """The walk of pass ``key`` ended (unless a later walk has taken its place already)."""
+        if self.ledger.walk_key == key:
+            self.walk_payload = None
+            self.ledger.start_walk(None)
+
+    @property
+    def walking(self) -> bool:
+        """Whether workers walk their own iterators now (:meth:`start_walk`)."""
+        return self.ledger.walk_key is not None
+
+    def receive(self, messages: list[Message], pending: Pending, done: Done) -> bool:
+        """Take the backend's messages in (answers to ``pending``'s tasks into ``done``); whether one came."""
         got = False
         for w, kind, seq, value, stages in messages:
-            if kind == "ready":
-                self.ready.add(w)
-                continue
-            if kind == "retired":
-                continue
-            if kind == "died":
-                self.on_death(w, value, pending, done)
-                continue
-            if seq == -1:  # the worker could not build its handler
-                exc = value.rebuild()
-                add_note(exc, f"naiad: raised in worker {w} while starting (worker_init_fn or dataset set-up)")
-                raise exc
-            if seq >= 0:
-                self.ledger.answered(w, seq)
-            for name, s in stages.items():
-                self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + s
-            if seq in self.stale:
-                self.stale.discard(seq)
-                continue
-            if seq in pending:
-                done[seq] = (kind, value)
-                got = True
-            elif seq == -2:
-                raise value.rebuild()
-            elif seq >= 0:  # another live pass's result (NOTE [ Passes sharing a pool ])
-                self.parked[seq] = (kind, value)
+            if kind in ANSWERS:
+                got = self._file_answer(w, kind, seq, value, stages, pending, done) or got
+            else:
+                self._on_news(w, kind, value, pending, done)
         return got
+
+    def _file_answer(
+        self, w: int, kind: Kind, seq: Seq, value: Any, stages: dict[str, float], pending: Pending, done: Done,
+    ) -> bool:
+        """Note a task's answer and put it where it belongs: into ``done`` (whether it went
+        there), dropped (an abandoned pass's), or parked for another live pass."""
+        self.ledger.answered(w, seq)
+        add_seconds(self.stage_seconds, stages)
+        if seq in self.stale:
+            self.stale.discard(seq)
+            return False
+        if seq in pending:
+            done[seq] = (kind, value)
+            return True
+        self.parked[seq] = (kind, value)  # another live pass's (NOTE [ Passes sharing a pool ])
+        return False
+
+    def _on_news(self, w: int, kind: Kind, value: Any, pending: Pending, done: Done) -> None:
+        """What a message about worker ``w`` itself, not about a task, means."""
+        if kind is Kind.READY:
+            self.ready.add(w)
+        elif kind is Kind.RETIRED:
+            _LOG.info("worker %d: retired, exit code %s", w, value)
+        elif kind is Kind.DIED:
+            self.on_death(w, value, pending, done)
+        elif kind is Kind.START_FAILED:  # it could not build its handler
+            exc = value.rebuild()
+            add_note(exc, f"naiad: raised in worker {w} while starting (worker_init_fn or dataset set-up)")
+            raise exc
+        else:  # Kind.UNREADABLE: the exception that says why
+            add_note(value, f"naiad: raised receiving a message from worker {w}")
+            raise value
 
     def adopt(self, pending: Pending, done: Done) -> bool:
         """Move the results parked for ``pending``'s pass into ``done``; whether there were any."""
@@ -162,7 +206,7 @@ class WorkerSet:
     def abandon(self, pending: Pending, done: Done) -> None:
         """A pass ends with results owed: drop those parked, and those still to come on arrival."""
         for seq, (w, _) in pending.items():
-            if seq in done or w < 0:
+            if seq in done or w == INLINE:
                 continue
             if self.parked.pop(seq, None) is None:
                 self.stale.add(seq)
@@ -175,30 +219,26 @@ class WorkerSet:
             return
         for seq, (w, _) in pending.items():
             if seq not in done and w in backend.dead:
-                held = [p for s, (v, p) in pending.items() if v == w and s not in done]
-                raise self.death_error(w, backend.exitcode(w), held)
+                raise self.death_error(w, backend.exitcode(w), _held(w, pending, done))
 
     def death_error(self, w: int, exitcode: int | None, held: list[Any]) -> WorkerError:
         """The WorkerError of worker ``w``'s death, ``held`` the payloads of the tasks it owed."""
         starting = w not in self.ready
         doing = doing_words(self._describe, held, starting)
         pid = self.backend.pid(w) if self.backend is not None else None
-        return death_error(w, pid, exitcode, doing, starting=starting, process=self._process, budget=self.restarts)
+        return death_error(w, pid, exitcode, doing, starting=starting, process=self._mode == "process",
+                           budget=self.restarts)
 
     def on_death(self, w: int, exitcode: int | None, pending: Pending, done: Done) -> None:
         """Start worker ``w`` again and send it what it owed, or raise why not (NOTE [ Worker restarts ])."""
         backend = self.ensure_backend()
-        owed = self.ledger.take(w)
-        # An abandoned pass's tasks (and a walk's replayed ones) are dropped; those of every
-        # live pass are sent again, this pass's and any other's (NOTE [ Passes sharing a pool ]).
-        abandoned = {seq for seq, _, _ in owed if seq in self.stale}
-        self.stale.difference_update(abandoned)
-        owed = [t for t in owed if t[0] not in abandoned and t[0] not in done and t[0] not in self.parked]
-        starting = w not in self.ready
+        owed = self._owed_by(w, done)
         if self.restarts.limit and w not in self.active and w not in self.retiring and not owed:
-            return  # it was asked to leave and owed nothing: nothing to replace
+            _LOG.info("worker %d: %s after it was taken out, owing nothing; not replaced", w, ended_words(exitcode))
+            return
         if not self.restarts.left:
-            raise self.death_error(w, exitcode, [p for s, (v, p) in pending.items() if v == w and s not in done])
+            raise self.death_error(w, exitcode, _held(w, pending, done))
+        starting = w not in self.ready
         doing = doing_words(self._describe, [owed[0][1]] if owed else [], starting)
         pid = backend.pid(w)
         if owed and not starting:
@@ -207,18 +247,38 @@ class WorkerSet:
                 raise repeated_death_error(w, pid, exitcode, doing, deaths)
         epoch = owed[0][2][1] if owed else None
         self.restarts.spend({"worker": w, "pid": pid, "exitcode": exitcode, "task": doing, "epoch": epoch})
-        self.ready.discard(w)
-        backend.start(w, self._started_with.get(w, len(self.active)))
-        walk_key = self.ledger.walk_key
-        if walk_key is not None and self.walk_payload is not None:  # its iterator, walked again to here
-            for _ in range(self.ledger.walked(w)):
-                seq = next(self.seq)
-                self.stale.add(seq)
-                self.send(w, seq, self.walk_payload(w), walk_key)
+        _LOG.warning("worker %d (pid %s) %s %s; started again, %d of max_worker_restarts=%d left",
+                     w, pid, ended_words(exitcode), doing, self.restarts.left, self.restarts.limit)
+        self._start(w, self._started_with.get(w, len(self.active)))
+        self._replay_walk(w)
         for seq, payload, key in owed:
             self.send(w, seq, payload, key)
+
+    def _owed_by(self, w: int, done: Done) -> list[tuple[Seq, Any, TaskKey]]:
+        """What dead worker ``w`` owes that a new one must answer: an abandoned pass's tasks (and
+        a walk's replayed ones) are dropped; every live pass's are kept, this pass's and any
+        other's (NOTE [ Passes sharing a pool ])."""
+        owed = self.ledger.take(w)
+        abandoned = {seq for seq, _, _ in owed if seq in self.stale}
+        self.stale.difference_update(abandoned)
+        return [t for t in owed if t[0] not in abandoned and t[0] not in done and t[0] not in self.parked]
+
+    def _replay_walk(self, w: int) -> None:
+        """A restarted worker walks its iterator again to where the dead one was, its results dropped."""
+        walk_key = self.ledger.walk_key
+        if walk_key is None or self.walk_payload is None:
+            return
+        for _ in range(self.ledger.walked(w)):
+            seq = next(self.seq)
+            self.stale.add(seq)
+            self.send(w, seq, self.walk_payload(w), walk_key)
 
     def close(self) -> None:
         """Stop the workers: ask, wait, then terminate and kill."""
         if self.backend is not None:
             self.backend.close()
+
+
+def _held(w: int, pending: Pending, done: Done) -> list[Any]:
+    """The payloads of ``pending``'s tasks that worker ``w`` has not answered, in the order sent."""
+    return [payload for seq, (v, payload) in pending.items() if v == w and seq not in done]
