@@ -166,8 +166,8 @@ def child(spec: dict) -> None:
 
     kw: dict = {}
     if spec["endpoint"]:
-        kw = {"storage_options": {"key": KEY, "secret": SECRET, "endpoint_url": spec["endpoint"],
-                                  "client_kwargs": {"region_name": "us-east-1"}}, "cache_dir": spec["cache_dir"]}
+        kw = {"storage": naiad.Storage({"key": KEY, "secret": SECRET, "endpoint_url": spec["endpoint"],
+                                        "client_kwargs": {"region_name": "us-east-1"}}, cache_dir=spec["cache_dir"])}
     t0 = time.perf_counter()
     if spec["block_bytes"] and spec["path"].endswith(".csv"):
         kw["block_bytes"] = spec["block_bytes"]

@@ -68,7 +68,7 @@ def main() -> None:
             for i in order:
                 pf.read_row_group(int(i), columns=columns)
 
-        src = naiad.read_parquet(url, storage_options={"key": KEY, "secret": SECRET, "endpoint_url": endpoint})
+        src = naiad.read_parquet(url, storage={"key": KEY, "secret": SECRET, "endpoint_url": endpoint})
         s3 = pafs.S3FileSystem(access_key=KEY, secret_key=SECRET, endpoint_override=endpoint, scheme="http",
                                region="us-east-1")
         results = {

@@ -13,7 +13,11 @@ from naiad.loader import DataLoader
 from naiad.media import decode_audio, decode_images, images  # images.normalize
 from naiad.parallel import AutoTuner, worker_rng
 from naiad.sources import (
+    CsvFormat,
+    MediaAccess,
+    SkipBadRows,
     Source,
+    Storage,
     read,
     read_arrow,
     read_csv,
@@ -31,10 +35,14 @@ from naiad.tokens import mix, read_tokens, tokenize
 __all__ = [
     "ArrayDataset",
     "AutoTuner",
+    "CsvFormat",
     "DataLoader",
     "DevicePrefetcher",
     "LoaderStats",
+    "MediaAccess",
+    "SkipBadRows",
     "Source",
+    "Storage",
     "Telemetry",
     "WorkerLocal",
     "columnar",

@@ -550,3 +550,17 @@ def test_reading_and_decoding_shards_does_not_import_pandas(shards, tmp_path):
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_the_coverage_dry_run_plans_tar_shards_as_the_loader_does(shards, tmp_path):
+    # A buffer that holds most samples: a source read before its count permutes single blocks,
+    # and `naiad check` (planned_batches) must plan what the loader delivers, not block runs.
+    from naiad.tools.coverage import Topology, planned_batches
+
+    pattern, samples = shards
+    source = open_shards(pattern, tmp_path, block_bytes=1024)
+    assert len(source.blocks()) > 8
+    planned = planned_batches(source, Topology(1, batch_size=8, shuffle_buffer=80), 0, seed=5)
+    loader = naiad.DataLoader(source, batch_size=8, shuffle=True, seed=5, shuffle_buffer=80)
+    got = [np.asarray(batch["cls"]) for batch in loader]
+    assert [b.tolist() for b in got] == [b.tolist() for b in planned]

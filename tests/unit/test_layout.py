@@ -107,8 +107,9 @@ def test_top_of_the_package_stays_small() -> None:
 
 def test_public_names_unchanged() -> None:
     assert sorted(naiad.__all__) == sorted([
-        "ArrayDataset", "AutoTuner", "ConfigError", "DataLoader", "DevicePrefetcher", "LoaderStats",
-        "NaiadError", "Source", "SourceError", "StateError", "Telemetry", "WorkerError",
+        "ArrayDataset", "AutoTuner", "ConfigError", "CsvFormat", "DataLoader", "DevicePrefetcher", "LoaderStats",
+        "MediaAccess", "NaiadError", "SkipBadRows", "Source", "SourceError", "StateError", "Storage",
+        "Telemetry", "WorkerError",
         "WorkerLocal", "__version__", "columnar", "decode_audio", "decode_images", "images", "mix", "pack_xy", "read",
         "read_arrow", "read_csv", "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text", "read_tokens",
         "read_webdataset", "testing", "tokenize", "worker_rng",

@@ -55,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seq_len is not None or args.dtype is not None or args.eos_id is not None or looks_like_tokens(args.source):
         tokens = inspect_tokens(args.source, seq_len=args.seq_len or 1024, dtype=args.dtype, eos_id=args.eos_id,
-                                storage_options=args.storage_options)
+                                storage=args.storage_options)
         print(tokens.to_json() if args.json else tokens.summary())
         return 0
-    report = inspect_source(args.source, storage_options=args.storage_options, head_rows=args.rows,
+    report = inspect_source(args.source, storage=args.storage_options, head_rows=args.rows,
                             time_budget_s=args.time_budget, max_blocks=max(1, args.max_blocks), images=args.images,
                             max_size=args.max_size)
     print(report.to_json() if args.json else report.summary())

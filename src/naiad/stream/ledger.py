@@ -277,7 +277,7 @@ class BadRowTracker:
         if self.max_rows is not None and self.skipped > self.max_rows:
             raise SourceError(
                 f"{self.skipped:,} bad rows skipped in epoch {self.epoch}, past max_bad_rows={self._limit_text}; "
-                f"{self.ledger.summary()}. Fix the data, or raise `max_bad_rows`.",
+                f"{self.ledger.summary()}. Fix the data, or raise the limit (on_bad_rows=naiad.SkipBadRows(max_rows=...)).",
                 path=entries[0]["file"],
             )
 

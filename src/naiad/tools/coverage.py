@@ -89,10 +89,12 @@ class PositionSource(Source):
     """
 
     def __init__(self, source: Source) -> None:
-        # Source.__init__ would look the files up again; the blocks are the source's own.
-        self.paths = list(source.paths)
+        super().__init__(source.paths, storage=source.storage, expand=False)  # the files as they are
         self.loader_buffer_rows = default_buffer_rows(source)
-        self.on_bad_rows = "raise"
+        # The plan asks the traits and the local size (single blocks for a source read before
+        # its count: tar shards): the source's answers, or the check plans another epoch.
+        self.traits = replace(source.traits, keeps_parsed=False)
+        self._local_bytes = source.local_bytes()
         self._schema = pa.schema([("row", pa.int64())])
         self._blocks = list(source.blocks())
         counts = np.fromiter((b.rows for b in self._blocks), np.int64, count=len(self._blocks))
@@ -103,6 +105,10 @@ class PositionSource(Source):
         for b in self._blocks:
             first_row.setdefault(b.path, self._start[b])
         self._file_starts = list(first_row.items())
+
+    def local_bytes(self) -> int | None:
+        """The source's local bytes (what decides whether its first reads may come before its count)."""
+        return self._local_bytes
 
     def with_loader_buffer(self, topology: Topology) -> Topology:
         """``topology`` with :attr:`loader_buffer_rows` where its buffer is the default (None)."""

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from naiad.sources import storage
+from naiad.sources.options import StorageLike
 from naiad.tokens.windows import TokenWindows, read_tokens
 from naiad.tools.convert_tokens import read_manifest
 
@@ -78,8 +79,9 @@ def looks_like_tokens(paths: str | Sequence[str]) -> bool:
 
 
 def inspect_tokens(paths: str | Sequence[str], *, seq_len: int = 1024, dtype: Any = None, eos_id: int | None = None,
-                   storage_options: Mapping[str, Any] | None = None) -> TokenReport:
-    """Report on token files: tokens, dtype, documents and windows of ``seq_len``."""
+                   storage: StorageLike = None) -> TokenReport:
+    """Report on token files: tokens, dtype, documents and windows of ``seq_len`` (``storage``:
+    a ``naiad.Storage`` or a dict of the filesystem's options, as the readers take)."""
     manifest = read_manifest(paths)
     target: Any = paths
     if manifest is not None and isinstance(paths, (str, os.PathLike)):
@@ -87,7 +89,7 @@ def inspect_tokens(paths: str | Sequence[str], *, seq_len: int = 1024, dtype: An
         target = [os.path.join(folder, s["file"]) for s in manifest["shards"]]
         if eos_id is None:
             eos_id = manifest.get("eos_id")
-    windows = read_tokens(target, seq_len=seq_len, dtype=dtype, storage_options=storage_options)
+    windows = read_tokens(target, seq_len=seq_len, dtype=dtype, storage=storage)
     per_doc = _documents(windows, manifest, eos_id)
     files = [{"path": f.path, "layout": f.layout, "dtype": str(f.dtype), "tokens": f.tokens,
               "documents": per_doc[i] if per_doc is not None else None, "windows": int(windows.windows_per_file[i])}

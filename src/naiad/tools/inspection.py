@@ -13,17 +13,18 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from naiad.sources import storage
 from naiad.sources.auto import _suffix, read
 from naiad.sources.base import Block, Source
 from naiad.sources.images import ImageFolderSource, read_images
+from naiad.sources.options import StorageLike
+from naiad.sources.storage import size as object_size
 from naiad.sources.webdataset import WebDatasetSource
 from naiad.stream.batches import default_buffer_rows
 from naiad.stream.plan import GroupTask, ReadTask, group_rows, group_tasks
@@ -118,7 +119,7 @@ class InspectReport:
         return "\n".join(lines)
 
 
-def inspect_source(paths: str | Sequence[str], *, storage_options: Mapping[str, Any] | None = None,
+def inspect_source(paths: str | Sequence[str], *, storage: StorageLike = None,
                    head_rows: int = 5, time_budget_s: float = 1.0, max_blocks: int = 256, seed: int = 0,
                    images: int = 64, max_size: int = 256, **reader_options: Any) -> InspectReport:
     """Inspect ``paths`` (a file, glob or URL naiad reads, or a folder of images): see
@@ -138,11 +139,11 @@ def inspect_source(paths: str | Sequence[str], *, storage_options: Mapping[str, 
         assert isinstance(paths, str)
         source: Source = read_images(paths, **reader_options)
     else:
-        source = read(paths, storage=storage_options, **reader_options)
+        source = read(paths, storage=storage, **reader_options)
     if isinstance(source, ImageFolderSource):
         files: list[dict[str, Any]] = [{"path": source.root, "bytes": source.parsed_bytes()}]
     else:
-        files = [{"path": p, "bytes": storage.size(p, store=source.storage)} for p in source.paths]
+        files = [{"path": p, "bytes": object_size(p, store=source.storage)} for p in source.paths]
     began = time.perf_counter()
     blocks = source.blocks()
     count_s = time.perf_counter() - began
@@ -200,7 +201,7 @@ def _block_sizes(source: Source, blocks: list[Block], suffix: str) -> dict[str, 
     if isinstance(source, (WebDatasetSource, ImageFolderSource)):  # byte ranges of samples
         nbytes = [b.stop - b.start for b in blocks]
     elif suffix in _TEXT:
-        sizes = {p: storage.size(p, store=source.storage) for p in source.paths}
+        sizes = {p: object_size(p, store=source.storage) for p in source.paths}
         nbytes = [(b.stop if b.stop >= 0 else sizes[b.path]) - b.start for b in blocks]
     elif suffix == ".parquet":
         from naiad.sources.parquet import open_parquet

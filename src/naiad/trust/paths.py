@@ -11,9 +11,9 @@ word, so it is read only where the table itself lives, or where the user says:
   bucket or host, under its folder: never ``file://``, ``local://`` or a local path, and never
   another store (which it would read with the table's own credentials);
 * a local table reads local files under its own folder;
-* ``media_roots`` names more places, local folders or URL prefixes, that a table's paths may
-  reach;
-* a file is read only if it is at most ``max_media_bytes`` (256 MiB unless the user says), and a
+* the reader's ``media=MediaAccess(roots=[...])`` names more places, local folders or URL
+  prefixes, that a table's paths may reach;
+* a file is read only if it is at most ``MediaAccess.max_bytes`` (256 MiB unless the user says), and a
   local one only if it is a regular file (a FIFO or a device would block or never end).
 
 Anything else is a refusal: the row is bad (a ``SourceError`` naming the file, row and column,
@@ -93,7 +93,7 @@ class MediaAccess:
     @classmethod
     def of(cls, roots: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
            max_bytes: int | None = None) -> MediaAccess:
-        """A MediaAccess from a reader's ``media_roots`` and ``max_media_bytes``, checked.
+        """A MediaAccess with its roots normalised and its size checked (what a reader's ``media=`` becomes).
 
         Raises:
             ConfigError: a root that is not a non-empty str (or path), a URL that climbs above
@@ -102,7 +102,7 @@ class MediaAccess:
         if max_bytes is None:
             max_bytes = DEFAULT_MAX_MEDIA_BYTES
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ConfigError(f"`max_media_bytes` must be an int >= 1 or None (256 MiB), got {max_bytes!r}.")
+            raise ConfigError(f"`MediaAccess.max_bytes` must be an int >= 1 or None (256 MiB), got {max_bytes!r}.")
         if roots is None:
             return cls((), max_bytes)
         listed = [roots] if isinstance(roots, (str, os.PathLike)) else list(roots)
@@ -110,12 +110,12 @@ class MediaAccess:
         for root in listed:
             text = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
             if not isinstance(text, str) or not text:
-                raise ConfigError(f"`media_roots` must be folders or URL prefixes (str), got {root!r}.")
+                raise ConfigError(f"`MediaAccess.roots` must be folders or URL prefixes (str), got {root!r}.")
             m = URL_RE.match(text)
             if m and m.group(1).lower() not in _LOCAL_SCHEMES:
                 url = _normal_url(text)
                 if url is None:
-                    raise ConfigError(f"`media_roots` entry {text!r} climbs above its bucket or host.")
+                    raise ConfigError(f"`MediaAccess.roots` entry {text!r} climbs above its bucket or host.")
                 out.append(url.rstrip("/"))
             else:
                 path = text[m.end():] if m else text
@@ -186,8 +186,8 @@ def locate_media(where: str, table: str, access: MediaAccess) -> tuple[str | Non
             under(target, root) for root in access.roots if is_remote(root) == remote):
         linked = "" if remote else _linked_outside(target, where, table, own, access)
         return (None, linked) if linked else (target, "")
-    allowed = f"the table's folder {own}" + (f" or media_roots {list(access.roots)}" if access.roots else "")
-    return None, (f"its path {where!r:.200} is outside {allowed}; name its folder in media_roots=[...] to read it")
+    allowed = f"the table's folder {own}" + (f" or the media roots {list(access.roots)}" if access.roots else "")
+    return None, (f"its path {where!r:.200} is outside {allowed}; name its folder in the reader's media=naiad.MediaAccess(roots=[...]) to read it")
 
 
 def _linked_outside(target: str, where: str, table: str, own: str, access: MediaAccess) -> str:
