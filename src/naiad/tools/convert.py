@@ -160,51 +160,16 @@ def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None =
     source = open_source(src, opts)
     fmt = format_of(dst, opts.format)
     total = len(source)  # a text source's newline scan: exact row counts before any row is written
-    samples: SampleBatches | None = None
-    if is_sample_source(source, fmt):
-        samples = SampleBatches(source, fmt, columns=opts.columns, max_size=opts.max_size, quality=opts.quality,
-                                decode=opts.decode, mode=opts.mode, on_bad_rows=opts.on_bad_rows, total_rows=total)
-        schema = samples.schema
-        group_rows = opts.row_group_rows or sample_group_rows(total, estimated_row_bytes(source, samples.decoded))
-    else:
-        if opts.max_size is not None or opts.decode:
-            raise ConfigError(f"`max_size` and `decode` apply to images; {source.paths[0]} has no column of bytes "
-                              f"(its columns: {source.schema().names}).")
-        schema = output_schema(source, opts.columns)
-        group_rows = opts.row_group_rows or default_row_group_rows(total)
+    samples, schema, group_rows = _output_of(source, opts, fmt, total)
     out_storage = Storage(opts.output_storage_options if opts.output_storage_options is not None else opts.storage_options)
     dest = Destination(dst, fmt, sharded=opts.rows_per_shard is not None, storage=out_storage)
     existing = dest.existing()
     if existing and not opts.overwrite:
         raise ConfigError(f"{dest.join(existing[0])} exists; pass --overwrite (overwrite=True) to replace "
                           f"{'it' if len(existing) == 1 else f'it and {len(existing) - 1} other file(s)'}.")
-    compression = opts.compression if opts.compression is not None else ("snappy" if fmt == "parquet" else None)
-    shards: ShardSet | TarShardSet
-    if fmt == "webdataset":
-        if opts.compression not in (None, "none"):
-            raise ConfigError(f"tar shards are not compressed (their images are already); got `compression` {opts.compression!r}.")
-        compression = None
-        shards = TarShardSet(dest, schema, rows_per_shard=opts.rows_per_shard)
-    else:
-        shards = ShardSet(dest, fmt, schema, row_group_rows=group_rows, rows_per_shard=opts.rows_per_shard,
-                          compression=None if compression == "none" else compression)
+    shards, compression = _shard_set(dest, fmt, schema, opts, group_rows)
     reading = _Reading(source, schema, samples.convert if samples is not None else None)
-    buckets = 0
-    try:
-        if opts.shuffle:
-            buckets = _shuffle(reading, shards, opts, dst, total, progress)
-        else:
-            for batch, _ in reading.chunks(0):
-                shards.add(batch)
-                if progress:
-                    progress("convert", reading.rows_read, total, shards.bytes_written)
-        written = shards.finish()
-    except BaseException as exc:
-        shards.abort()
-        if isinstance(exc, (OSError, pa.ArrowException)) and not isinstance(exc, NaiadError):
-            # Read errors are the readers' SourceErrors already: this one is the destination's.
-            raise SourceError(f"cannot write the shards: {type(exc).__name__}: {exc}", path=dst) from exc
-        raise
+    buckets, written = _write_all(reading, shards, opts, dst, total, progress)
     for name in existing:  # stale shards of an earlier, larger convert
         if name not in {s.file for s in written} and name != dest.manifest_name:
             dest.remove(dest.join(name))
@@ -233,15 +198,71 @@ def convert(src: str | Sequence[str], dst: str, options: ConvertOptions | None =
     return ConvertResult(written, rows, reading.bad_rows, time.monotonic() - began, dest.join(dest.manifest_name), manifest)
 
 
-def _shuffle(reading: _Reading, shards: ShardSet | TarShardSet, opts: ConvertOptions, dst: str, total: int,
-             progress: ProgressFn | None) -> int:
-    """NOTE [ External shuffle ] in convert_shuffle.py: scatter into buckets, then gather."""
+def _output_of(source: Source, opts: ConvertOptions, fmt: str,
+               total: int) -> tuple[SampleBatches | None, pa.Schema, int]:
+    """What the shards hold: the samples' conversion (None for a table without a column of
+    bytes), the output schema, and the rows of a row group."""
+    if is_sample_source(source, fmt):
+        samples = SampleBatches(source, fmt, columns=opts.columns, max_size=opts.max_size, quality=opts.quality,
+                                decode=opts.decode, mode=opts.mode, on_bad_rows=opts.on_bad_rows, total_rows=total)
+        group_rows = opts.row_group_rows or sample_group_rows(total, estimated_row_bytes(source, samples.decoded))
+        return samples, samples.schema, group_rows
+    if opts.max_size is not None or opts.decode:
+        raise ConfigError(f"`max_size` and `decode` apply to images; {source.paths[0]} has no column of bytes "
+                          f"(its columns: {source.schema().names}).")
+    return None, output_schema(source, opts.columns), opts.row_group_rows or default_row_group_rows(total)
+
+
+def _shard_set(dest: Destination, fmt: str, schema: pa.Schema, opts: ConvertOptions,
+               group_rows: int) -> tuple[ShardSet | TarShardSet, str | None]:
+    """The shards' writer for ``fmt``, and the compression it writes with (None: none)."""
+    if fmt == "webdataset":
+        if opts.compression not in (None, "none"):
+            raise ConfigError(f"tar shards are not compressed (their images are already); got `compression` {opts.compression!r}.")
+        return TarShardSet(dest, schema, rows_per_shard=opts.rows_per_shard), None
+    compression = opts.compression if opts.compression is not None else ("snappy" if fmt == "parquet" else None)
+    shards = ShardSet(dest, fmt, schema, row_group_rows=group_rows, rows_per_shard=opts.rows_per_shard,
+                      compression=None if compression == "none" else compression)
+    return shards, compression
+
+
+def _write_all(reading: _Reading, shards: ShardSet | TarShardSet, opts: ConvertOptions, dst: str, total: int,
+               progress: ProgressFn | None) -> tuple[int, list[Any]]:
+    """Every row read into the shards, shuffled or in order: the shuffle's buckets (0 without)
+    and the shards written; on any failure the shards written so far are removed."""
+    buckets = 0
+    try:
+        if opts.shuffle:
+            buckets = _shuffle(reading, shards, opts, dst, total, progress)
+        else:
+            for batch, _ in reading.chunks(0):
+                shards.add(batch)
+                if progress:
+                    progress("convert", reading.rows_read, total, shards.bytes_written)
+        return buckets, shards.finish()
+    except BaseException as exc:
+        shards.abort()
+        if isinstance(exc, (OSError, pa.ArrowException)) and not isinstance(exc, NaiadError):
+            # Read errors are the readers' SourceErrors already: this one is the destination's.
+            raise SourceError(f"cannot write the shards: {type(exc).__name__}: {exc}", path=dst) from exc
+        raise
+
+
+def _spill_folder(opts: ConvertOptions, dst: str) -> str | None:
+    """Where the shuffle's buckets go: ``tmp_dir``, else beside a local destination (the same
+    disk), else the system's temporary folder (None)."""
     folder = opts.tmp_dir
     if folder is None and not is_remote(dst):
         folder = os.path.dirname(os.path.abspath(dst.rstrip("/"))) if not dst.endswith("/") else os.path.abspath(dst)
     if folder is not None:
         os.makedirs(folder, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".naiad-convert-", dir=folder)
+    return folder
+
+
+def _shuffle(reading: _Reading, shards: ShardSet | TarShardSet, opts: ConvertOptions, dst: str, total: int,
+             progress: ProgressFn | None) -> int:
+    """NOTE [ External shuffle ] in convert_shuffle.py: scatter into buckets, then gather."""
+    tmp = tempfile.mkdtemp(prefix=".naiad-convert-", dir=_spill_folder(opts, dst))
     spill: BucketSpill | None = None
     try:
         for batch, positions in reading.chunks(opts.memory_bytes // 4):
@@ -254,12 +275,7 @@ def _shuffle(reading: _Reading, shards: ShardSet | TarShardSet, opts: ConvertOpt
                 progress("scatter", reading.rows_read, total, 0)
         if spill is None:
             return 0
-        kept = total - reading.bad_rows
-        for table in spill.tables():
-            for batch in table.to_batches():
-                shards.add(batch)
-            if progress:
-                progress("write", shards.rows_written, kept, shards.bytes_written)
+        _gather(spill, shards, total - reading.bad_rows, progress)
         return spill.buckets
     finally:
         if spill is not None:
@@ -267,6 +283,15 @@ def _shuffle(reading: _Reading, shards: ShardSet | TarShardSet, opts: ConvertOpt
         for name in os.listdir(tmp):
             os.unlink(os.path.join(tmp, name))
         os.rmdir(tmp)
+
+
+def _gather(spill: BucketSpill, shards: ShardSet | TarShardSet, kept: int, progress: ProgressFn | None) -> None:
+    """The buckets, each shuffled in memory, written to the shards in bucket order."""
+    for table in spill.tables():
+        for batch in table.to_batches():
+            shards.add(batch)
+        if progress:
+            progress("write", shards.rows_written, kept, shards.bytes_written)
 
 
 MakeBatch = Callable[[Columns, np.ndarray, str], tuple[pa.RecordBatch, np.ndarray]]

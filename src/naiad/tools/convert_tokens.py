@@ -92,51 +92,18 @@ def convert_tokens(source: Source, dst: str, tokenize: Tokenize, *, tokens_per_s
         raise ConfigError(f"{os.path.join(dst, existing[0])} exists; pass --overwrite (overwrite=True) to replace it "
                           f"and the other {len(existing) - 1} file(s).")
     total_rows = len(source)
-    shards: list[TokenShard] = []
-    pending: list[np.ndarray] = []
-    lens: list[np.ndarray] = []
-    held = 0
-    rows = 0
-
-    def close() -> None:
-        nonlocal pending, lens, held
-        name = f"tokens-{len(shards):05d}.npy"
-        tokens = np.concatenate(pending) if pending else np.zeros(0, tokenize.dtype)
-        doc_lens = np.concatenate(lens) if lens else np.zeros(0, np.int64)
-        offsets = np.concatenate(([0], np.cumsum(doc_lens))).astype(np.int64)
-        size, sha = _write_npy(out, name, tokens)
-        _, osha = _write_npy(out_offsets, name, offsets)
-        shards.append(TokenShard(name, len(tokens), len(doc_lens), size, sha, f"{OFFSETS}/{name}", osha))
-        pending, lens, held = [], [], 0
-
-    bad_rows = 0
+    writer = _ShardWriter(out, out_offsets, tokenize.dtype, tokens_per_shard)
+    shards = writer.shards
+    rows = bad_rows = 0
     bad_examples: list[dict[str, Any]] = []
     for flat, doc_lens, bad in iter_documents(tokenize, source):
         rows += len(doc_lens) + len(bad)
         bad_rows += len(bad)
         bad_examples += [{k: v for k, v in e.items() if k != "at"} for e in bad[:max(0, 20 - len(bad_examples))]]
-        if tokens_per_shard is None:
-            pending.append(flat)
-            lens.append(doc_lens)
-        else:  # cut at the first document end past the limit: a document stays in one shard
-            ends = np.cumsum(doc_lens)
-            at = 0
-            while at < len(doc_lens):
-                room = tokens_per_shard - held
-                base = int(ends[at - 1]) if at else 0
-                cut = int(np.searchsorted(ends, base + room, side="left")) + 1
-                cut = min(max(cut, at + 1), len(doc_lens))
-                piece = flat[base:int(ends[cut - 1])]
-                pending.append(piece)
-                lens.append(doc_lens[at:cut])
-                held += len(piece)
-                at = cut
-                if held >= tokens_per_shard:
-                    close()
+        writer.add(flat, doc_lens)
         if progress:
             progress("convert", rows, total_rows, sum(s.bytes for s in shards))
-    if pending or not shards:
-        close()
+    writer.finish()
     for name in existing:  # stale shards of an earlier, larger convert
         if name != MANIFEST and name not in {s.file for s in shards}:
             os.unlink(os.path.join(dst, name))
@@ -162,6 +129,55 @@ def convert_tokens(source: Source, dst: str, tokenize: Tokenize, *, tokens_per_s
     }
     out.write_json(MANIFEST, manifest)
     return manifest
+
+
+class _ShardWriter:
+    """Documents' tokens into shards of about ``tokens_per_shard`` (None: one shard), each cut
+    at the first document end past the limit: a document stays in one shard."""
+
+    def __init__(self, out: Destination, out_offsets: Destination, dtype: np.dtype,
+                 tokens_per_shard: int | None) -> None:
+        self.out, self.out_offsets, self.dtype, self.limit = out, out_offsets, dtype, tokens_per_shard
+        self.shards: list[TokenShard] = []
+        self.pending: list[np.ndarray] = []
+        self.lens: list[np.ndarray] = []
+        self.held = 0
+
+    def add(self, flat: np.ndarray, doc_lens: np.ndarray) -> None:
+        """One read's documents: ``flat``, their tokens end to end, ``doc_lens`` their lengths."""
+        if self.limit is None:
+            self.pending.append(flat)
+            self.lens.append(doc_lens)
+            return
+        ends = np.cumsum(doc_lens)
+        at = 0
+        while at < len(doc_lens):
+            base = int(ends[at - 1]) if at else 0
+            cut = int(np.searchsorted(ends, base + self.limit - self.held, side="left")) + 1
+            cut = min(max(cut, at + 1), len(doc_lens))
+            piece = flat[base:int(ends[cut - 1])]
+            self.pending.append(piece)
+            self.lens.append(doc_lens[at:cut])
+            self.held += len(piece)
+            at = cut
+            if self.held >= self.limit:
+                self.close()
+
+    def close(self) -> None:
+        """The tokens held so far as the next shard, with its documents' offsets beside it."""
+        name = f"tokens-{len(self.shards):05d}.npy"
+        tokens = np.concatenate(self.pending) if self.pending else np.zeros(0, self.dtype)
+        doc_lens = np.concatenate(self.lens) if self.lens else np.zeros(0, np.int64)
+        offsets = np.concatenate(([0], np.cumsum(doc_lens))).astype(np.int64)
+        size, sha = _write_npy(self.out, name, tokens)
+        _, osha = _write_npy(self.out_offsets, name, offsets)
+        self.shards.append(TokenShard(name, len(tokens), len(doc_lens), size, sha, f"{OFFSETS}/{name}", osha))
+        self.pending, self.lens, self.held = [], [], 0
+
+    def finish(self) -> None:
+        """The last shard (an input with no documents gives one empty shard)."""
+        if self.pending or not self.shards:
+            self.close()
 
 
 def read_manifest(paths: str | Sequence[str]) -> dict[str, Any] | None:
