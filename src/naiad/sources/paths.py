@@ -25,7 +25,7 @@ def expand_paths(paths: PathLike, storage: Storage | None = None) -> list[str]:
     (:func:`expand_braces`): ``train-{0000..0099}.tar`` names 100 files, in that order, each of
     which must exist (a name with braces that is itself a file is read as it is). A local folder
     stands for its data files (:func:`folder_files`). URLs
-    (``s3://bucket/train-*.csv``) are listed through ``storage`` (its ``storage_options``);
+    (``s3://bucket/train-*.csv``) are listed through ``storage`` (its filesystem options);
     ``file://`` URLs become local paths.
 
     Raises:
@@ -35,35 +35,37 @@ def expand_paths(paths: PathLike, storage: Storage | None = None) -> list[str]:
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
         raise ConfigError("`paths` must name at least one file, got an empty list.")
-    out: list[str] = []
-    expanded: list[str] = []
-    for item in items:
-        text = os.fspath(item)
-        many = expand_braces(text)
-        if len(many) > 1 and not (not is_remote(text) and os.path.isfile(local_path(text))):
-            expanded += many
-        else:
-            expanded.append(text)
+    expanded = [name for item in items for name in _braced(os.fspath(item))]
     remote = [t for t in expanded if is_remote(t) and not glob.has_magic(t)]
     if len(remote) > 1:  # one listing per folder, not a request per object (shards are many)
         (storage or Storage()).expand_many(remote)
+    out: list[str] = []
     for text in expanded:
-        if is_remote(text):
-            out.extend((storage or Storage()).expand(text))
-            continue
-        text = local_path(text)
-        if glob.has_magic(text):
-            matches = sorted(p for p in glob.glob(text, recursive=True) if os.path.isfile(p))
-            if not matches:
-                raise SourceError("the pattern matches no file.", path=text)
-            out.extend(matches)
-        elif os.path.isdir(text):
-            out.extend(folder_files(text))
-        elif not os.path.isfile(text):
-            raise SourceError("file not found.", path=text)
-        else:
-            out.append(text)
+        out.extend((storage or Storage()).expand(text) if is_remote(text) else _local_files(local_path(text)))
     return out
+
+
+def _braced(text: str) -> list[str]:
+    """The names ``text``'s brace groups stand for; ``text`` itself when it has none, or when it
+    is a local file whose name has braces."""
+    many = expand_braces(text)
+    if len(many) > 1 and not (not is_remote(text) and os.path.isfile(local_path(text))):
+        return many
+    return [text]
+
+
+def _local_files(text: str) -> list[str]:
+    """The files a local path, glob or folder names."""
+    if glob.has_magic(text):
+        matches = sorted(p for p in glob.glob(text, recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise SourceError("the pattern matches no file.", path=text)
+        return matches
+    if os.path.isdir(text):
+        return folder_files(text)
+    if not os.path.isfile(text):
+        raise SourceError("file not found.", path=text)
+    return [text]
 
 
 def folder_files(folder: str) -> list[str]:
