@@ -389,3 +389,20 @@ def test_npy_headers_are_parsed_one_at_a_time(tmp_path, monkeypatch):
     for t in threads:
         t.join(10)
     assert most[0] == 1
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_line_longer_than_pyarrows_parse_block_is_read(tmp_path, fmt):
+    # PyArrow parses in 1 MiB blocks and refuses a line that straddles two: the reader parses
+    # that buffer as one block.
+    long = "x" * (3 << 20)
+    path = tmp_path / f"a.{fmt}"
+    if fmt == "csv":
+        path.write_text(f"id,text\n0,short\n1,{long}\n2,end\n")
+        source = sources.read_csv(str(path))
+    else:
+        path.write_text('{"id":0,"text":"short"}\n{"id":1,"text":"' + long + '"}\n{"id":2,"text":"end"}\n')
+        source = sources.read_jsonl(str(path))
+    data = _read_all(source)
+    assert data["id"].tolist() == [0, 1, 2]
+    assert [len(t) for t in data["text"]] == [5, len(long), 3]

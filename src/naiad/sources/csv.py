@@ -38,6 +38,7 @@ from naiad.sources.lines import (
     parse_selected_lines,
     read_block_bytes,
     slice_rows,
+    with_long_lines,
 )
 from naiad.sources.options import BadRows, StorageLike, warn_renamed
 from naiad.sources.paths import PathLike
@@ -385,17 +386,15 @@ class CsvSource(LineBlocks, Source):
         parse_opts = self._parse_options()
         quote = self._quote.encode() if self._quote else None
 
+        def read_table(data: bytes, block_size: int | None) -> pa.Table:
+            options = read if block_size is None else pacsv.ReadOptions(
+                column_names=full.names, use_threads=use_threads, block_size=block_size)
+            return pacsv.read_csv(pa.py_buffer(data), read_options=options, parse_options=parse_opts, convert_options=convert)
+
         def parse(data: bytes) -> pa.Table:
             if not data or data.isspace():  # (no copy, unlike strip())
                 return schema.empty_table()
-            try:
-                table = pacsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse_opts, convert_options=convert)
-            except pa.ArrowInvalid as exc:
-                if "straddl" not in str(exc):
-                    raise
-                # A line longer than PyArrow's parse block (1 MiB): parse the buffer as one block.
-                whole = pacsv.ReadOptions(column_names=full.names, use_threads=use_threads, block_size=len(data) + 1)
-                table = pacsv.read_csv(pa.py_buffer(data), read_options=whole, parse_options=parse_opts, convert_options=convert)
+            table = with_long_lines(lambda size: read_table(data, size), len(data))
             # The whole buffer's rows are known from the scan; a piece's are counted.
             lines = expected if data is buf else count_rows(data, keep_blank=False)
             if table.num_rows != lines or (quote is not None and _open_quote_on_last_line(data, quote)):
@@ -409,21 +408,9 @@ class CsvSource(LineBlocks, Source):
                 raise BadRow(f"missing value in integer column {col!r} (NumPy integers have no NaN; pass dtypes={{{col!r}: 'float32'}} to read NaN)", col)
             return table
 
-        def describe(exc: Exception) -> tuple[str, str | None]:
-            if isinstance(exc, BadRow):
-                return str(exc), exc.column
-            text = _ROW_RE.sub("", str(exc).split("\n")[0])
-            m = _COLUMN_RE.search(text)
-            column = full.names[int(m.group(1))] if m and int(m.group(1)) < len(full.names) else None
-            if "conversion error to string" in text:  # the only way a value fails to be a string
-                text += ": the value is not valid UTF-8"
-            elif "conversion error" in text and column is not None:
-                text += f" (the type {full.field(column).type} was inferred from the first MiB; pass dtypes={{{column!r}: ...}} if it is wrong)"
-            return text, column
-
         tables, skipped = parse_robust(
             buf, parse, path=block.path, first_line=block.first_line + line0,
-            on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
+            on_bad_rows=self.on_bad_rows, keep_blank=False, describe=lambda exc: _csv_problem(exc, full),
         )
         # Every line bad: no piece parsed, zero rows.
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty_table()
@@ -435,6 +422,20 @@ class CsvSource(LineBlocks, Source):
             )
         bad = tuple(bad_entry(at, block.path, problem, line=line, column=column) for at, line, problem, column in skipped)
         return BlockData(table_to_columns(table), bad)
+
+
+def _csv_problem(exc: Exception, full: pa.Schema) -> tuple[str, str | None]:
+    """A bad line's problem in words, and its column when one is named."""
+    if isinstance(exc, BadRow):
+        return str(exc), exc.column
+    text = _ROW_RE.sub("", str(exc).split("\n")[0])
+    m = _COLUMN_RE.search(text)
+    column = full.names[int(m.group(1))] if m and int(m.group(1)) < len(full.names) else None
+    if "conversion error to string" in text:  # the only way a value fails to be a string
+        text += ": the value is not valid UTF-8"
+    elif "conversion error" in text and column is not None:
+        text += f" (the type {full.field(column).type} was inferred from the first MiB; pass dtypes={{{column!r}: ...}} if it is wrong)"
+    return text, column
 
 
 read_csv = CsvSource

@@ -35,6 +35,7 @@ from naiad.sources.lines import (
     parse_selected_lines,
     read_block_bytes,
     slice_rows,
+    with_long_lines,
 )
 from naiad.sources.options import BadRows, StorageLike
 from naiad.sources.paths import PathLike
@@ -180,15 +181,10 @@ class JsonlSource(LineBlocks, Source):
                 return schema.empty_table()
             if not data.endswith(b"\n"):
                 data += b"\n"
-            try:
-                table = pajson.read_json(pa.py_buffer(data), read_options=read, parse_options=parse_opts)
-            except pa.ArrowInvalid as exc:
-                if "straddl" not in str(exc):
-                    raise
-                # A line longer than PyArrow's parse block (1 MiB): parse the buffer as one block.
-                whole = pajson.ReadOptions(use_threads=use_threads, block_size=len(data) + 1)
-                table = pajson.read_json(pa.py_buffer(data), read_options=whole, parse_options=parse_opts)
-            table = table.select(schema.names)
+            table = with_long_lines(lambda size: pajson.read_json(
+                pa.py_buffer(data), parse_options=parse_opts,
+                read_options=read if size is None else pajson.ReadOptions(use_threads=use_threads, block_size=size),
+            ), len(data)).select(schema.names)
             # PyArrow's JSON parser does not check that strings are UTF-8; a line that is not
             # fails here, as a bad row, instead of when its value is read.
             table.validate(full=True)
@@ -197,19 +193,9 @@ class JsonlSource(LineBlocks, Source):
                 raise BadRow(f"missing value in integer field {col!r} (pass dtypes={{{col!r}: 'float32'}} to read NaN)", col)
             return table
 
-        def describe(exc: Exception) -> tuple[str, str | None]:
-            if isinstance(exc, BadRow):
-                return str(exc), exc.column
-            text = str(exc).split("\n")[0].replace(" in row 0", "")
-            m = _COLUMN_RE.match(text)  # "Column 2: In chunk 0: Invalid: Invalid UTF8 ..."
-            if m and int(m.group(1)) < len(schema.names):
-                return text, schema.names[int(m.group(1))]
-            m = _FIELD_RE.search(text)  # "JSON parse error: Column(/b) changed from number to string"
-            return text, m.group(1) if m and m.group(1) in full.names else None
-
         tables, skipped = parse_robust(
             buf, parse, path=block.path, first_line=block.first_line + line0,
-            on_bad_rows=self.on_bad_rows, keep_blank=False, describe=describe,
+            on_bad_rows=self.on_bad_rows, keep_blank=False, describe=lambda exc: _json_problem(exc, full, schema),
         )
         # Every line bad: no piece parsed, zero rows.
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty_table()
@@ -218,6 +204,18 @@ class JsonlSource(LineBlocks, Source):
                               path=block.path, line=block.first_line + line0)
         bad = tuple(bad_entry(at, block.path, problem, line=line, column=column) for at, line, problem, column in skipped)
         return BlockData(table_to_columns(table), bad)
+
+
+def _json_problem(exc: Exception, full: pa.Schema, schema: pa.Schema) -> tuple[str, str | None]:
+    """A bad line's problem in words, and its field when one is named."""
+    if isinstance(exc, BadRow):
+        return str(exc), exc.column
+    text = str(exc).split("\n")[0].replace(" in row 0", "")
+    m = _COLUMN_RE.match(text)  # "Column 2: In chunk 0: Invalid: Invalid UTF8 ..."
+    if m and int(m.group(1)) < len(schema.names):
+        return text, schema.names[int(m.group(1))]
+    m = _FIELD_RE.search(text)  # "JSON parse error: Column(/b) changed from number to string"
+    return text, m.group(1) if m and m.group(1) in full.names else None
 
 
 read_jsonl = JsonlSource

@@ -39,10 +39,21 @@ from naiad.sources.storage import Storage
 __all__ = [
     "BadRow", "CutArgs", "LineBlocks", "block_bytes_for", "default_block_bytes", "detect_compression", "early_file_cut",
     "early_rows", "parse_group_lines", "parse_robust", "parse_selected_lines", "read_block_bytes", "read_selected_lines",
-    "row_spans", "scan_file", "select_rows", "slice_rows",
+    "row_spans", "scan_file", "select_rows", "slice_rows", "with_long_lines",
 ]
 
 _COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".lz4": "lz4"}
+
+
+def with_long_lines(read: Callable[[int | None], pa.Table], size: int) -> pa.Table:
+    """``read(None)``: a parse with PyArrow's own block size; where a line is longer than that
+    block (1 MiB: PyArrow says it straddles two), ``read(size + 1)``: the buffer as one block."""
+    try:
+        return read(None)
+    except pa.ArrowInvalid as exc:
+        if "straddl" not in str(exc):
+            raise
+        return read(size + 1)
 
 
 class BadRow(ValueError):

@@ -55,28 +55,9 @@ def read_samples(asks: Sequence[Ask], schema: pa.Schema, on_bad_rows: OnBadRows,
     fetched = io_map(lambda a: _fetch(a, store), asks) if any(storage.is_remote(a[0]) for a in asks) else [_fetch(a, store) for a in asks]
     sizes = np.array([len(rows) for _, _, rows in asks], np.int64)
     first = np.concatenate(([0], np.cumsum(sizes)))  # each ask's first position among the rows
-    byte_at = np.concatenate(([0], np.cumsum([len(b) for b, _ in fetched])))
     buf = pa.py_buffer(fetched[0][0] if len(fetched) == 1 else b"".join(b for b, _ in fetched))
     bad: dict[int, tuple[str, str]] = {}  # position among the rows -> (column, reason)
-    offsets: dict[str, list[np.ndarray]] = {f.name: [] for f in schema if f.name != KEY}
-    lengths: dict[str, list[np.ndarray]] = {name: [] for name in offsets}
-    for k, ((_, index, rows), (_, shift)) in enumerate(zip(asks, fetched, strict=True)):
-        # A few NumPy calls an ask and column; the checks look at each bad sample alone.
-        if index.flags[rows].any():
-            for i in np.flatnonzero(index.flags[rows]).tolist():
-                bad[int(first[k]) + i] = ("", "has two members with the same extension")
-        for name in offsets:
-            e = index.ext_row(name)
-            offs = index.offsets[e, rows] if e >= 0 else np.full(len(rows), -1, np.int64)
-            missing = offs < 0
-            if missing.any():
-                for i in np.flatnonzero(missing).tolist():
-                    if int(first[k]) + i not in bad:
-                        have = ", ".join(x for j, x in enumerate(index.exts) if index.offsets[j, rows[i]] >= 0)
-                        bad[int(first[k]) + i] = (name, f"has no .{name} member (it has: {have or 'none'})")
-                offs = np.where(missing, -1 - shift - byte_at[k], offs)  # -1 once shifted (never read)
-            offsets[name].append(offs + (shift + byte_at[k]))
-            lengths[name].append(index.sizes[e, rows] if e >= 0 else np.zeros(len(rows), np.int64))
+    offsets, lengths = _member_spans(asks, fetched, [f.name for f in schema if f.name != KEY], first, bad)
     good = np.ones(int(first[-1]), bool)
     good[list(bad)] = False
     keep = np.flatnonzero(good)  # decoded: rows with every member
@@ -96,6 +77,43 @@ def read_samples(asks: Sequence[Ask], schema: pa.Schema, on_bad_rows: OnBadRows,
     if not bad:
         return BlockData(columns)
     return BlockData(columns, _bad(asks, first, bad, on_bad_rows))
+
+
+Spans = dict[str, list[np.ndarray]]
+"""Per column, per ask: each sample's member offsets in the joined bytes (or its sizes)."""
+
+
+def _member_spans(asks: Sequence[Ask], fetched: Sequence[tuple[bytes, np.ndarray | int]], names: list[str],
+                  first: np.ndarray, bad: dict[int, tuple[str, str]]) -> tuple[Spans, Spans]:
+    """Each column's members as offsets into the joined bytes and sizes, per ask; a sample with
+    two members of one extension, or missing a column's, put in ``bad`` (its first problem)."""
+    byte_at = np.concatenate(([0], np.cumsum([len(b) for b, _ in fetched])))
+    offsets: Spans = {name: [] for name in names}
+    lengths: Spans = {name: [] for name in names}
+    for k, ((_, index, rows), (_, shift)) in enumerate(zip(asks, fetched, strict=True)):
+        # A few NumPy calls an ask and column; the checks look at each bad sample alone.
+        if index.flags[rows].any():
+            for i in np.flatnonzero(index.flags[rows]).tolist():
+                bad[int(first[k]) + i] = ("", "has two members with the same extension")
+        for name in names:
+            e = index.ext_row(name)
+            offs = index.offsets[e, rows] if e >= 0 else np.full(len(rows), -1, np.int64)
+            missing = offs < 0
+            if missing.any():
+                _name_missing(index, rows, np.flatnonzero(missing), name, int(first[k]), bad)
+                offs = np.where(missing, -1 - shift - byte_at[k], offs)  # -1 once shifted (never read)
+            offsets[name].append(offs + (shift + byte_at[k]))
+            lengths[name].append(index.sizes[e, rows] if e >= 0 else np.zeros(len(rows), np.int64))
+    return offsets, lengths
+
+
+def _name_missing(index: ShardIndex, rows: np.ndarray, missing: np.ndarray, name: str, first: int,
+                  bad: dict[int, tuple[str, str]]) -> None:
+    """The samples at ``missing`` (of ``rows``) lack a ``.name`` member: each bad, with what it has."""
+    for i in missing.tolist():
+        if first + i not in bad:
+            have = ", ".join(x for j, x in enumerate(index.exts) if index.offsets[j, rows[i]] >= 0)
+            bad[first + i] = (name, f"has no .{name} member (it has: {have or 'none'})")
 
 
 def _fetch(ask: Ask, store: storage.Storage | None) -> tuple[bytes, np.ndarray | int]:

@@ -290,41 +290,15 @@ def _fast_walk(read: Callable[[int, int], bytes], size: int) -> tuple[list[Membe
             if heads and not _headers_ok(b"".join(heads)):
                 raise _GiveUp  # a header tarfile reads otherwise, or not a header at all
             return members, offset
-        h, kind, n = head
         first = offset
         long_name: str | None = None
         pax: dict[str, str] = {}
-        if kind in (b"x", b"L"):
-            # tarfile reads the extension's blocks whole (padding included) and then the member's header.
-            padded = _padded(n)
-            if offset + _BLOCK + padded > size:
-                raise _GiveUp  # an extension past the end of the file: tarfile names the damage
-            ext = read(offset + _BLOCK, padded)
-            if len(ext) < padded:
-                raise _GiveUp
-            if kind == b"x":
-                pax = _pax_records(ext)
-            else:
-                long_name = _text(ext)
-            offset += _BLOCK + padded
-            head = _header(read, offset, heads)
-            if head is None:
-                raise _GiveUp  # an extended header with no member: tarfile refuses it
-            h, kind, n = head
+        if head[1] in (b"x", b"L"):
+            offset, head, long_name, pax = _extended(read, size, offset, head, heads)
+        h, kind, n = head
         if kind not in _SUPPORTED:
             raise _GiveUp  # global pax, sparse, long link names, vendor types: tarfile reads them
-        name = _text(h[0:100])
-        if kind == b"\0" and name.endswith("/"):
-            kind = b"5"  # an old-style directory
-        if kind == b"5":
-            name = name.rstrip("/")
-        prefix = _text(h[345:500])
-        if prefix:
-            name = prefix + "/" + name
-        if long_name is not None:
-            name = long_name.removesuffix("/") if kind == b"5" else long_name
-        if "path" in pax:
-            name = pax["path"].rstrip("/")
+        name, kind = _member_name(h, kind, long_name, pax)
         if "size" in pax:
             try:
                 n = int(pax["size"])
@@ -336,6 +310,49 @@ def _fast_walk(read: Callable[[int, int], bytes], size: int) -> tuple[list[Membe
             raise _GiveUp  # cut short: tarfile's walk names the member
         members.append(Member(name, first, data, n, regular))
         offset = data + (_padded(n) if regular else 0)  # tarfile skips the data of regular files only
+
+
+Header = tuple[bytes, bytes, int]
+"""A header block, its type and its size (:func:`_header`)."""
+
+
+def _extended(read: Callable[[int, int], bytes], size: int, offset: int, head: Header,
+              heads: list[bytes]) -> tuple[int, Header, str | None, dict[str, str]]:
+    """A pax (``x``) or GNU long name (``L``) header at ``offset`` and the member's header after
+    it: (that header's offset, the header, the long name, the pax records)."""
+    _, kind, n = head
+    # tarfile reads the extension's blocks whole (padding included) and then the member's header.
+    padded = _padded(n)
+    if offset + _BLOCK + padded > size:
+        raise _GiveUp  # an extension past the end of the file: tarfile names the damage
+    ext = read(offset + _BLOCK, padded)
+    if len(ext) < padded:
+        raise _GiveUp
+    pax = _pax_records(ext) if kind == b"x" else {}
+    long_name = _text(ext) if kind == b"L" else None
+    offset += _BLOCK + padded
+    member = _header(read, offset, heads)
+    if member is None:
+        raise _GiveUp  # an extended header with no member: tarfile refuses it
+    return offset, member, long_name, pax
+
+
+def _member_name(h: bytes, kind: bytes, long_name: str | None, pax: dict[str, str]) -> tuple[str, bytes]:
+    """A member's name as tarfile gives it (the header's prefix and name, a GNU long name, a pax
+    path), and its type (an old-style directory's ``\\0`` with a trailing slash is ``5``)."""
+    name = _text(h[0:100])
+    if kind == b"\0" and name.endswith("/"):
+        kind = b"5"  # an old-style directory
+    if kind == b"5":
+        name = name.rstrip("/")
+    prefix = _text(h[345:500])
+    if prefix:
+        name = prefix + "/" + name
+    if long_name is not None:
+        name = long_name.removesuffix("/") if kind == b"5" else long_name
+    if "path" in pax:
+        name = pax["path"].rstrip("/")
+    return name, kind
 
 
 def _padded(n: int) -> int:
