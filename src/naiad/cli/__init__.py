@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"naiad.cli.{name}")
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(run_command=module.run)
     return parser
 
 
@@ -39,13 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``naiad`` console command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "_run", None) is None:
+    if getattr(args, "run_command", None) is None:
         parser.print_help()
         return 2
     from naiad.errors import NaiadError
 
     try:
-        return int(args._run(args) or 0)
+        return int(args.run_command(args) or 0)
     except NaiadError as exc:  # a clear message is the whole story; no traceback
         print(f"naiad {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -150,7 +150,12 @@ class TokenWindows(WindowSamples):
         another: source ``s``'s window ``w`` is window ``sum(len(sources[:s])) + w``, each file
         read through its source's Storage."""
         return cls([f for s in sources for f in s.files], sources[0].seq_len, sources[0].eos_id,
-                   [store for s in sources for store in s._reader.stores])
+                   [store for s in sources for store in s.stores])
+
+    @property
+    def stores(self) -> list[Storage]:
+        """Each file's :class:`~naiad.sources.storage.Storage`, in the order of :attr:`files`."""
+        return list(self._reader.stores)
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0

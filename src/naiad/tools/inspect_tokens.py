@@ -109,7 +109,7 @@ def _documents(windows: TokenWindows, manifest: dict[str, Any] | None, eos_id: i
     if eos_id is None:
         return None
     out = []
-    for f, store in zip(windows.files, windows._reader.stores, strict=True):  # one pass over each file, a chunk at a time (bounded memory)
+    for f, store in zip(windows.files, windows.stores, strict=True):  # one pass over each file, a chunk at a time (bounded memory)
         count = 0
         for start in range(0, f.tokens, _CHUNK_TOKENS):
             n = min(_CHUNK_TOKENS, f.tokens - start)
