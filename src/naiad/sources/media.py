@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage as storage_mod
@@ -95,6 +94,7 @@ def resolve_media(table: pa.Table, path: str, store: Storage, first_row: int, sk
     Raises:
         SourceError: naming the file, the row and the column, when ``skip`` is False.
     """
+    import pyarrow.compute as pc  # on first use: its import is a third of naiad's
     bad: dict[int, tuple[str, str]] = {}
     for i, f in enumerate(table.schema):
         if not is_media_struct(f.type):

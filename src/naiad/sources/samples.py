@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from naiad.sources.contract import Block
 
@@ -118,6 +117,7 @@ def decode_members(field: pa.Field, values: pa.Array) -> tuple[np.ndarray, list[
     row's value is a placeholder the caller drops. The common case is columnar (Arrow's UTF-8
     check and integer parse over the whole column); only JSON, and a column that fails, go row
     by row."""
+    import pyarrow.compute as pc  # on first use: its import is a third of naiad's
     kind = (field.metadata or {}).get(_KIND.encode(), b"bytes").decode()
     if kind == "bytes":
         return objects(values), []
