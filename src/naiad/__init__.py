@@ -31,6 +31,7 @@ from naiad.sources import (
 from naiad.stream.batching import pack_xy
 from naiad.telemetry import LoaderStats, Telemetry
 from naiad.tokens import mix, read_tokens, tokenize
+from naiad.transforms import Placement, Transform
 
 __all__ = [
     "ArrayDataset",
@@ -40,10 +41,12 @@ __all__ = [
     "DevicePrefetcher",
     "LoaderStats",
     "MediaAccess",
+    "Placement",
     "SkipBadRows",
     "Source",
     "Storage",
     "Telemetry",
+    "Transform",
     "WorkerLocal",
     "columnar",
     "decode_audio",

@@ -28,10 +28,9 @@ from torch.utils.data.distributed import DistributedSampler
 from naiad.dataset.sampling import SeededRandomSampler, ShardedBatchSampler
 from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner
-from naiad.pipeline import worker_side
 from naiad.sources.base import Source
 from naiad.stream.batches import StreamOptions
-from naiad.stream.decode import decodes_in_reads
+from naiad.transforms import place
 
 __all__ = ["LoaderOptions", "ResolvedArguments", "TorchArguments", "WorkerMode", "resolve_arguments"]
 
@@ -49,9 +48,9 @@ class LoaderOptions:
         device: where batches go (None: stay on the CPU).
         device_prefetch: batches copied ahead to ``device``.
         transform: called on every batch: in the training process, or by the pipeline for a
-            worker-side transform (``runs_in_workers``, NOTE [ Decode in the workers ]). One
-            with a ``wrap_source`` method (:func:`naiad.tokenize`) also wraps a streaming
-            source, so that its heavy part runs where the source is read, in the workers.
+            transform placed outside the loop (:func:`naiad.transforms.place`, NOTE [ Transform
+            placement ]). One whose placement has a ``wrap`` (:func:`naiad.tokenize`) also wraps
+            a streaming source, so that its heavy part runs where the source is read, in the workers.
         shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
         rank: the rank a map-style dataset is sharded for (None: not sharded).
         world_size: the number of ranks it is sharded over.
@@ -139,9 +138,10 @@ def _checked(dataset: Any, options: LoaderOptions) -> LoaderOptions:
     worker_mode = options.worker_mode
     if worker_mode is None:
         # A stream's reads mostly release the GIL (files, PyArrow's parsers): threads serve them.
-        # Small images decoded in the reads do not (NOTE [ Small samples decode in the reads ]).
-        small = worker_side(options.transform) and decodes_in_reads(options.transform)
-        worker_mode = "thread" if isinstance(dataset, Source) and not small else "process"
+        # A transform in the reads (small images: NOTE [ Small samples decode in the reads ]) runs
+        # Python under the GIL: processes serve it.
+        threads = isinstance(dataset, Source) and place(options.transform, "stream").runs != "reads"
+        worker_mode = "thread" if threads else "process"
     if worker_mode not in ("process", "thread"):
         raise ConfigError(f"`worker_mode` must be 'process' or 'thread', got {worker_mode!r}.")
     seed, restarts = options.seed, options.max_worker_restarts

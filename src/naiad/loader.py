@@ -39,12 +39,13 @@ from naiad.dataset.sampling import SeededRandomSampler
 from naiad.device.prefetch import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
 from naiad.parallel import AutoTuner, RestartBudget
-from naiad.pipeline import LazyPass, Pipeline, PipelinePass, worker_side
+from naiad.pipeline import LazyPass, Pipeline, PipelinePass
 from naiad.pools import Pools, PoolSettings
 from naiad.stream.batches import StreamCounters
 from naiad.stream.pipeline import StreamPipeline
 from naiad.telemetry import LoaderStats, Telemetry
 from naiad.trainers import AccelerateHooks
+from naiad.transforms import place
 
 __all__ = ["DataLoader"]
 
@@ -173,19 +174,18 @@ class DataLoader(AccelerateHooks, TorchDataLoader[T_co]):
         """The pipeline for the data (NOTE [ Pipeline seam ]); ``collate_fn`` as given (None: the
         default, which a map-style dataset may be gathered under)."""
         transform = self.options.transform
-        # NOTE [ Decode in the workers ]: a worker-side transform goes to the pipeline.
-        in_workers = transform if worker_side(transform) else None
+        # NOTE [ Transform placement ]: a transform placed outside the loop goes to the pipeline.
         if args.stream_options is not None:
-            # A transform may do its heavy part where the source is read, in the workers, by
-            # wrapping the source (naiad.tokenize: NOTE [ Tokenizing in the workers ]).
-            wrap = getattr(transform, "wrap_source", None)
-            source = wrap(dataset) if callable(wrap) else dataset
+            placed = place(transform, "stream")
+            # A transform may do its heavy part in the reads by wrapping the source (naiad.tokenize).
+            source = placed.wrap(dataset) if placed.wrap is not None else dataset
             return StreamPipeline(source, args.stream_options, self._stream_counters, self.options.read_ahead,
-                                  batch_transform=in_workers)
-        if isinstance(dataset, IterableDataset):
+                                  batch_transform=transform if placed.by_pipeline else None)
+        if isinstance(dataset, IterableDataset):  # no position to key a sample by: the loop applies it
             return IterablePipeline(
                 dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last, self.num_workers,
             )
+        in_workers = transform if place(transform, "map").by_pipeline else None
         strategy = choose_fetch(dataset, collate_fn, self._auto_collation)
         return MapPipeline(
             dataset, self.collate_fn, self._auto_collation, strategy, self.batch_sampler, self.sampler,
@@ -233,9 +233,9 @@ class DataLoader(AccelerateHooks, TorchDataLoader[T_co]):
 
     @property
     def transform(self) -> Callable[[Any], Any] | None:
-        """Called on every batch: in the training process, or, for a worker-side transform such as
-        ``naiad.decode_images`` (``runs_in_workers``), in the workers or a stream's decode stage
-        (NOTE [ Decode in the workers ] in pipeline.py)."""
+        """Called on every batch: in the training process, or where its placement puts it
+        (``naiad.decode_images``, a transform declaring ``Placement("workers")``): in the workers,
+        a stream's reads or its decode stage (NOTE [ Transform placement ] in transforms.py)."""
         return self.options.transform
 
     @property

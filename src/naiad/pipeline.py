@@ -16,15 +16,19 @@ which one they drive; they talk to it through two small protocols:
   pipeline's inputs and the position, computed in the training process.
 
 NOTE [ Decode in the workers ]
-A batch transform that declares ``runs_in_workers = True`` (``naiad.decode_images``,
-``naiad.decode_audio``) is a worker-side transform: given as the loader's ``transform=``, the
-pipeline applies it, not the loop (:func:`worker_side`; ``Pipeline.batch_transform`` is the one a
-pipeline took). Every other callable is applied as before, in the loop's process by epoch.py.
+A batch transform whose placement puts it outside the loop (``naiad.decode_images``,
+``naiad.decode_audio``, a user's transform declaring ``Placement("workers")`` or
+``Placement("reads")``: NOTE [ Transform placement ] in transforms.py, :func:`naiad.transforms.place`)
+is a worker-side transform: given as the loader's ``transform=``, the pipeline applies it, not
+the loop (``Pipeline.batch_transform`` is the one a pipeline took). Every other callable is
+applied as before, in the loop's process by epoch.py.
 
 * Map-style: inside the worker, right after the fetch (dataset/worker.py), on the worker's
   share of the decode threads; the batch gets its dataset indices as the transform's key column
-  (``__index__``) when the fetch gave none, and the pool's task carries the epoch and base seed.
-* Stream: small samples of one decoded shape are decoded in the reads, in the read pool's
+  (its placement's ``key``, ``__index__`` for the decoders) when the fetch gave none, and the
+  pool's task carries the epoch and base seed.
+* Stream: a transform placed in the reads (``Placement("reads")``), and small samples of one
+  decoded shape (``decoded_row_bytes``), are transformed in the reads, in the read pool's
   workers, before the shuffle buffer (NOTE [ Small samples decode in the reads ] in
   stream/decode.py). Others: the batches are cut after the shuffle buffer in the loop's process,
   so the transform runs on a small ordered stage of threads a few batches ahead of the loop
@@ -64,17 +68,11 @@ from naiad.parallel import DeferredResults, HandlerFactory, WorkerPool
 from naiad.parallel.read_ahead import ReadAheadTuner
 
 __all__ = [
-    "STATE_VERSION", "LazyPass", "Pipeline", "PipelinePass", "ReadsNothingAhead", "check_fields", "worker_side",
+    "STATE_VERSION", "LazyPass", "Pipeline", "PipelinePass", "ReadsNothingAhead", "check_fields",
 ]
 
 STATE_VERSION = 2
 """Version of the loader state; 2 added the kind, the base seed and elastic legs."""
-
-
-def worker_side(transform: Callable[[Any], Any] | None) -> bool:
-    """Whether ``transform`` is a worker-side batch transform (NOTE [ Decode in the workers ]):
-    it says so with ``runs_in_workers = True``."""
-    return transform is not None and getattr(transform, "runs_in_workers", False) is True
 
 
 class PipelinePass(Protocol):

@@ -24,7 +24,6 @@ so does this: the generator moves on as torch's does.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -34,6 +33,7 @@ import torch
 from naiad.dataset.worker import prepare_worker
 from naiad.parallel import AutoTuner, RestartBudget, WorkerPool
 from naiad.pipeline import Pipeline
+from naiad.process_state import ProcessLocal
 
 __all__ = ["PassPool", "PoolSettings", "Pools"]
 
@@ -65,6 +65,14 @@ class PassPool(NamedTuple):
     tuner: AutoTuner | None
 
 
+class _KeptPool:
+    """A loader's pool kept across passes, and the base seed its workers started with."""
+
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self.seed = 0
+
+
 class Pools:
     """The pools of one loader's passes (NOTE [ Pools across passes ]).
 
@@ -83,9 +91,14 @@ class Pools:
         self.dataset = dataset
         self.tuner = tuner
         self.restarts = restarts
-        self.kept: WorkerPool | None = None  # across passes: persistent, tuned, read-ahead
-        self._kept_pid = os.getpid()
-        self._kept_seed = 0  # the base seed the kept pool was started with
+        # This process's: a forked child has none of its parent's workers or threads.
+        self._kept = ProcessLocal(_KeptPool, name="naiad loader kept pool")
+
+    @property
+    def kept(self) -> WorkerPool | None:
+        """The pool kept across passes (persistent, tuned, read-ahead), if any, this process's
+        (NOTE [ Per-process state ])."""
+        return self._kept.get().pool
 
     @property
     def settings(self) -> PoolSettings:
@@ -103,11 +116,12 @@ class Pools:
         ends the pass in progress, where a new one must end it first)."""
         s = self.settings
         ends_before = s.persistent_workers and s.num_workers > 0
-        if self.persistent and self.kept is not None:
-            if resumed_seed is None or resumed_seed == self._kept_seed:
+        kept = self._kept.get()
+        if self.persistent and kept.pool is not None:
+            if resumed_seed is None or resumed_seed == kept.seed:
                 if ends_before:
                     end_pass()  # NOTE [ Two passes at once ]
-                return PassPool(self.kept, False, self._kept_seed, self.tuner)
+                return PassPool(kept.pool, False, kept.seed, self.tuner)
             if ends_before:
                 end_pass()
             self.close()  # kept workers of another seed start again
@@ -115,23 +129,24 @@ class Pools:
         threads = self.read_ahead_threads()
         if threads:
             return self._read_ahead(base_seed, threads)
-        if self.kept is not None and not self.persistent:
+        if kept.pool is not None and not self.persistent:
             # Read-ahead threads of an earlier pass, no longer wanted (the rows turned out to
             # fit in the shuffle buffer, or all but one read group of them).
             self.close()
         pool = self._make(base_seed)
         if self.persistent:
-            self.kept, self._kept_seed = pool, base_seed
+            kept.pool, kept.seed = pool, base_seed
         return PassPool(pool, not self.persistent, base_seed, self.tuner)
 
     def _read_ahead(self, base_seed: int, threads: int) -> PassPool:
         ahead_tuner = self.pipeline.read_ahead_tuner(threads, self.settings.prefetch_factor or 2)
-        if self.kept is None or self._kept_pid != os.getpid():  # a forked child has no threads
-            self.kept, self._kept_pid = self._make(base_seed), os.getpid()
+        kept = self._kept.get()
+        if kept.pool is None:
+            kept.pool = self._make(base_seed)
         if ahead_tuner is not None:
-            stages = self.kept.stage_seconds
+            stages = kept.pool.stage_seconds
             ahead_tuner.reads_cpu = lambda: stages.get("worker_cpu", 0.0)
-        return PassPool(self.kept, False, base_seed, ahead_tuner)
+        return PassPool(kept.pool, False, base_seed, ahead_tuner)
 
     def _base_seed(self) -> int:
         # torch draws one int64 from `generator` (or the global generator) per iterator, before
@@ -178,6 +193,7 @@ class Pools:
 
     def close(self) -> None:
         """Close the kept pool, if any (the next pass starts new workers)."""
-        if self.kept is not None:
-            self.kept.close()
-            self.kept = None
+        kept = self._kept.get()
+        if kept.pool is not None:
+            kept.pool.close()
+            kept.pool = None

@@ -90,7 +90,7 @@ def test_resume_after_skipped_rows_equals_the_uninterrupted_run(tmp_path: Any, f
         head = [next(it)["a"].tolist() for _ in range(k)]
         state = json.loads(json.dumps(loader.state_dict()))
         del it
-        assert state["pipeline"]["bad_row_ledger"]["total"] == sum(loader.bad_rows.values())
+        assert state["pipeline"]["bad_rows"]["ledger"]["total"] == sum(loader.bad_rows.values())
         resumed = loader_for(path, reader, workers)
         resumed.load_state_dict(state)
         rest = [b["a"].tolist() for b in resumed]
@@ -194,8 +194,8 @@ def test_a_state_stays_a_few_kb_whatever_rows_were_skipped_and_resumes_exactly(t
     state = json.loads(json.dumps(loader.state_dict()))
     del it
     assert len(json.dumps(state)) < 8 * 1024  # it was 226 KB after 2,500 skipped rows
-    ledger = state["pipeline"]["bad_row_ledger"]
-    assert ledger["total"] == state["pipeline"]["bad_rows"] == sum(n for _, _, n in ledger["counts"])
+    ledger = state["pipeline"]["bad_rows"]["ledger"]
+    assert ledger["total"] == state["pipeline"]["bad_rows"]["skipped"] == sum(n for _, _, n in ledger["counts"])
     resumed = make()
     resumed.load_state_dict(state)
     assert head + [b["a"].tolist() for b in resumed] == whole

@@ -109,7 +109,7 @@ def test_text_mixes_once_converted_and_raw_text_is_refused_naming_the_way(corpus
 
     raw = naiad.read_jsonl(str(corpus["root"] / "jsonl" / "*.jsonl"))
     tok = naiad.tokenize(corpus["tokenizer"], seq_len=seq)
-    for source in (raw, tok, tok.wrap_source(raw)):
+    for source in (raw, tok, tok.read_tokenized(raw)):
         with pytest.raises(naiad.ConfigError, match=r"is raw text .*naiad convert TEXT DEST --tokenize TOKENIZER"):
             naiad.mix([source, other], [1, 1])
 

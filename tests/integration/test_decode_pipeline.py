@@ -290,7 +290,7 @@ def test_images_that_do_not_decode_are_ledgered_with_shard_and_key_and_the_batch
     finally:
         other.close()
     # Counted as a read's skipped rows are: in the state (the next epoch's starts from none).
-    assert state["pipeline"]["bad_row_ledger"]["total"] == 1
+    assert state["pipeline"]["bad_rows"]["ledger"]["total"] == 1
     assert len(batches) == len(other_batches)  # equal steps, a batch one short where a sample failed
     keys = [k for b in batches + other_batches for k in b["__key__"]]
     assert sorted(keys) == [f"s{k:04d}" for k in range(N) if k not in (5, 41)]
@@ -311,9 +311,9 @@ def test_images_that_do_not_decode_count_toward_max_bad_rows_and_the_states_bad_
     try:
         it = iter(loader)
         next(it)  # batch 0: s0000..s0007, two of them bad
-        assert loader.state_dict()["pipeline"]["bad_rows"] == 2
+        assert loader.state_dict()["pipeline"]["bad_rows"]["skipped"] == 2
         rest = list(it)
-        assert loader.state_dict()["pipeline"]["bad_rows"] == 0  # the next epoch's start
+        assert loader.state_dict()["pipeline"]["bad_rows"]["skipped"] == 0  # the next epoch's start
         assert sum(loader.stats().bad_rows.values()) == 3 and len(rest) == 7
     finally:
         loader.close()

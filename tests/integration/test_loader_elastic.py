@@ -139,7 +139,7 @@ def test_state_of_a_resumed_elastic_epoch_resumes_again(tmp_path):
             second += _ids(next(it))
         if rank == 0:
             state2 = json.loads(json.dumps(loader.state_dict()))
-    assert len(state2["pipeline"]["legs"]) == 1 and len(json.dumps(state2)) < 4096
+    assert len(state2["pipeline"]["plan"]["legs"]) == 1 and len(json.dumps(state2)) < 4096
     rest, _, _ = _second_leg(make, 1, 7, 0, state2)
     assert sorted(first + second + rest) == list(range(103))
     assert np.unique(first + second + rest).size == 103

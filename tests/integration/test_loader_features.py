@@ -200,7 +200,7 @@ def test_resume_after_skipped_bad_rows_is_exact(tmp_path: Any) -> None:
         next(it)
     assert sum(loader.bad_rows.values()) == 1
     state = json.loads(json.dumps(loader.state_dict()))
-    assert state["pipeline"]["bad_rows"] == 1
+    assert state["pipeline"]["bad_rows"]["skipped"] == 1
     resumed = naiad.DataLoader(read_csv(str(path), on_bad_rows="skip"), batch_size=10)
     resumed.load_state_dict(state)
     assert [b["a"].tolist() for b in resumed] == whole[5:]

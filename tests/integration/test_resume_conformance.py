@@ -377,7 +377,7 @@ def test_auto_workers_stream_resumed_with_another_buffer_is_elastic_exactly_once
     loader.close()
     assert state["kind"] == "stream" and state["batches_yielded"] == 5
     part = state["pipeline"]
-    assert (part["batches_yielded"], part["buffer_rows"], part["shuffle"]) == (5, 16, True)
+    assert (part["batches"]["yielded"], part["shuffle"]["buffer_rows"], part["plan"]["shuffle"]) == (5, 16, True)
 
     same = make(16)
     same.load_state_dict(state)

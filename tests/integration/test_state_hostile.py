@@ -105,7 +105,7 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[LoaderFac
         resumed = make()
         resumed.load_state_dict(_state_after(make(world_size=2), 2))  # type: ignore[call-arg]
         state = _state_after(resumed, 2)
-        assert state["pipeline"]["legs"], name
+        assert _get(state, _at(state["pipeline"], "legs")), name
         out[name] = (make, state)
     # in_order=False, the plan's first batch slow: the batches after it overtake it.
     first = int(next(iter(naiad.DataLoader(SlowAt(), batch_size=7, shuffle=True, seed=3)))[0])
@@ -156,11 +156,32 @@ def _deep(depth: int) -> Any:
     return value
 
 
+# Where a stream's state (nested by stage: NOTE [ Stream state layout ]) keeps what a map-style
+# state keeps at the top of its part.
+_STREAM_KEYS = {"world_size": ("plan", "world_size"), "legs": ("plan", "legs"), "rank": ("plan", "rank"),
+                "batch_size": ("batches", "batch_size"), "drop_last": ("batches", "drop_last"),
+                "batches_yielded": ("batches", "yielded"), "buffer_rows": ("shuffle", "buffer_rows"),
+                "bad_row_ledger": ("bad_rows", "ledger")}
+
+
+def _at(part: dict[str, Any], key: str) -> tuple[str, ...]:
+    """The path to ``key`` in a pipeline's part: nested by stage in a stream's."""
+    return ("pipeline", *_STREAM_KEYS[key]) if "plan" in part and key in _STREAM_KEYS else ("pipeline", key)
+
+
+def _has(part: dict[str, Any], key: str) -> bool:
+    try:
+        _get({"pipeline": part}, _at(part, key))
+    except (KeyError, IndexError, TypeError):
+        return False
+    return True
+
+
 def _long_legs(state: dict[str, Any]) -> list[Any]:
     """A `legs` list of a million copies of the state's own leg (each valid on its own)."""
     part = state["pipeline"]
     keys = ("world_size", "batch_size", "drop_last", "buffer_rows")
-    return [{**{k: part[k] for k in keys}, "batches": 1}] * 1_000_000
+    return [{**{k: _get(state, _at(part, k)) for k in keys}, "batches": 1}] * 1_000_000
 
 
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -250,33 +271,33 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     """Hand-made hostile variants of ``state``: those that must be refused, and those that may
     load (unknown keys are ignored, a far epoch is an epoch) but must not fail otherwise."""
     part = state["pipeline"]
-    legs_key = ("pipeline", "legs")
+    legs_key = _at(part, "legs")
     must_fail = [
         _mutate(state, ("batches_yielded",), "set", -1),
         _mutate(state, ("base_seed",), "set", 10**30),
         [state],
         "x" * 10_000_000,
     ]
-    if "world_size" in part:
+    if _has(part, "world_size"):
         must_fail += [
             _mutate(state, legs_key, "set", _long_legs(state)),  # LONG
-            _mutate(state, ("pipeline", "world_size"), "set", 10**18),
-            _mutate(state, ("pipeline", "batch_size"), "set", 0),
-            _mutate(state, ("pipeline", "batch_size"), "set", -3),
-            _mutate(state, ("pipeline", "batch_size"), "set", 2**63),  # past an int64
-            _mutate(state, ("pipeline", "world_size"), "set", math.inf),
-            _mutate(state, ("pipeline", "drop_last"), "set", "no"),
+            _mutate(state, _at(part, "world_size"), "set", 10**18),
+            _mutate(state, _at(part, "batch_size"), "set", 0),
+            _mutate(state, _at(part, "batch_size"), "set", -3),
+            _mutate(state, _at(part, "batch_size"), "set", 2**63),  # past an int64
+            _mutate(state, _at(part, "world_size"), "set", math.inf),
+            _mutate(state, _at(part, "drop_last"), "set", "no"),
         ]
-    if part.get("legs"):
+    if _has(part, "legs") and _get(state, legs_key):
         must_fail += [
-            _mutate(state, ("pipeline", "legs", 0, "world_size"), "set", 10**12),
-            _mutate(state, ("pipeline", "legs", 0, "batches"), "set", math.inf),
-            _mutate(state, ("pipeline", "legs", 0, "batches"), "set", math.nan),
-            _mutate(state, ("pipeline", "legs", 0, "batch_size"), "set", "7"),
-            _mutate(state, ("pipeline", "legs", 0, "batch_size"), "set", 2**63),
-            _mutate(state, ("pipeline", "legs", 0, "batches"), "set", 1.5),
-            _mutate(state, ("pipeline", "legs", 0, "drop_last"), "set", "no"),
-            _mutate(state, ("pipeline", "legs", 0), "set", {"world_size": 1}),
+            _mutate(state, (*legs_key, 0, "world_size"), "set", 10**12),
+            _mutate(state, (*legs_key, 0, "batches"), "set", math.inf),
+            _mutate(state, (*legs_key, 0, "batches"), "set", math.nan),
+            _mutate(state, (*legs_key, 0, "batch_size"), "set", "7"),
+            _mutate(state, (*legs_key, 0, "batch_size"), "set", 2**63),
+            _mutate(state, (*legs_key, 0, "batches"), "set", 1.5),
+            _mutate(state, (*legs_key, 0, "drop_last"), "set", "no"),
+            _mutate(state, (*legs_key, 0), "set", {"world_size": 1}),
         ]
     for where in [("pipeline",)] + [("pipeline", "legs", i) for i, leg in enumerate(part.get("legs", [])) if "beyond" in leg]:
         runs = _get(state, where)
@@ -310,10 +331,19 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
             _mutate(state, ("pipeline", "batches"), "set", part["batches"] + 1),
             _mutate(state, ("pipeline", "num_workers"), "set", 2),
         ]
-    if "batches_yielded" in part:  # a stream's own count
-        must_fail.append(_mutate(state, ("pipeline", "batches_yielded"), "set", 10**18))
-    if "buffer_rows" in part:
-        must_fail.append(_mutate(state, ("pipeline", "buffer_rows"), "set", -1))
+    if _has(part, "batches_yielded"):  # a stream's own count
+        must_fail.append(_mutate(state, _at(part, "batches_yielded"), "set", 10**18))
+    if _has(part, "buffer_rows"):
+        must_fail.append(_mutate(state, _at(part, "buffer_rows"), "set", -1))
+    if "plan" in part:  # a stream's state, nested by stage: each stage's part a dict
+        must_fail += [_mutate(state, ("pipeline", stage), how, "x" * 1_000_000)
+                      for stage in ("plan", "source", "shuffle", "batches", "bad_rows") for how in ("set", "delete")]
+        must_fail += [
+            _mutate(state, ("pipeline", "version"), "set", 6),
+            _mutate(state, ("pipeline", "batches", "yielded"), "set", -1),
+            _mutate(state, ("pipeline", "bad_rows", "skipped"), "set", math.inf),
+            _mutate(state, ("pipeline", "source", "digest"), "set", "x" * 10_000_000),
+        ]
     if "order" in part:
         must_fail += [_mutate(state, ("pipeline", "order"), "set", order) for order in hostile_orders(part["order"])]
     may_pass = [
@@ -322,20 +352,21 @@ def hostile_states(state: dict[str, Any]) -> tuple[list[Any], list[Any]]:
         _mutate(state, ("extra",), "set", _deep(900)),
         _mutate(state, ("pipeline", "extra"), "set", _deep(900)),
     ]
-    if "world_size" in part:
+    if _has(part, "world_size"):
         may_pass += [
-            _mutate(state, ("pipeline", "buffer_rows"), "set", 10**18),
-            _mutate(state, ("pipeline", "batch_size"), "set", 10**18),
+            _mutate(state, _at(part, "buffer_rows"), "set", 10**18),
+            _mutate(state, _at(part, "batch_size"), "set", 10**18),
         ]
     if "beyond" in part:  # the runs forgotten: a state of the prefix alone
         may_pass.append(_mutate(state, ("pipeline", "beyond"), "delete", None))
     if "workers" in part:  # as naiad wrote it before counting per worker
         may_pass.append(_mutate(state, ("pipeline", "workers"), "delete", None))
-    if "bad_row_ledger" in part:
-        must_fail.append(_mutate(state, ("pipeline", "bad_row_ledger", "counts"), "set", [["f.csv", "r", math.inf]]))
+    if _has(part, "bad_row_ledger"):
+        ledger = _at(part, "bad_row_ledger")
+        must_fail.append(_mutate(state, (*ledger, "counts"), "set", [["f.csv", "r", math.inf]]))
         may_pass += [
-            _mutate(state, ("pipeline", "bad_row_ledger", "counts"), "set", [["f.csv", "r", 10**18]] * 100_000),
-            _mutate(state, ("pipeline", "bad_row_ledger", "entries"), "set", [{"file": "f.csv", "line": 1}] * 1_000_000),
+            _mutate(state, (*ledger, "counts"), "set", [["f.csv", "r", 10**18]] * 100_000),
+            _mutate(state, (*ledger, "entries"), "set", [{"file": "f.csv", "line": 1}] * 1_000_000),
         ]
     if "dataset" in part:  # a dataset's fingerprint (naiad.mix): every field must match
         fingerprint = ("pipeline", "dataset")

@@ -312,7 +312,7 @@ def test_resume_after_skipped_rows_in_the_window_is_exact(tmp_path):
     for _ in range(3):
         next(stream)
     state = json.loads(json.dumps(stream.get_state()))
-    assert state["bad_rows"] > 0 and state["bad_row_ledger"]["total"] == state["bad_rows"]
+    assert state["bad_rows"]["skipped"] > 0 and state["bad_rows"]["ledger"]["total"] == state["bad_rows"]["skipped"]
     counters = StreamCounters()
     rest = [b["a"].tolist() for b in iter_batches(src, opts, epoch=0, imap=pool.imap, state=state, counters=counters)]
     assert rest == whole[3:]

@@ -115,8 +115,8 @@ def test_state_after_destroy_process_group_names_the_world_size_the_pass_was_pla
     seen = []
     for rank, result in enumerate(results):
         mid, end = result["mid"]["pipeline"], result["end"]["pipeline"]
-        assert (mid["rank"], mid["world_size"], mid["batches_yielded"]) == (rank, 2, 3)
-        assert (result["end"]["epoch"], end["rank"], end["world_size"]) == (1, rank, 2)
+        assert (mid["plan"]["rank"], mid["plan"]["world_size"], mid["batches"]["yielded"]) == (rank, 2, 3)
+        assert (result["end"]["epoch"], end["plan"]["rank"], end["plan"]["world_size"]) == (1, rank, 2)
         # The state resumes that rank exactly where the pass stood.
         resumed = naiad.DataLoader(open_numbered(paths, "csv"), batch_size=4, shuffle=True, seed=2,
                                    shuffle_buffer=10, rank=rank, world_size=2)

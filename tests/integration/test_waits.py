@@ -124,9 +124,6 @@ class Blocking:
     hostile files. Decoded size ``decoded_row_bytes``: 16 decodes in the reads, None on the
     stage. Picklable."""
 
-    runs_in_workers = True
-    key = "__index__"
-
     def __init__(self, gate: str, *, column: str = "png", decoded_row_bytes: int | None = None,
                  block: set[str] | None = None, epoch: int = 0, seconds: float = BLOCK_S) -> None:
         self.gate = gate
@@ -135,6 +132,10 @@ class Blocking:
         self.block = block
         self.epoch = epoch
         self.seconds = seconds
+
+    def placement(self) -> naiad.Placement:
+        return naiad.Placement("workers", column=self.column, key="__index__",
+                               decoded_row_bytes=self.decoded_row_bytes)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         values, names = batch[self.column], batch.get("__key__", batch.get("path"))
@@ -353,12 +354,12 @@ CHILD = textwrap.dedent("""
 
     class Stuck:
         # A decoder stuck for good on every sample, on the decode threads.
-        runs_in_workers = True
-        key = "__index__"
-        column = "png"
-
         def __init__(self, decoded_row_bytes):
             self.decoded_row_bytes = decoded_row_bytes
+
+        def placement(self):
+            return naiad.Placement("workers", column="png", key="__index__",
+                                   decoded_row_bytes=self.decoded_row_bytes)
 
         def __call__(self, batch):
             run_rows(lambda i: threading.Event().wait(), len(batch["png"]), 2)

@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset, TensorDataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from naiad.dataset.sampling import plan_batches
 from naiad.dataset.worker import map_handler_factory

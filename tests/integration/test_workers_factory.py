@@ -52,7 +52,7 @@ def test_each_worker_process_builds_its_own_and_nothing_built_is_pickled() -> No
     builders = {int(p) for p in rows[:, 1]}
     assert len(builders) == 2 and os.getpid() not in builders
     assert sorted({int(w) for w in rows[:, 2]}) == [0, 1]  # get_worker_info() answered in the factory
-    assert ds._local is None  # the training process never built one
+    assert ds._local.peek() is None  # the training process never built one
 
 
 def test_threads_build_one_each_and_inline_builds_once() -> None:
@@ -85,9 +85,9 @@ def test_torch_dataloader_accepts_worker_local_too() -> None:
 def test_pickling_carries_only_the_recipe() -> None:
     ds = WorkerLocal(functools.partial(table, 10), length=10)
     ds[0]  # builds here
-    assert isinstance(ds._local, TensorDataset)
+    assert isinstance(ds._local.peek(), TensorDataset)
     clone = pickle.loads(pickle.dumps(ds))
-    assert clone._local is None and len(clone) == 10 and torch.equal(clone[3][0], ds[3][0])
+    assert clone._local.peek() is None and len(clone) == 10 and torch.equal(clone[3][0], ds[3][0])
 
 
 def test_length_mismatch_and_bad_arguments_are_config_errors() -> None:

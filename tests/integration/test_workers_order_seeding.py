@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import Dataset, default_collate
 
 import naiad
 from naiad.dataset.worker import map_handler_factory

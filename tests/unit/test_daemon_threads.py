@@ -156,7 +156,7 @@ def test_a_pass_closed_by_the_collector_while_its_thread_queues_a_batch_neither_
     done: list[int] = []
     assert rows.run_rows(done.append, 50, 2) == {}
     assert sorted(done) == list(range(50))
-    assert rows._pool is None  # released once the batch's calls were queued
+    assert rows._state.get().pool is None  # released once the batch's calls were queued
     monkeypatch.undo()
     assert rows.run_rows(done.append, 4, 2) == {}  # a new pool serves the next batch
     rows.release_threads()

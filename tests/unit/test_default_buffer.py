@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import naiad
-from naiad.stream import batches as stream
+from naiad.stream import options as stream  # where default_buffer_rows reads its budget
 from naiad.stream.batches import DEFAULT_SHUFFLE_BUFFER_ROWS, FEW_BLOCKS, default_buffer_rows
 from naiad.stream.shuffle import shuffle_quality
 

@@ -18,7 +18,7 @@ import naiad
 SRC = pathlib.Path(naiad.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("_version", "errors", "stats", "trust"),
+    ("_version", "errors", "stats", "trust", "transforms", "process_state"),
     ("parallel", "telemetry", "device", "media"),
     ("sources",),
     ("order",),
@@ -108,8 +108,8 @@ def test_top_of_the_package_stays_small() -> None:
 def test_public_names_unchanged() -> None:
     assert sorted(naiad.__all__) == sorted([
         "ArrayDataset", "AutoTuner", "ConfigError", "CsvFormat", "DataLoader", "DevicePrefetcher", "LoaderStats",
-        "MediaAccess", "NaiadError", "SkipBadRows", "Source", "SourceError", "StateError", "Storage",
-        "Telemetry", "WorkerError",
+        "MediaAccess", "NaiadError", "Placement", "SkipBadRows", "Source", "SourceError", "StateError", "Storage",
+        "Telemetry", "Transform", "WorkerError",
         "WorkerLocal", "__version__", "columnar", "decode_audio", "decode_images", "images", "mix", "pack_xy", "read",
         "read_arrow", "read_csv", "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text", "read_tokens",
         "read_webdataset", "testing", "tokenize", "worker_rng",

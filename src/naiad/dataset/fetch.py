@@ -22,8 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset, TensorDataset
-from torch.utils.data._utils.collate import default_collate, default_convert
+from torch.utils.data import Dataset, Subset, TensorDataset, default_collate, default_convert
 
 from naiad.errors import ConfigError
 from naiad.parallel.pool import add_note

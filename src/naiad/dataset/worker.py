@@ -15,9 +15,8 @@ lays a list of samples out as arrays, so forked workers share it instead of copy
 
 from __future__ import annotations
 
+import functools
 import itertools
-import os
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -30,6 +29,8 @@ from naiad.dataset.fetch import ArrayDataset, FetchStrategy, describe_indices, m
 from naiad.errors import ConfigError
 from naiad.parallel import Exhausted, WorkerContext
 from naiad.parallel.context import epoch_seed_sequence, report_stage
+from naiad.process_state import ProcessLocal
+from naiad.transforms import place
 
 __all__ = [
     "WorkerLocal",
@@ -150,35 +151,17 @@ class WorkerLocal(Dataset):
             raise ConfigError(f"WorkerLocal: `length` must be >= 0, got {length}.")
         self.factory = factory
         self.length = int(length)
-        self._local: Any = None
-        self._pid: int | None = None
-        self._lock = threading.Lock()
+        # A partial of a function, not a bound method: no reference cycle through the instance.
+        self._local = ProcessLocal(functools.partial(_built, factory, self.length), name="naiad.WorkerLocal")
 
     def build(self) -> Any:
         """A new instance from ``factory()``, checked against ``length``."""
-        dataset = self.factory()
-        try:
-            n = len(dataset)
-        except TypeError:
-            raise ConfigError(
-                f"WorkerLocal: the factory must return a map-style dataset with __len__, "
-                f"got {type(dataset).__name__}."
-            ) from None
-        if n != self.length:
-            raise ConfigError(
-                f"WorkerLocal: the factory built a dataset of length {n}, but `length` is "
-                f"{self.length}; pass length={n}."
-            )
-        return dataset
+        return _built(self.factory, self.length)
 
     def local(self) -> Any:
-        """This process's instance, built on first use (a forked child builds its own)."""
-        if self._pid != os.getpid():
-            with self._lock:
-                if self._pid != os.getpid():
-                    self._local = self.build()
-                    self._pid = os.getpid()
-        return self._local
+        """This process's instance, built on first use (a forked child builds its own: NOTE
+        [ Per-process state ])."""
+        return self._local.get()
 
     def __len__(self) -> int:
         return self.length
@@ -202,6 +185,23 @@ class WorkerLocal(Dataset):
 
     def __repr__(self) -> str:
         return f"WorkerLocal({self.factory!r}, length={self.length})"
+
+
+def _built(factory: Callable[[], Any], length: int) -> Any:
+    dataset = factory()
+    try:
+        n = len(dataset)
+    except TypeError:
+        raise ConfigError(
+            f"WorkerLocal: the factory must return a map-style dataset with __len__, "
+            f"got {type(dataset).__name__}."
+        ) from None
+    if n != length:
+        raise ConfigError(
+            f"WorkerLocal: the factory built a dataset of length {n}, but `length` is "
+            f"{length}; pass length={n}."
+        )
+    return dataset
 
 
 def columnar(samples: Sequence[Any]) -> ArrayDataset | np.ndarray:
@@ -290,7 +290,7 @@ def map_handler_factory(
 
         return handle
 
-    key = getattr(transform, "key", None)
+    key = place(transform, "map").key  # the key column it reads, if any (NOTE [ Transform placement ])
 
     def handle_and_transform(task: tuple[int, Any]) -> Any:
         # NOTE [ Decode in the workers ]: the batch transform right after the fetch, in the worker;
@@ -301,7 +301,7 @@ def map_handler_factory(
         single = not auto_collation and isinstance(batch, Mapping)
         if single:
             batch = {name: [value] for name, value in batch.items()}
-        if isinstance(batch, Mapping) and isinstance(key, str) and key not in batch:
+        if isinstance(batch, Mapping) and key is not None and key not in batch:
             indices = np.asarray(task[1], dtype=np.int64).reshape(-1)
             batch = {**batch, key: torch.from_numpy(indices)}
         t0 = time.perf_counter()

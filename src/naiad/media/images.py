@@ -31,6 +31,7 @@ elongated image are refused, not decoded.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from naiad import transforms
 from naiad.errors import ConfigError
 from naiad.media import geometry
 from naiad.media.geometry import Placement
@@ -94,11 +96,13 @@ class DecodeImages(KeyedBatchTransform):
         """Whether it draws per-sample randomness (a random crop or flip) from the key column."""
         return self.options.random
 
-    @property
-    def decoded_row_bytes(self) -> int | None:
-        """``C * H * W`` with a fixed ``size``, else None (each image keeps its own size)."""
+    def placement(self) -> transforms.Placement:
+        """In the workers (:meth:`KeyedBatchTransform.placement`), with its decoded size: ``C * H *
+        W`` with a fixed ``size``, else None (each image keeps its own size). A stream decodes
+        small fixed-size images in its reads (NOTE [ Small samples decode in the reads ])."""
         size = self.options.size
-        return None if size is None else MODES[self.options.mode] * size[0] * size[1]
+        decoded = None if size is None else MODES[self.options.mode] * size[0] * size[1]
+        return dataclasses.replace(super().placement(), decoded_row_bytes=decoded)
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """``batch`` with ``batch[column]`` decoded: a uint8 ``[B, C, H, W]`` tensor with a fixed

@@ -35,6 +35,7 @@ import numpy as np
 
 from naiad.errors import ConfigError
 from naiad.parallel.context import current_epoch, get_worker_context
+from naiad.transforms import Placement
 
 __all__ = ["KeyedBatchTransform", "batch_epoch", "batch_keys", "effective_seed", "sample_uniforms"]
 
@@ -96,12 +97,8 @@ def effective_seed(seed: int | None) -> int:
 class KeyedBatchTransform:
     """What the decode transforms share: the column they decode, their options, where their
     random draws come from (``seed``, the ``key`` column, the ``epoch_key`` field, else
-    :meth:`set_epoch`), their threads, and that they run in the workers. Picklable."""
-
-    runs_in_workers = True
-    """A worker-side batch transform: given as the loader's ``transform=``, it runs in the
-    workers (map-style) or on the stream's decode stage, never on the training loop's thread
-    (NOTE [ Decode in the workers ] in pipeline.py)."""
+    :meth:`set_epoch`), their threads, and that they run in the workers (:meth:`placement`).
+    Picklable."""
 
     def __init__(
         self,
@@ -130,12 +127,12 @@ class KeyedBatchTransform:
         """Whether it draws per-sample randomness from the key column."""
         raise NotImplementedError
 
-    @property
-    def decoded_row_bytes(self) -> int | None:
-        """Bytes of one decoded sample when every sample decodes to the same shape (a fixed
-        ``size``), else None. A stream decodes small fixed-size samples in its reads (NOTE [ Small
-        samples decode in the reads ] in stream/decode.py)."""
-        return None
+    def placement(self) -> Placement:
+        """A worker-side transform (NOTE [ Transform placement ] in transforms.py): given as the
+        loader's ``transform=``, it runs in the workers (map-style) or in a stream's reads or
+        decode stage, never on the training loop's thread; it reads :attr:`column` and the
+        samples' keys (:attr:`key`)."""
+        return Placement("workers", column=self.column, key=self.key)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch random draws use when the batch carries none and no naiad worker runs this."""

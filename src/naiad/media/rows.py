@@ -32,7 +32,6 @@ that lock: its shutdown then waits for them to be queued, and is done by that th
 
 from __future__ import annotations
 
-import os
 import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -45,26 +44,26 @@ import torch
 from naiad.errors import DecodeError
 from naiad.parallel.context import get_worker_context
 from naiad.parallel.threads import DaemonThreads, one_core_each, usable_cores
+from naiad.process_state import per_process
 
 __all__ = ["default_threads", "drop_rows", "encoded", "raise_failures", "release_threads", "run_rows", "sample_name"]
 
-_lock = threading.Lock()
-_owner = 0  # the thread holding _lock while it queues a batch's calls
-_release_asked = False  # by a finalizer in that thread (release_threads)
-_pool: DaemonThreads | None = None
-_pool_size = 0
-_pool_pid = -1
+
+class _DecodePool:
+    """This process's decode pool and what guards it (NOTE [ Per-process state ]: a forked child
+    has none of the parent's threads, and the lock may have been held by one of them at the fork,
+    so both are made again there)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.owner = 0  # the thread holding the lock while it queues a batch's calls
+        self.release_asked = False  # by a finalizer in that thread (release_threads)
+        self.pool: DaemonThreads | None = None
+        self.size = 0
 
 
-def _after_fork_in_child() -> None:
-    # The child has none of the parent's threads, and the lock may have been held by one of them
-    # at the fork (a batch's calls are queued under it): start again with both fresh.
-    global _lock, _owner, _release_asked, _pool
-    _lock, _owner, _release_asked, _pool = threading.Lock(), 0, False, None
-
-
-if hasattr(os, "register_at_fork"):  # POSIX: no fork elsewhere
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+# The child never shuts the parent's pool down: its threads are not the child's to join.
+_state = per_process("naiad.media.rows decode pool", _DecodePool)
 
 
 def default_threads() -> int:
@@ -77,57 +76,51 @@ def default_threads() -> int:
 
 
 def _executor(threads: int) -> DaemonThreads:
-    """This process's decode pool, with room for ``threads`` (call with ``_lock`` held)."""
-    global _pool, _pool_size, _pool_pid
+    """This process's decode pool, with room for ``threads`` (call with its lock held)."""
+    state = _state.get()
     # Sized for every core, not one batch's share: thread workers each decode their own batch
     # on it at once.
     size = max(threads, usable_cores())
     # Also made again once shut down at exit, for a read-ahead thread's last task.
-    if _pool is None or _pool_pid != os.getpid() or _pool_size < size or _pool.closed:
-        old = _pool if _pool_pid == os.getpid() else None
-        _pool = DaemonThreads(size, name="naiad-decode", initializer=one_core_each)
-        _pool_size, _pool_pid = size, os.getpid()
+    if state.pool is None or state.size < size or state.pool.closed:
+        old = state.pool
+        state.pool, state.size = DaemonThreads(size, name="naiad-decode", initializer=one_core_each), size
         if old is not None:
             old.shutdown()  # its running batches finish; new ones use the new pool
-    return _pool
+    return state.pool
 
 
 def release_threads() -> None:
     """Shut this process's decode pool down (NOTE [ Decode threads ]): its idle threads end, a
     batch it holds finishes, a stuck one is left; the next batch to decode makes a new pool."""
-    global _release_asked
-    if _owner == threading.get_ident():
+    state = _state.peek()
+    if state is None:
+        return  # no pool made in this process
+    if state.owner == threading.get_ident():
         # A pass's close run by the cyclic collector in this very thread, while it queues a
         # batch's calls under the lock: that batch releases the pool once they are queued.
-        _release_asked = True
+        state.release_asked = True
         return
-    with _lock:
-        old = _take_pool()
+    with state.lock:
+        old, state.pool = state.pool, None
     if old is not None:
         old.shutdown()
-
-
-def _take_pool() -> DaemonThreads | None:
-    """This process's pool, forgotten (call with ``_lock`` held)."""
-    global _pool
-    old, _pool = (_pool if _pool_pid == os.getpid() else None), None
-    return old
 
 
 def _queue(call: Callable[[], None], threads: int) -> list[Future[None]]:
     """``call`` queued ``threads`` times on this process's pool, all of them before any
     shutdown's ``None`` (NOTE [ Decode threads ])."""
-    global _owner, _release_asked
+    state = _state.get()
     released = None
-    with _lock:
-        _owner = threading.get_ident()
+    with state.lock:
+        state.owner = threading.get_ident()
         try:
             pool = _executor(threads)
             futures: list[Future[None]] = [pool.submit(call) for _ in range(threads)]
         finally:
-            if _release_asked:  # by a finalizer in this thread, meanwhile
-                _release_asked, released = False, _take_pool()
-            _owner = 0  # last: nothing between this and the lock's release can run a finalizer
+            if state.release_asked:  # by a finalizer in this thread, meanwhile
+                state.release_asked, released, state.pool = False, state.pool, None
+            state.owner = 0  # last: nothing between this and the lock's release can run a finalizer
     if released is not None:
         released.shutdown()
     return futures

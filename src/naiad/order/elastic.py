@@ -102,7 +102,8 @@ class Leg:
             # An int64 at most: batch sizes are NumPy arrays of them (a larger one is no plan).
             state_int(data["batch_size"], "loader state leg batch_size", 1, 2**63 - 1),
             drop_last,
-            state_int(data["buffer_rows"], "loader state leg buffer_rows", 0),
+            # An int64 at most too: the plan's block runs divide by it as a float.
+            state_int(data["buffer_rows"], "loader state leg buffer_rows", 0, 2**63 - 1),
             state_int(data[batches_key], f"loader state leg {batches_key}", 0),
         )
 

@@ -42,6 +42,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from naiad.process_state import per_process
+
 __all__ = ["DaemonThreads", "one_core_each", "run_beside", "start_beside", "thread_cores", "usable_cores"]
 
 T = TypeVar("T")
@@ -75,19 +77,12 @@ def one_core_each() -> None:
     _local.cores = 1
 
 
-_lock = threading.Lock()
-_executor: ThreadPoolExecutor | None = None
-_executor_pid = -1
-
-
-def _helper() -> ThreadPoolExecutor:
-    global _executor, _executor_pid
-    with _lock:
-        # A forked child inherits the object but not its thread: make a new one there.
-        if _executor is None or _executor_pid != os.getpid():
-            _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="naiad-columns")
-            _executor_pid = os.getpid()
-        return _executor
+# One helper thread per process; a forked child inherits the executor but not its thread, so it
+# makes its own (NOTE [ Per-process state ]).
+_helper = per_process(
+    "naiad.parallel.threads helper",
+    lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="naiad-columns"),
+)
 
 
 def run_beside(here: Callable[[], T], there: Callable[[], Any]) -> tuple[T, Any]:
@@ -99,7 +94,7 @@ def run_beside(here: Callable[[], T], there: Callable[[], Any]) -> tuple[T, Any]
     if (os.cpu_count() or 1) < 2:
         second = there()
         return here(), second
-    future = _helper().submit(there)
+    future = _helper.get().submit(there)
     try:
         first = here()
     finally:
@@ -119,7 +114,7 @@ def start_beside(work: Callable[[], T]) -> Callable[[], T]:
             return done[0]
 
         return later
-    return _helper().submit(work).result
+    return _helper.get().submit(work).result
 
 
 _Item = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]

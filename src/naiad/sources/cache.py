@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Literal, Union
 
 from naiad.errors import ConfigError
+from naiad.process_state import ProcessLocal, per_process
 
 __all__ = ["CHUNK_BYTES", "BlockCache", "CacheDir", "CacheStats", "block_cache", "cache_key", "cache_stats", "resolve_cache_dir", "user_cache_dir"]
 
@@ -351,29 +352,28 @@ def _remove_if_older(path: Path, age_s: float) -> None:
         pass  # gone already, or taken by another waiter
 
 
-# (pid, folder, max_bytes) -> the cache; per process, like the filesystems (a forked worker
-# makes its own, with its own counts).
-_CACHES: dict[tuple[int, str, int | None], BlockCache] = {}
-_CACHES_LOCK = threading.Lock()
+# (folder, max_bytes) -> the cache; per process, like the filesystems (a forked worker makes its
+# own, with its own counts: NOTE [ Per-process state ]).
+_CACHES: ProcessLocal[dict[tuple[str, int | None], BlockCache]] = per_process("naiad.sources.cache block caches", dict)
 
 
 def block_cache(folder: str, max_bytes: int | None) -> BlockCache:
     """This process's :class:`BlockCache` over ``folder``."""
-    key = (os.getpid(), folder, max_bytes)
-    cache = _CACHES.get(key)
+    caches, key = _CACHES.get(), (folder, max_bytes)
+    cache = caches.get(key)
     if cache is None:
-        with _CACHES_LOCK:
-            cache = _CACHES.get(key)
+        with _CACHES.lock:
+            cache = caches.get(key)
             if cache is None:
-                cache = _CACHES[key] = BlockCache(folder, max_bytes)
+                cache = caches[key] = BlockCache(folder, max_bytes)
     return cache
 
 
 def cache_stats(folder: str | os.PathLike[str]) -> CacheStats:
     """This process's counts for the cache over ``folder``, summed (for tests and benchmarks)."""
-    where, pid, out = os.path.abspath(os.fspath(folder)), os.getpid(), CacheStats()
-    for (p, f, _), cache in list(_CACHES.items()):
-        if p == pid and f == where:
+    where, out = os.path.abspath(os.fspath(folder)), CacheStats()
+    for (f, _), cache in list(_CACHES.get().items()):
+        if f == where:
             for name in ("hits", "misses", "waits", "bytes_fetched", "evicted"):
                 setattr(out, name, getattr(out, name) + getattr(cache.stats, name))
     return out

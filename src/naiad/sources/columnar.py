@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import SourceError
+from naiad.process_state import ProcessLocal
 from naiad.sources.columns import null_column, null_rows
 from naiad.sources.contract import Block, OnBadRows, bad_entry
 from naiad.sources.openfiles import open_files_budget
@@ -83,14 +84,17 @@ class ReaderCache:
         self._what = what
         self._hint = hint
         self._max_open = max_open
-        self._local = threading.local()
+        # Per thread of this process: a forked child's thread starts with none of the parent's
+        # readers, whose files and connections are the parent's (NOTE [ Per-process state ]).
+        self._local = ProcessLocal(threading.local, name=f"naiad {what} readers")
 
     def get(self, path: str, store: Storage | None = None) -> Any:
         """The open reader of ``path`` (opened now if needed; an object through ``store``, its
         source's Storage), or a SourceError naming the file."""
-        cache: OrderedDict[tuple[str, Storage | None], Any] | None = getattr(self._local, "open", None)
+        local = self._local.get()
+        cache: OrderedDict[tuple[str, Storage | None], Any] | None = getattr(local, "open", None)
         if cache is None:
-            cache = self._local.open = OrderedDict()
+            cache = local.open = OrderedDict()
         # A Storage is keyed by identity: the reader holds it, so it outlives no entry.
         key = (path, store if is_remote(path) else None)
         reader = cache.get(key)

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
 from naiad.parallel.threads import one_core_each, usable_cores
+from naiad.process_state import per_process
 from naiad.sources.columns import (
     Columns,
     cast_to_schema,
@@ -40,7 +41,8 @@ from naiad.sources.storage import is_remote
 __all__ = ["BlockEngine", "join_data", "take_positions"]
 
 
-_KEEP_DECISION = threading.Lock()
+# This process's: a forked child's is free (NOTE [ Per-process state ]).
+_KEEP_DECISION = per_process("naiad.sources.engine keep decision", threading.Lock)
 
 
 class BlockEngine(SourceFormat):
@@ -181,7 +183,7 @@ class BlockEngine(SourceFormat):
                 budget = default_keep_bytes() if self.traits.keeps_parsed else 0
             if budget and self._blocks is None:
                 return None  # not counted yet: decided at a later read
-            with _KEEP_DECISION:
+            with _KEEP_DECISION.get():
                 if self._kept is None:
                     fits = bool(budget) and self.parsed_bytes() <= budget
                     self._kept = KeptBlocks(self.blocks(), budget) if fits else False

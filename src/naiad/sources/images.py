@@ -23,8 +23,10 @@ column (``class_to_idx`` empty): a label of -1 would pass unseen into a loss tha
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,6 +54,8 @@ from naiad.trust.paths import (
 )
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderSource", "read_images"]
+
+_LOG = logging.getLogger("naiad.index")
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``datasets.folder.IMG_EXTENSIONS`` (torchvision 0.28), matched in any case."""
@@ -134,8 +138,12 @@ class ImageFolderSource(Source):
             why = None if stored is None else check_listing(stored, self.root)
             if stored is not None and why is None:
                 self._listing = stored
+                _LOG.debug("naiad: reused the kept listing of %s (%d files).", self.root, len(stored["labels"]))
             else:
+                t0 = time.perf_counter()
                 self._listing = _list_folder(self.root)
+                _LOG.info("naiad: listed %s: %d files in %.2f s (%s).", self.root, len(self._listing["labels"]),
+                          time.perf_counter() - t0, "none kept" if stored is None else f"the kept listing was refused: {why}")
                 save_arrays(self.index_dir, self.root, LISTING_PARAMS, self._listing)
         return self._listing
 

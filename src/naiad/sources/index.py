@@ -61,6 +61,8 @@ from naiad.sources import storage
 from naiad.sources.cache import user_cache_dir
 from naiad.trust.kept import load_npz, miss, read_kept
 
+_LOG = logging.getLogger("naiad.index")  # hits and misses; a kept file refused: naiad.kept
+
 __all__ = [
     "INDEX_VERSION", "Identity", "IndexDir", "identity", "index_folder", "load_arrays", "load_index", "load_table",
     "TableFile", "save_arrays", "save_index", "save_table", "table_file", "table_stamp",
@@ -157,6 +159,7 @@ def load_index(index_dir: IndexDir, path: str, params: Mapping[str, Any],
     where = folder / _entry_name(real, params, stamp.get("endpoint", ""))
     data = read_kept(where)  # NOTE [ Kept files ]: this user's, a regular file, bounded
     if data is None:
+        _LOG.debug("naiad: block index miss for %s: none kept in %s.", path, folder)
         return None
     try:
         doc = json.loads(data.decode("utf-8"))
@@ -172,6 +175,8 @@ def load_index(index_dir: IndexDir, path: str, params: Mapping[str, Any],
         return None
     if entries is None:
         miss(where, "its blocks are not a plausible cut of the file")
+    else:
+        _LOG.debug("naiad: block index hit for %s: %d blocks from %s.", path, len(entries), where)
     return entries
 
 
@@ -261,6 +266,7 @@ def load_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any],
     name = _entry_name(real, {"arrays": ARRAYS_VERSION, **params}, stamp.get("endpoint", "")).replace(".json", ".npz")
     arrays: dict[str, Any] | None = load_npz(folder / name)  # NOTE [ Kept files ]
     if arrays is None:
+        _LOG.debug("naiad: block index miss for %s: none kept in %s.", path, folder)
         return None
     try:
         meta = json.loads(bytes(arrays.pop("__meta__")).decode())
@@ -274,6 +280,7 @@ def load_arrays(index_dir: IndexDir, path: str, params: Mapping[str, Any],
         miss(folder / name, "it describes another version of the file", level=logging.DEBUG)
         return None
     arrays["__size__"] = size
+    _LOG.debug("naiad: block index hit for %s: %s.", path, folder / name)
     return arrays
 
 

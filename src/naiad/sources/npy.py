@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
+from naiad.process_state import per_process
 from naiad.sources import storage
 from naiad.sources.base import Source
 from naiad.sources.columnar import ReaderCache
@@ -27,7 +28,8 @@ __all__ = ["NpySource", "read_npy"]
 # from two threads at once: read-ahead threads opening one file side by side got SystemError
 # ("AST constructor recursion depth mismatch") for an undamaged file, 25 times in 300 epochs.
 # Opening is a header and a map, once per file and thread: one at a time costs nothing.
-_LOAD_LOCK = threading.Lock()
+# This process's: a forked child's is free (NOTE [ Per-process state ]).
+_LOAD_LOCK = per_process("naiad.sources.npy load lock", threading.Lock)
 
 
 class RemoteNpy:
@@ -42,7 +44,7 @@ class RemoteNpy:
             try:
                 version = np.lib.format.read_magic(f)
                 read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                with _LOAD_LOCK:  # the first 64 KiB are read: a header parse, as in _load
+                with _LOAD_LOCK.get():  # the first 64 KiB are read: a header parse, as in _load
                     shape, fortran, dtype = read_header(f)
             except ValueError as exc:
                 raise SourceError(f"not a readable .npy file ({exc}); is it truncated?", path=url) from None
@@ -74,7 +76,7 @@ def _load(path: str, store: Storage | None = None) -> np.ndarray | RemoteNpy:
     if storage.is_remote(path):
         return RemoteNpy(path, storage.needs_store(path, store))
     try:
-        with _LOAD_LOCK:
+        with _LOAD_LOCK.get():
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise SourceError("file not found.", path=path) from None

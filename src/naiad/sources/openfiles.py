@@ -25,8 +25,8 @@ Should reads on several threads overlap for long while many files come and go, t
 set aside could pile up: at half the budget a new read waits until the reads in flight end (a
 batch's reads: milliseconds). A read that needs more files at once than half the budget is done
 in groups of files (the caller's loop over :attr:`Descriptors.group_size`). After a fork the
-child closes the descriptors it inherited from the table and opens its own (a ``pread`` has no
-offset to share, but the table is the process's).
+child closes the descriptors it inherited from the table and opens its own in a new table (a
+``pread`` has no offset to share, but the table is the process's: NOTE [ Per-process state ]).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+
+from naiad.process_state import per_process
 
 __all__ = ["Descriptors", "descriptors", "open_files_budget"]
 
@@ -68,34 +70,31 @@ class Descriptors:
     Args:
         capacity: the most descriptors kept open (those set aside while reads hold the table come
             on top, at most half as many again).
+        generation: the first :attr:`generation` (a forked child's table starts past its
+            parent's, so nothing a reader looked up there passes for its own).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, generation: int = 0) -> None:
         self.capacity = max(1, int(capacity))
         self._open: dict[str, int] = {}  # in the order opened
         self._aside: list[int] = []  # evicted while a read held the table: closed once none does
         self._holds = 0  # reads in flight
-        self._generation = 0
+        self._generation = int(generation)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # waited on only while descriptors pile up
-        self._pid = os.getpid()
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def _forked(self) -> None:
-        """In a forked child: close what the parent's table held (the child's copies) and start
-        empty, with a fresh lock (another thread may have held it at the fork)."""
+    def close_inherited(self) -> None:
+        """In a forked child, the parent's table: close the child's copies of its descriptors,
+        without its lock (another thread may have held it at the fork; the child has one)."""
         for fd in [*self._open.values(), *self._aside]:
             try:
                 os.close(fd)
             except OSError:
                 pass
         self._open, self._aside, self._holds = {}, [], 0
-        self._generation += 1  # what readers looked up in the parent is gone
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._pid = os.getpid()
 
     @property
     def group_size(self) -> int:
@@ -112,8 +111,6 @@ class Descriptors:
     def enter(self) -> int:
         """Begin a read: no descriptor is closed until :meth:`leave`. Returns the
         :attr:`generation`, for a reader that kept its descriptors from an earlier read."""
-        if self._pid != os.getpid():
-            self._forked()
         with self._lock:
             while self._holds and len(self._aside) >= self.group_size:
                 self._changed.wait()  # the reads in flight end in milliseconds
@@ -179,15 +176,23 @@ class Descriptors:
             self._generation += 1
 
 
-_TABLE: Descriptors | None = None
-_TABLE_LOCK = threading.Lock()
+_first_generation = 0
+
+
+def _new_table() -> Descriptors:
+    return Descriptors(open_files_budget(), _first_generation)
+
+
+def _close_inherited(table: Descriptors) -> None:
+    global _first_generation
+    table.close_inherited()
+    _first_generation = table.generation + 1  # what readers looked up in the parent is gone
+
+
+_TABLE = per_process("naiad.sources.openfiles descriptors", _new_table, on_fork=_close_inherited)
 
 
 def descriptors() -> Descriptors:
-    """The process's table of kept descriptors (NOTE [ Open files ]), made at first use."""
-    global _TABLE
-    if _TABLE is None:
-        with _TABLE_LOCK:
-            if _TABLE is None:
-                _TABLE = Descriptors(open_files_budget())
-    return _TABLE
+    """The process's table of kept descriptors (NOTE [ Open files ]), made at first use; a forked
+    child closes the descriptors it inherited and makes its own (NOTE [ Per-process state ])."""
+    return _TABLE.get()

@@ -20,11 +20,12 @@ other: a task run on an I/O thread that asks for more concurrent reads runs them
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
+
+from naiad.process_state import per_process
 
 __all__ = ["IO_THREADS", "io_map"]
 
@@ -34,20 +35,12 @@ R = TypeVar("R")
 IO_THREADS = 16
 """Remote reads one process keeps in flight at most."""
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_LOCK = threading.Lock()
+# This process's I/O threads; a forked worker makes its own (NOTE [ Per-process state ]).
+_POOL = per_process(
+    "naiad.sources.readahead io threads",
+    lambda: ThreadPoolExecutor(IO_THREADS, thread_name_prefix="naiad-io", initializer=_mark),
+)
 _LOCAL = threading.local()
-
-
-def _pool() -> ThreadPoolExecutor:
-    pid = os.getpid()
-    pool = _POOLS.get(pid)
-    if pool is None:
-        with _LOCK:
-            pool = _POOLS.get(pid)
-            if pool is None:
-                pool = _POOLS[pid] = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="naiad-io", initializer=_mark)
-    return pool
 
 
 def _mark() -> None:
@@ -62,7 +55,7 @@ def io_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """
     if len(items) < 2 or getattr(_LOCAL, "io_thread", False):
         return [fn(x) for x in items]
-    pool = _pool()
+    pool = _POOL.get()
     futures: list[Future[R]] = [pool.submit(fn, x) for x in items]
     try:
         return [f.result() for f in futures]

@@ -13,6 +13,7 @@ and ETag were recorded), so a retried block yields the same rows: exactly-once h
 from __future__ import annotations
 
 import errno
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -24,6 +25,8 @@ from naiad.errors import ConfigError, SourceError
 __all__ = ["RetryPolicy", "is_transient", "retrying"]
 
 T = TypeVar("T")
+
+_LOG = logging.getLogger("naiad.storage")
 
 
 def retrying(policy: RetryPolicy, url: str, byte_range: tuple[int, int] | None, op: Callable[[], T]) -> T:
@@ -45,6 +48,9 @@ def retrying(policy: RetryPolicy, url: str, byte_range: tuple[int, int] | None, 
                     f"reading{where} failed after {attempt} attempt(s) in {time.monotonic() - began:.1f} s: "
                     f"{_describe(exc)}", path=url,
                 ) from exc
+            _LOG.warning("naiad: %s%s failed (attempt %d of %d): %s; retrying in %.2f s.", url,
+                         f" bytes {byte_range[0]}-{byte_range[1]}" if byte_range else "", attempt, policy.attempts,
+                         _describe(exc), wait)
             time.sleep(wait)
 
 

@@ -12,9 +12,9 @@ data (the ``storage_options``, the retry policy, the cache settings, each object
 ETag), and every read of a remote file names the Storage it goes through (the ``store=`` of the
 functions below): the source's own. Nothing maps a URL to a Storage, so two sources of one URL
 with other options, retries or caches each read with theirs, in the process that made them and
-in every worker. The first read in a process builds the filesystem for (process id, protocol,
-options) and keeps it for every Storage of those options: a forked worker never reuses its
-parent's connections, and sources that share options share one filesystem.
+in every worker. The first read in a process builds the filesystem for (protocol, options) and
+keeps it for every Storage of those options, as this process's (NOTE [ Per-process state ]): a
+forked worker never reuses its parent's connections, and sources that share options share one.
 
 With ``cache_dir=`` every range read goes through the local block cache first (NOTE [ Block
 cache ] in cache.py), keyed by the identity recorded here; small reads go through its aligned
@@ -29,13 +29,13 @@ import functools
 import io
 import json
 import os
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, TypeVar
 
 import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
+from naiad.process_state import ProcessLocal, per_process
 from naiad.sources.cache import (
     CHUNK_BYTES,
     BlockCache,
@@ -49,7 +49,7 @@ from naiad.trust.paths import URL_RE, is_remote, is_url, local_path
 
 __all__ = [
     "ObjectInfo", "RangeFile", "RetryPolicy", "Storage", "input_stream", "is_remote", "is_url", "local_path",
-    "needs_store", "open_input", "read_range", "size", "stat",
+    "needs_store", "object_path", "open_input", "read_range", "size", "stat",
 ]
 
 T = TypeVar("T")
@@ -72,9 +72,8 @@ class ObjectInfo(NamedTuple):
     is_file: bool = True
 
 
-# (pid, protocol, options as JSON) -> filesystem
-_FILESYSTEMS: dict[tuple[int, str, str], Any] = {}
-_LOCK = threading.Lock()
+# (protocol, options as JSON) -> filesystem, this process's (NOTE [ Per-process state ])
+_FILESYSTEMS: ProcessLocal[dict[tuple[str, str], Any]] = per_process("naiad.sources.storage filesystems", dict)
 
 Cached = bool | Literal["chunks"]
 """How a read uses the block cache: True (when there is one), False (never), "chunks"."""
@@ -168,12 +167,10 @@ class Storage:
     def filesystem(self, url: str) -> Any:
         """The fsspec filesystem for ``url``'s protocol in this process (built once per process)."""
         protocol = _protocol(url)
-        key = (os.getpid(), protocol, self._key)
-        fs = _FILESYSTEMS.get(key)
-        if fs is None:
-            fs = _make_filesystem(protocol, self.options, url)
-            with _LOCK:
-                fs = _FILESYSTEMS.setdefault(key, fs)
+        made, key = _FILESYSTEMS.get(), (protocol, self._key)
+        fs = made.get(key)
+        if fs is None:  # two threads may build one at once: the first kept is every later read's
+            fs = made.setdefault(key, _make_filesystem(protocol, self.options, url))
         return fs
 
     # -- finding files -----------------------------------------------------------------------
@@ -186,7 +183,7 @@ class Storage:
                 credentials were refused.
         """
         fs = self.filesystem(url)
-        path = fs._strip_protocol(url)
+        path = object_path(url)
         if _has_magic(path):
             found = self.call(url, None, lambda: fs.glob(path, detail=True))
             entries = {p: i for p, i in found.items() if i.get("type", "file") == "file"}
@@ -227,12 +224,12 @@ class Storage:
                 continue
             fs = self.filesystem(folder)
             try:
-                listed = self.call(folder, None, functools.partial(fs.ls, fs._strip_protocol(folder), detail=True))
+                listed = self.call(folder, None, functools.partial(fs.ls, object_path(folder), detail=True))
             except SourceError:
                 continue  # each object is asked about on its own, and named if missing
             by_name = {str(e.get("name", "")).rstrip("/"): e for e in listed if e.get("type", "file") == "file"}
             for url in wanted:
-                entry = by_name.get(fs._strip_protocol(url))
+                entry = by_name.get(object_path(url))
                 if entry is not None:
                     self.infos[url] = _object_info(entry)
 
@@ -241,7 +238,7 @@ class Storage:
         info = self.infos.get(url)
         if info is None:
             fs = self.filesystem(url)
-            info = self.infos[url] = _object_info(self.call(url, None, lambda: fs.info(fs._strip_protocol(url))))
+            info = self.infos[url] = _object_info(self.call(url, None, lambda: fs.info(object_path(url))))
         return info
 
     # -- reading -----------------------------------------------------------------------------
@@ -303,7 +300,7 @@ class Storage:
 
     def _fetch(self, url: str, start: int, stop: int) -> bytes:
         fs = self.filesystem(url)
-        path = fs._strip_protocol(url)
+        path = object_path(url)
         data: bytes = self.call(url, (start, stop), lambda: fs.cat_file(path, start=start, end=stop))
         if len(data) != stop - start:
             raise SourceError(
@@ -315,6 +312,14 @@ class Storage:
     def call(self, url: str, byte_range: tuple[int, int] | None, op: Callable[[], T]) -> T:
         """``op()``, retried on transient errors; other errors become a SourceError naming ``url``."""
         return retrying(self.retry, url, byte_range, op)
+
+
+def object_path(url: str) -> str:
+    """``url`` as its filesystem's calls and listings name it: without its protocol
+    (``"s3://bucket/key"`` -> ``"bucket/key"``), through fsspec's public ``strip_protocol``."""
+    from fsspec.core import strip_protocol  # fsspec is there: a filesystem was made for the URL
+
+    return str(strip_protocol(url))
 
 
 def _protocol(url: str) -> str:

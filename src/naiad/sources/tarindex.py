@@ -235,6 +235,10 @@ class KeptIndexes:
             return
         self._where = {path: i for i, path in enumerate(paths)}
 
+    def __len__(self) -> int:
+        """The shards it holds a readable part for."""
+        return len(self._where)
+
     def _check(self, count: int, a: dict[str, np.ndarray]) -> None:
         """Take the arrays of ``count`` shards, and mark which shards' parts are plausible (else
         raise: the whole file is unreadable)."""

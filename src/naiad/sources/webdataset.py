@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -20,6 +22,8 @@ from naiad.sources.paths import PathLike
 from naiad.sources.samples import early_grid, extension_type, grid_blocks, sample_block_bytes
 from naiad.sources.tarindex import KeptIndexes, ShardIndex, keep_indexes, scan_shard, table_of
 from naiad.sources.tarsamples import KEY, read_samples
+
+_LOG = logging.getLogger("naiad.index")
 
 __all__ = ["KEY", "WebDatasetSource", "read_webdataset"]
 
@@ -173,11 +177,22 @@ class WebDatasetSource(Source):
         return super().count_threads()
 
     def _cut_files(self) -> list[Block]:
+        t0 = time.perf_counter()
         blocks = super()._cut_files()
-        if self._walked and self.index_dir is not False:
+        walked, shards, seconds = self._walked, len(self.paths), time.perf_counter() - t0
+        if self.index_dir is False:
+            _LOG.info("naiad: walked the member index of %d tar shards in %.2f s (index_dir=False: none kept).",
+                      shards, seconds)
+        elif walked:
+            kept = self._kept_indexes
+            why = "none was kept" if kept is None or not len(kept) else "the kept one describes other versions of them"
+            _LOG.info("naiad: walked the member index of %d of %d tar shards in %.2f s (%s); keeping it in %s.",
+                      walked, shards, seconds, why, "nowhere" if self._table is None else self._table.folder)
             # Every shard is indexed now: one file for the next process (NOTE [ Member index ]).
             keep_indexes(self._table, [self._idents.get(p) for p in self.paths], [self._indexes[p] for p in self.paths])
             self._walked = 0
+        else:
+            _LOG.debug("naiad: reused the kept member index of %d tar shards (%.2f s).", shards, seconds)
         return blocks
 
     def grid_step(self) -> int:

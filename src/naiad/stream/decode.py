@@ -10,7 +10,8 @@ microseconds, most of it Python under the GIL (Pillow's open, the per-image book
 threads of one process decode it at one core's speed, whatever the cores (measured:
 bench/RESULTS.md, "Images end to end"). Such samples are decoded in the reads instead, in the
 read pool's workers (processes with ``num_workers``), before the shuffle buffer, when the decode
-gives every sample the same shape of at most ``READ_DECODE_MAX_BYTES`` (a fixed ``size``):
+gives every sample the same shape of at most ``READ_DECODE_MAX_BYTES`` (a fixed ``size``: its
+placement's ``decoded_row_bytes``), and any transform placed there (``Placement("reads")``):
 
 * the buffer then holds pixels, no bigger than the encoded bytes by much at that size, and its
   default size counts the decoded bytes (``default_buffer_rows``); every row it holds is decoded
@@ -52,27 +53,13 @@ from naiad.sources.contract import bad_entry
 from naiad.stream.batches import BatchStream
 from naiad.stream.plan import GroupTask, RestoreTask, Task
 from naiad.stream.reads import RowKeys, make_handler_factory, row_keys
+from naiad.transforms import READ_DECODE_MAX_BYTES  # where the limit is decided: transforms.place
 
-__all__ = ["READ_DECODE_MAX_BYTES", "DecodeAhead", "SeededRead", "decodes_in_reads", "make_decoding_handler_factory"]
+__all__ = ["READ_DECODE_MAX_BYTES", "DecodeAhead", "SeededRead", "make_decoding_handler_factory"]
 
 STAGE_THREADS = 2
 """Batches decoded at once: each spreads its images over the decode threads (NOTE [ Decode
 threads ]); a second keeps the cores busy while the first waits on its slowest image."""
-
-READ_DECODE_MAX_BYTES = 4 * 1024
-"""The largest decoded sample (``C * H * W`` bytes) a stream decodes in its reads (NOTE [ Small
-samples decode in the reads ]): 28x28 and 32x32 RGB, 64x64 grayscale. Decoded in the reads, every
-row the shuffle buffer holds is decoded before the first batch; at 64x64 RGB (12 KiB) that cost
-the first batch from 1,000 fresh shards (10,000 samples in the buffer) a second more than the
-stage, whose first batch decodes its own 64 images. ImageNet's 224x224 RGB (147 KiB) decodes on
-the stage too, where its threads release the GIL and the buffer keeps the smaller JPEG."""
-
-
-def decodes_in_reads(transform: Any) -> bool:
-    """Whether a stream runs worker-side ``transform`` in its reads: it decodes every sample to
-    one shape of at most :data:`READ_DECODE_MAX_BYTES` (NOTE [ Small samples decode in the reads ])."""
-    size = getattr(transform, "decoded_row_bytes", None)
-    return isinstance(size, int) and 0 < size <= READ_DECODE_MAX_BYTES
 
 
 class DecodeAhead(Iterator[Any]):
@@ -80,7 +67,7 @@ class DecodeAhead(Iterator[Any]):
 
     Args:
         stream: the pass's batches (each with ``index_column`` and ``__epoch__``).
-        transform: the worker-side transform (``runs_in_workers``).
+        transform: the worker-side transform (placed on the stage: ``naiad.transforms.place``).
         index_column: the column of the samples' keys (``reads.row_keys``).
         base_seed: the pass's base seed (the loader's, kept in its state): the crops' seed.
         depth: batches in flight ahead of the loop.
@@ -186,6 +173,8 @@ def _build_decoding_handler(read_factory: HandlerFactory, source: Source, index_
             batch = {**columns, "__epoch__": seeded.epoch}
             try:
                 out = transform(batch)
+                if index_column not in out:  # it kept only its own columns: the stream needs the keys
+                    out = {**out, index_column: batch[index_column]}
             except DecodeError as exc:
                 if not numbers:
                     numbers.append(row_keys(source))

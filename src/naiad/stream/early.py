@@ -39,6 +39,7 @@ Early reads are made only from the start of an epoch on one rank, with ``on_bad_
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,7 +58,9 @@ from naiad.stream.plan import (
 )
 from naiad.stream.reads import read_task  # the read a worker makes
 
-__all__ = ["EARLY_MIN_BYTES", "EarlyReads", "may_read_early"]
+__all__ = ["EARLY_MIN_BYTES", "EarlyReads", "declined", "may_read_early"]
+
+_LOG = logging.getLogger("naiad.stream")
 
 EARLY_MIN_BYTES = 256 << 20
 """Sources smaller than this are counted before their first read: the count then takes less
@@ -73,6 +76,14 @@ def may_read_early(source: Source) -> bool:
     permutes single blocks (NOTE [ Block runs ] in plan.py), since the early reads cannot know
     the count; it is a property of the data alone, so a resume or another rank plans the same."""
     return source.traits.reads_before_count or (source.local_bytes() or 0) >= EARLY_MIN_BYTES
+
+
+def declined(source: Source, reason: str) -> None:
+    """Log at DEBUG on ``naiad.stream`` why a pass over ``source`` waits for the count instead of
+    reading early (NOTE [ Early reads ]), where it could have: a source not yet counted whose
+    data would read early. Returns None, the pass's early reads."""
+    if _LOG.isEnabledFor(logging.DEBUG) and not source.counted() and may_read_early(source):
+        _LOG.debug("naiad: %r waits for its count before its first read (no early reads): %s.", source, reason)
 
 
 class EarlyReads:
@@ -101,11 +112,17 @@ class EarlyReads:
               plan: Callable[[], RankPlan]) -> EarlyReads | None:
         """Early reads for ``source`` with its count started beside, or None where they do not
         apply to the source (NOTE [ Early reads ])."""
-        if source.on_bad_rows != "raise" or not may_read_early(source):
+        if source.on_bad_rows != "raise":
+            return declined(source, "skipped rows are tracked against the rank's rows, known once counted (on_bad_rows)")
+        if not may_read_early(source):
+            if _LOG.isEnabledFor(logging.DEBUG) and not source.counted():
+                _LOG.debug("naiad: %r is counted before its first read: its files are local and smaller than "
+                           "EARLY_MIN_BYTES (%d MiB together).", source, EARLY_MIN_BYTES >> 20)
             return None
         blocks = source.early_blocks()
         if blocks is None or len(blocks) < 4:
-            return None
+            return declined(source, "the format gives no early blocks" if blocks is None
+                            else f"{len(blocks)} early blocks, fewer than 4")
         source.count_beside()
         return cls(source, blocks, seed=seed, epoch=epoch, shuffle=shuffle, max_rows=max_rows, plan=plan)
 

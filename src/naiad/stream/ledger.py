@@ -73,6 +73,7 @@ quote a whole line); an entry in memory keeps ``MAX_ENTRY_REASON_CHARS`` of it."
 MAX_ENTRY_REASON_CHARS = 1000
 
 _LOG = logging.getLogger("naiad.bad_rows")
+_PASS_LOG = logging.getLogger("naiad.stream")  # apart: naiad.bad_rows handlers may keep JSON lines
 _OTHER_FILES = "(other files)"
 
 BAD_ID = "__naiad_bad_row__"
@@ -226,6 +227,8 @@ class BadRowTracker:
         self._pending: dict[int, dict[str, Any]] = {}
         self._next_id = 0
         self._by_batch: list[tuple[int, int]] = []  # (batch, rows skipped from it), in batch order
+        self._first: dict[str, Any] | None = None  # this pass's first skipped row
+        self._reported = False
 
     def tag(self, columns: Mapping[str, np.ndarray], bad: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
         """``columns`` (the good rows of a read) with a placeholder at each skipped row's position
@@ -272,6 +275,8 @@ class BadRowTracker:
         """
         self.ledger.record(self.epoch, index, entries)
         self.skipped += len(entries)
+        if self._first is None and entries:
+            self._first = entries[0]
         # In batch order, whatever order the counts came in: skipped_before() walks it.
         bisect.insort(self._by_batch, (index, len(entries)))
         if self.max_rows is not None and self.skipped > self.max_rows:
@@ -280,6 +285,18 @@ class BadRowTracker:
                 f"{self.ledger.summary()}. Fix the data, or raise the limit (on_bad_rows=naiad.SkipBadRows(max_rows=...)).",
                 path=entries[0]["file"],
             )
+
+    def report(self) -> None:
+        """Log, once, at WARNING on ``naiad.stream``, how many rows this pass skipped and the
+        first one's file, position and reason (the pass's end: every row skipped is counted)."""
+        if self._reported or self._first is None:
+            return
+        self._reported = True
+        first = self._first
+        where = ", ".join(f"{k} {first[k]}" for k in ("line", "row", "column") if first.get(k) is not None)
+        _PASS_LOG.warning("naiad: %s bad rows skipped in epoch %d (%s in the epoch); the first: %s%s: %s",
+                          f"{sum(n for _, n in self._by_batch):,}", self.epoch, f"{self.skipped:,}",
+                          first.get("file", "?"), f" ({where})" if where else "", _cut(str(first.get("reason", "")), MAX_REASON_CHARS))
 
     def skipped_before(self, batch: int, start: int) -> int:
         """Rows of the epoch skipped in the batches before ``batch`` (``start``: the skips the

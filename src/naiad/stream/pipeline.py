@@ -13,9 +13,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
-import torch
-
-from naiad.errors import StateError
 from naiad.media.rows import release_threads
 from naiad.parallel import HandlerFactory, WorkerPool
 from naiad.parallel.read_ahead import ReadAheadTuner
@@ -23,21 +20,23 @@ from naiad.parallel.threads import usable_cores
 from naiad.sources.base import Source
 from naiad.sources.storage import is_remote
 from naiad.stream.batches import (
-    STREAM_STATE_VERSION,
     BatchStream,
     StreamCounters,
     StreamOptions,
     default_buffer_rows,
     num_batches,
+    start_state,
+    stream_facts,
 )
 from naiad.stream.decode import (
     DecodeAhead,
     SeededRead,
-    decodes_in_reads,
     make_decoding_handler_factory,
 )
 from naiad.stream.plan import GroupTask, RestoreTask, group_rows
 from naiad.stream.reads import make_handler_factory
+from naiad.stream.state import check_stream_state
+from naiad.transforms import place
 
 __all__ = ["StreamPipeline", "default_read_ahead"]
 
@@ -71,11 +70,12 @@ class StreamPipeline:
         samples' keys (NOTE [ Small samples decode in the reads ] in decode.py)."""
         self.source = source
         self.batch_transform = batch_transform
-        self.decode_in_reads = batch_transform is not None and decodes_in_reads(batch_transform)
+        placed = place(batch_transform, "stream")  # NOTE [ Transform placement ] in transforms.py
+        self.decode_in_reads = batch_transform is not None and placed.runs == "reads"
         if batch_transform is not None and options.index_column is None:
-            options = replace(options, index_column=str(getattr(batch_transform, "key", None) or "__index__"))
+            options = replace(options, index_column=placed.key or "__index__")
         if options.shuffle and options.shuffle_buffer is None:
-            decoded = getattr(batch_transform, "decoded_row_bytes", None) if self.decode_in_reads else None
+            decoded = placed.decoded_row_bytes if self.decode_in_reads else None
             options = replace(options, shuffle_buffer=default_buffer_rows(source, decoded_bytes=decoded))
         self.options = options
         self.counters = counters
@@ -177,30 +177,29 @@ class StreamPipeline:
         # torch.distributed is torn down must not say world size 1 (the epoch's order
         # depends on the world size, NOTE [ Block runs ] in plan.py).
         options = self._planned or self.options
-        return BatchStream(self.source, options, epoch=epoch, imap=_unset, counters=self.counters).get_state()
+        return start_state(self.source, options, epoch, self.counters.ledger)
 
     def check_state(self, part: Mapping[str, Any], epoch: int) -> None:
-        if not isinstance(part, Mapping) or part.get("version") != STREAM_STATE_VERSION:
-            raise StateError(f"stream state: expected a dict with version {STREAM_STATE_VERSION}, got {part!r:.200}.")
-        # Building the stream checks the data, seed and position, and replays any legs.
-        BatchStream(self.source, self.options, epoch=epoch, imap=_unset, state=part)
+        # A pure check of the data, seed and position (replaying any legs), no pass made.
+        check_stream_state(part, stream_facts(self.source, self.options, epoch))
 
 
 class _DecodedInReads(Iterator[Any]):
     """The batches of a stream that decodes in its reads. A batch of no rows (each one skipped)
-    never met the decode, so its empty column is made here, in the decoded shape."""
+    never met the decode (it is the source's empty columns), so it meets it here: its empty
+    columns in the transformed shape."""
 
     def __init__(self, stream: BatchStream, transform: Any) -> None:
         self.stream = stream
         self.transform = transform
-        self.column = str(transform.column)
+        self.index = stream.options.index_column  # every batch carries its keys, an empty one too
 
     def __iter__(self) -> _DecodedInReads:
         return self
 
     def __next__(self) -> Any:
         batch = next(self.stream)
-        if not isinstance(batch.get(self.column), torch.Tensor):
+        if self.index is not None and len(batch[self.index]) == 0:
             batch = self.transform(batch)
         return batch
 

@@ -215,7 +215,7 @@ def block_runs(num_blocks: int, total_rows: int, buffer_rows: int, world_size: i
     size, so a buffer given smaller than the default gets the single blocks its order needs;
     it is part of the plan, a pure function of the rows, the blocks and the epoch's first
     topology (an elastic resume keeps it). Only sources that never read before their rows are
-    counted get runs (``batches.run_for``): one that may (``early.may_read_early``: files of
+    counted get runs (``planning.run_for``): one that may (``early.may_read_early``: files of
     ``early.EARLY_MIN_BYTES`` or more, tar shards) starts in an order that must not depend on
     the count.
 

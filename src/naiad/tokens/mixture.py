@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from naiad.order.elastic import Leg, epoch_sequence, iter_legs, leg_remaining, n
 from naiad.order.permutation import Permutation
 from naiad.parallel.context import current_epoch
 from naiad.pipeline import check_fields
+from naiad.process_state import ProcessLocal
 from naiad.sources.base import Source
 from naiad.tokens.text import Tokenize
 from naiad.tokens.windows import TokenWindows, WindowSamples, window_batch
@@ -220,9 +220,10 @@ class TokenMixture(WindowSamples):
         self._slot_starts = self._slot_ends - self.windows_per_epoch
         self._joined = TokenWindows.joined(self.sources)
         self._bases = np.cumsum(self.own_windows) - self.own_windows  # each source's first global window
+        # Tables are plain numbers, true in a forked child too; the lock is this process's
+        # (NOTE [ Per-process state ]: a thread of the parent may have held it at the fork).
         self._tables: dict[int, np.ndarray] = {}
-        self._table_pid = os.getpid()
-        self._table_lock = threading.Lock()
+        self._table_lock = ProcessLocal(threading.Lock, name="naiad.mix table lock")
 
     def _shares(self, length: int | None) -> np.ndarray:
         """Windows per source in an epoch: its share of the epoch's units (``length`` of them, or
@@ -248,12 +249,8 @@ class TokenMixture(WindowSamples):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_tables"], state["_table_lock"] = {}, None  # never pickled: each process makes its own
+        state["_tables"] = {}  # never pickled: each process makes its own (the lock pickles as its recipe)
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._table_pid, self._table_lock = os.getpid(), threading.Lock()
 
     def __len__(self) -> int:
         return int(self._slot_ends[-1])
@@ -339,9 +336,7 @@ class TokenMixture(WindowSamples):
         table = self._tables.get(epoch)
         if table is not None:
             return table
-        if self._table_pid != os.getpid():  # a forked child: the parent's lock may be held
-            self._table_pid, self._table_lock = os.getpid(), threading.Lock()
-        with self._table_lock:
+        with self._table_lock.get():
             table = self._tables.get(epoch)
             if table is None:
                 n = len(self)

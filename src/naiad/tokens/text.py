@@ -27,8 +27,8 @@ The tokenizer runs where the source is read: :class:`TokenizedSource` wraps a te
 its reads (the workers' tasks, or the read-ahead threads with ``num_workers=0``) return, per
 document, its token ids with the EOS after them, as bytes (uint16 when the vocabulary fits, else
 uint32): one small value per row that crosses processes cheaply. ``naiad.DataLoader`` wraps the
-source when the transform is a :class:`Tokenize` (``Tokenize.wrap_source``); the transform, in
-the training process, then only packs (NumPy over the batch). Rows are still documents, so the
+source when the transform declares it (``Tokenize.placement``: the loop, with a ``wrap``, NOTE
+[ Transform placement ] in transforms.py); the transform, in the training process, then only packs (NumPy over the batch). Rows are still documents, so the
 plan, the shuffle buffer, resume and elastic resume are the text source's, unchanged. The
 tokenizer is loaded once per process (kept on the transform, never pickled: workers rebuild it
 from its JSON at their first batch); ``encode_batch`` is parallel in Rust and releases the GIL.
@@ -50,6 +50,7 @@ from naiad.errors import ConfigError, SourceError
 from naiad.sources.base import Block, BlockData, Source, bad_entry
 from naiad.sources.wrapper import Asked, FormatWrapper
 from naiad.tokens.windows import document_ids, position_ids
+from naiad.transforms import Placement
 
 __all__ = ["TOKENS_COLUMN", "TokenizedSource", "Tokenize", "load_tokenizer", "pack_windows", "tokenize"]
 
@@ -229,10 +230,15 @@ class Tokenize:
         flat, lens = self.encode(batch[self.column])
         return pack_windows(flat, lens, self.seq_len, self.eos_id, pack=self.pack)
 
-    def wrap_source(self, source: Any) -> Any:
+    def placement(self) -> Placement:
+        """Packs in the loop; a streaming source is read through :meth:`read_tokenized`, so the
+        tokenizer runs in the reads (NOTE [ Tokenizing in the workers ], NOTE [ Transform
+        placement ] in transforms.py)."""
+        return Placement("loop", column=self.column, wrap=self.read_tokenized)
+
+    def read_tokenized(self, source: Any) -> Any:
         """``source`` read tokenized (a :class:`TokenizedSource`) when it is a text
-        :class:`~naiad.Source`; anything else as it is. ``naiad.DataLoader`` calls it, so the
-        tokenizer runs in the workers (NOTE [ Tokenizing in the workers ])."""
+        :class:`~naiad.Source`; anything else as it is."""
         if not isinstance(source, Source) or isinstance(source, TokenizedSource):
             return source
         return TokenizedSource(source, self)

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from naiad.errors import ConfigError, SourceError
-from naiad.sources.storage import Storage, is_remote, local_path
+from naiad.sources.storage import Storage, is_remote, local_path, object_path
 
 __all__ = ["FORMATS", "Destination", "ShardFiles", "ShardInfo", "ShardSet", "format_of"]
 
@@ -102,7 +102,7 @@ class Destination:
             for n in (self.manifest_name, pattern):
                 url = self.join(n)
                 # Through Storage.call: transient errors retried, others a SourceError naming the URL.
-                found += self.storage.call(url, None, functools.partial(fs.glob, fs._strip_protocol(url)))
+                found += self.storage.call(url, None, functools.partial(fs.glob, object_path(url)))
             return sorted({PurePosixPath(p).name for p in found})
         esc = globlib.escape
         pattern = esc(self._single) if self._single else f"{esc(self._stem)}-[0-9]*{self.suffix}"
@@ -117,7 +117,7 @@ class Destination:
         if self.remote:
             tmp = self.join(f".{name}.{secrets.token_hex(6)}.tmp")
             fs = self.storage.filesystem(tmp)
-            return self.storage.call(tmp, None, lambda: fs.open(fs._strip_protocol(tmp), "wb")), tmp
+            return self.storage.call(tmp, None, lambda: fs.open(object_path(tmp), "wb")), tmp
         fd, tmp = tempfile.mkstemp(dir=self.folder or ".", prefix=f".{name}.", suffix=".tmp")
         # mkstemp makes the file private (0600); a shard gets the mode any new file would.
         os.fchmod(fd, 0o666 & ~_umask())
@@ -128,7 +128,7 @@ class Destination:
         final = self.join(name)
         if self.remote:
             fs = self.storage.filesystem(tmp)
-            self.storage.call(final, None, lambda: fs.mv(fs._strip_protocol(tmp), fs._strip_protocol(final)))
+            self.storage.call(final, None, lambda: fs.mv(object_path(tmp), object_path(final)))
         else:
             os.replace(tmp, final)
 
@@ -137,7 +137,7 @@ class Destination:
         try:
             if self.remote:
                 fs = self.storage.filesystem(path)
-                self.storage.call(path, None, lambda: fs.rm(fs._strip_protocol(path)))
+                self.storage.call(path, None, lambda: fs.rm(object_path(path)))
             else:
                 os.unlink(path)
         except FileNotFoundError:

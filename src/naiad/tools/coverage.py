@@ -7,8 +7,8 @@ formats), then runs the epochs' plans over row *numbers* instead of rows.
 NOTE [ Coverage check ]
 A :class:`PositionSource` stands in for the source: the same files, blocks and row counts, one
 column ``row`` holding each row's number in file order (0 .. N-1), made with ``numpy.arange``
-instead of read. Per rank and epoch the dry run is what ``BatchStream._generate`` does, over that
-column: the plan's reads in order (``plan_for``, which for a resumed epoch replays the old leg
+instead of read. Per rank and epoch the dry run is what the stream's stages do (NOTE [ Stream
+stages ]), over that column: the plan's reads in order (``plan_for``, which for a resumed epoch replays the old leg
 over positions, NOTE [ Elastic resume ]), through the real :class:`~naiad.stream.shuffle.ShuffleBuffer`
 with the rank's seed keys (its draws depend only on chunk sizes, never on the data), cut at the
 planned batch sizes; a resume on the same topology goes through ``BufferReplay`` as the loader's
@@ -348,7 +348,7 @@ class _Check:
         return [self.dry_run(self.options(topo, r), epoch, state) for r in range(topo.world_size)]
 
     def dry_run(self, options: StreamOptions, epoch: int, state: dict[str, Any] | None = None) -> _Run:
-        """What ``BatchStream._generate`` yields on one rank, over row numbers (NOTE [ Coverage check ])."""
+        """What the stream's stages yield on one rank, over row numbers (NOTE [ Coverage check ])."""
         stream = BatchStream(self.pos, options, epoch=epoch, imap=_no_reads, state=state)
         if stream.ended is not None:  # resumed after its last batch: nothing more this epoch
             return _Run(np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -504,7 +504,7 @@ class _Check:
                     stream.close()
         finally:
             pool.close()
-        after = "" if state is None else f" after the resume at batch {state['batches_yielded']}"
+        after = "" if state is None else f" after the resume at batch {state['batches']['yielded']}"
         verdict = "matched" if len(self.problems) == problems else "did NOT match"
         self.stream_checks.append(
             f"epoch {epoch}{after}: the real stream over row numbers with num_workers={topo.num_workers} (threads) "

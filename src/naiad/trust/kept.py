@@ -38,14 +38,17 @@ import zlib
 
 import numpy as np
 
+from naiad.process_state import per_process
+
 __all__ = ["MAX_KEPT_BYTES", "load_npz", "miss", "parse_npz", "read_kept", "trusted_owner"]
 
 MAX_KEPT_BYTES = 1 << 30
 """The largest kept file read back (a listing of ten million files is about 700 MB)."""
 
 _LOG = logging.getLogger("naiad.kept")
-_TOLD: set[tuple[str, str]] = set()
-_TOLD_LOCK = threading.Lock()
+# What this process has told, and its lock: a forked child gets its own (a lock held at the fork
+# would never be released there).
+_TOLD = per_process("naiad.trust.kept told", lambda: (threading.Lock(), set[tuple[str, str]]()))
 _ALLOWED_KINDS = "biuUS"  # bools, integers, unsigned, fixed-width text and bytes: no objects, no floats needed
 
 
@@ -53,10 +56,11 @@ def miss(path: os.PathLike[str] | str, reason: str, *, level: int = logging.WARN
     """Log, once per process for each file and reason, why a kept file (``what``: the kept file,
     or the kept listing of a folder) was not used: it is made again."""
     key = (f"{what} {os.fspath(path)}", reason)
-    with _TOLD_LOCK:
-        if key in _TOLD:
+    lock, told = _TOLD.get()
+    with lock:
+        if key in told:
             return
-        _TOLD.add(key)
+        told.add(key)
     _LOG.log(level, "naiad: not using %s: %s; it is made again.", key[0], reason)
 
 
