@@ -32,7 +32,7 @@ from naiad.sources.base import Source
 from naiad.stream.batches import StreamOptions
 from naiad.transforms import place
 
-__all__ = ["LoaderOptions", "ResolvedArguments", "TorchArguments", "WorkerMode", "resolve_arguments"]
+__all__ = ["LoaderOptions", "OptionAttributes", "ResolvedArguments", "TorchArguments", "WorkerMode", "resolve_arguments"]
 
 WorkerMode = Literal["process", "thread"]
 
@@ -69,6 +69,40 @@ class LoaderOptions:
     world_size: int | None = None
     read_ahead: int | None = None
     max_worker_restarts: int = 0
+
+
+class OptionAttributes:
+    """naiad's options as attributes of the loader (``loader.seed``, ``loader.device``...), as
+    torch's arguments are torch's attributes."""
+
+    options: LoaderOptions
+
+    @property
+    def seed(self) -> int | None:
+        """The shuffle and worker seed given (None: torch's generators decide)."""
+        return self.options.seed
+
+    @property
+    def worker_mode(self) -> WorkerMode:
+        """"process" or "thread"."""
+        return self.options.worker_mode  # type: ignore[return-value]  # resolved at construction
+
+    @property
+    def device(self) -> str | torch.device | None:
+        """Where batches are copied to (None: they stay where they are built)."""
+        return self.options.device
+
+    @property
+    def device_prefetch(self) -> int:
+        """Batches copied ahead to ``device``."""
+        return self.options.device_prefetch
+
+    @property
+    def transform(self) -> Callable[[Any], Any] | None:
+        """Called on every batch: in the training process, or where its placement puts it
+        (``naiad.decode_images``, a transform declaring ``Placement("workers")``): in the workers,
+        a stream's reads or its decode stage (NOTE [ Transform placement ] in transforms.py)."""
+        return self.options.transform
 
 
 @dataclass

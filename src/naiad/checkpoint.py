@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from naiad.epoch import PassProgress
-from naiad.errors import StateError
+from naiad.errors import ConfigError, StateError
 from naiad.order.elastic import state_int
 from naiad.pipeline import STATE_VERSION, Pipeline, PipelinePass
 
-__all__ = ["PassRecord", "build_state", "pass_position", "read_state", "resumed_seed"]
+__all__ = ["PassRecord", "build_state", "check_pending", "pass_position", "read_state", "refuse_pending", "resumed_seed"]
 
 
 @dataclass(frozen=True)
@@ -48,28 +48,59 @@ class PassRecord:
             return None  # an IterableDataset's pass
 
 
-def pass_position(last: PassRecord | None, *, iterating: bool, loader_epoch: int, device: bool) -> tuple[PassRecord, int] | None:
-    """The last pass and the batches the training loop received of it, while that pass is
-    where the loader stands (begun and not run to its end); else None.
+def pass_position(last: PassRecord | None, *, iterating: bool, loader_epoch: int, device: bool,
+                  pending: int = 0) -> tuple[PassRecord, int] | None:
+    """The last pass and the batches the training loop received of it, less ``pending`` (those
+    it received and has not trained on), while that pass is where the loader stands (begun and
+    not run to its end); else None.
 
     Args:
         last: the pass last opened.
         iterating: its iterator (or the device prefetcher over it) is still alive.
         loader_epoch: the epoch the loader's next pass would be.
         device: a DevicePrefetcher stood between the pass and the loop.
+        pending: batches received and given back (``state_dict(pending=k)``).
+
+    Raises:
+        ConfigError: ``pending`` exceeds the batches the loop received of the pass.
     """
-    if last is None:
+    if last is None or (not iterating and loader_epoch != last.epoch + 1):
+        # No pass, or set_epoch() moved the loader on since that pass was dropped.
+        refuse_pending(pending, 0, "in this epoch")
         return None
-    if not iterating and loader_epoch != last.epoch + 1:
-        return None  # set_epoch() moved the loader on since that pass was dropped
     progress = last.progress
     # A DevicePrefetcher reads ahead: the training loop has what it handed over.
     received = progress.received if device else progress.delivered
-    if received == last.length or (progress.finished and received >= progress.delivered):
+    refuse_pending(pending, received, "since the pass began" + (" (a resumed one)" if last.run.start else ""))
+    if not pending and (received == last.length or (progress.finished and received >= progress.delivered)):
         # Every batch reached the loop (whether or not it has seen StopIteration yet): the
         # next epoch starts afresh, as in torchdata's StatefulDataLoader.
         return None
-    return last, received
+    return last, received - pending
+
+
+def check_pending(pending: Any) -> int:
+    """``state_dict``'s ``pending``, checked: an int >= 0.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if isinstance(pending, bool) or not isinstance(pending, int) or pending < 0:
+        raise ConfigError(f"`pending` must be an int >= 0 (the batches received and not trained on), got {pending!r}.")
+    return pending
+
+
+def refuse_pending(pending: int, received: int, where: str) -> None:
+    """Refuse to give back more batches than the loop received ``where``.
+
+    Raises:
+        ConfigError: ``pending`` > ``received``.
+    """
+    if pending > received:
+        raise ConfigError(
+            f"state_dict(pending={pending}): the training loop received {received} batch(es) {where}, "
+            f"so at most {received} can be given back; a state before them is the state taken then."
+        )
 
 
 def build_state(pipeline: Pipeline, position: tuple[PassRecord, int] | None, *, loader_epoch: int,

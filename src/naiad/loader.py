@@ -26,12 +26,21 @@ from torch.utils.data import IterableDataset, Sampler
 
 from naiad.arguments import (
     LoaderOptions,
+    OptionAttributes,
     ResolvedArguments,
     TorchArguments,
     WorkerMode,
     resolve_arguments,
 )
-from naiad.checkpoint import PassRecord, build_state, pass_position, read_state, resumed_seed
+from naiad.checkpoint import (
+    PassRecord,
+    build_state,
+    check_pending,
+    pass_position,
+    read_state,
+    refuse_pending,
+    resumed_seed,
+)
 from naiad.dataset.fetch import choose_fetch
 from naiad.dataset.iterable import IterablePipeline
 from naiad.dataset.pipeline import MapPipeline
@@ -52,7 +61,7 @@ __all__ = ["DataLoader"]
 T_co = TypeVar("T_co", covariant=True)
 
 
-class DataLoader(AccelerateHooks, TorchDataLoader[T_co]):
+class DataLoader(AccelerateHooks, OptionAttributes, TorchDataLoader[T_co]):
     """A drop-in replacement for ``torch.utils.data.DataLoader`` that fetches a batch at a time.
 
     Every argument of torch's DataLoader is accepted with the same meaning and default, and the
@@ -208,35 +217,6 @@ class DataLoader(AccelerateHooks, TorchDataLoader[T_co]):
             worker_init_fn=self.worker_init_fn, generator=self.generator, seed=self.seed,
             rank=0 if self.options.rank is None else int(self.options.rank),
         )
-
-    # -- naiad's options, as attributes ---------------------------------------------------------
-
-    @property
-    def seed(self) -> int | None:
-        """The shuffle and worker seed given (None: torch's generators decide)."""
-        return self.options.seed
-
-    @property
-    def worker_mode(self) -> WorkerMode:
-        """"process" or "thread"."""
-        return self.options.worker_mode
-
-    @property
-    def device(self) -> str | torch.device | None:
-        """Where batches are copied to (None: they stay where they are built)."""
-        return self.options.device
-
-    @property
-    def device_prefetch(self) -> int:
-        """Batches copied ahead to ``device``."""
-        return self.options.device_prefetch
-
-    @property
-    def transform(self) -> Callable[[Any], Any] | None:
-        """Called on every batch: in the training process, or where its placement puts it
-        (``naiad.decode_images``, a transform declaring ``Placement("workers")``): in the workers,
-        a stream's reads or its decode stage (NOTE [ Transform placement ] in transforms.py)."""
-        return self.options.transform
 
     @property
     def pipeline(self) -> Pipeline:
@@ -408,7 +388,7 @@ class DataLoader(AccelerateHooks, TorchDataLoader[T_co]):
     # ----------------------------------------------------------------------------------------
     # Resumption.
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, pending: int = 0) -> dict[str, Any]:
         """The loader's position as plain JSON-able data: the epoch, the batches delivered, and
         what the pipeline needs to plan the rest (its topology, legs, data fingerprint).
 
@@ -421,24 +401,34 @@ class DataLoader(AccelerateHooks, TorchDataLoader[T_co]):
         The position is what the training loop received: taken inside the loop or after it
         left the loop with ``break`` (the pass's iterator dropped), it is the batches received
         so far; once every batch of the epoch was received, it is the next epoch's start; after
-        :meth:`load_state_dict` and before the next pass, it is the state loaded.
+        :meth:`load_state_dict` and before the next pass, it is the state loaded. A loop that
+        fetches ahead (nanoGPT's: the next batch is fetched before the step on this one ends)
+        passes ``pending=k``, the batches it received and has not trained on: the state is the
+        one before them, so a resume delivers them first (docs/CHECKPOINTING.md, "Loops that
+        fetch ahead").
 
-        It never raises: where the order cannot be known (a custom sampler or batch sampler, a
-        RandomSampler with replacement) the state says so, and loading it starts that epoch
-        afresh with a warning. An IterableDataset is resumed by count, per worker: its pass
-        reads and drops the batches each worker delivered. With ``in_order=False`` the state
-        names the batches delivered, and on several ranks each rank's state is its own
-        (docs/CHECKPOINTING.md, "Out of order").
+        Where the order cannot be known (a custom sampler or batch sampler, a RandomSampler
+        with replacement) the state says so, and loading it starts that epoch afresh with a
+        warning. An IterableDataset is resumed by count, per worker. With ``in_order=False``
+        the state names the batches delivered, and on several ranks each rank's state is its
+        own (docs/CHECKPOINTING.md, "Out of order").
+
+        Raises:
+            ConfigError: ``pending`` is not an int >= 0, or more than the batches the loop
+                received since the pass began (or since the state loaded).
         """
-        pending = self._pending_pass()
-        epoch = pending.epoch if pending is not None else self._epoch
+        pending = check_pending(pending)
+        waiting = self._pending_pass()
+        epoch = waiting.epoch if waiting is not None else self._epoch
         if self._resume is not None and self._resume["epoch"] == epoch:
+            refuse_pending(pending, 0, "since the state was loaded")
             return copy.deepcopy(self._resume)  # loaded, not started yet: still that position
-        if pending is not None:
+        if waiting is not None:
+            refuse_pending(pending, 0, "in the pass begun")
             return build_state(self._pipeline, None, loader_epoch=epoch, seed=self.seed)
         position = pass_position(
             self._last_pass, iterating=self._current is not None and self._current() is not None,
-            loader_epoch=self._epoch, device=self.device is not None,
+            loader_epoch=self._epoch, device=self.device is not None, pending=pending,
         )
         return build_state(self._pipeline, position, loader_epoch=self._epoch, seed=self.seed)
 

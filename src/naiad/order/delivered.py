@@ -30,7 +30,13 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["BatchRuns", "DeliveryLog", "WorkerCounts"]
+from naiad.errors import ConfigError
+
+__all__ = ["GIVE_BACK", "BatchRuns", "DeliveryLog", "WorkerCounts"]
+
+GIVE_BACK = 16
+"""The most received batches a pass whose order is its delivery's (``in_order=False``, an
+IterableDataset's workers) can give back (``state_dict(pending=k)``): the rest are folded."""
 
 
 class Summary(Protocol):
@@ -149,17 +155,20 @@ class DeliveryLog(Generic[S]):
         return self._folded + len(self._tail)
 
     def settle(self, received: int) -> None:
-        """The loop has received the first ``received`` deliveries: fold them into the summary."""
-        while self._folded < received and self._tail:
+        """The loop has received the first ``received`` deliveries: fold them into the summary,
+        all but the last ``GIVE_BACK`` (a loop that fetches ahead may give those back:
+        ``state_dict(pending=k)``)."""
+        while self._folded < received - GIVE_BACK and self._tail:
             self._summary.add(self._tail.popleft())
             self._folded += 1
 
     def at(self, delivered: int) -> S:
         """The summary after this pass's first ``delivered`` deliveries (a copy)."""
         if not self._folded <= delivered <= self.recorded:
-            raise RuntimeError(
-                f"naiad: the position after {delivered} batch(es) of this pass is not kept "
-                f"({self._folded} received, {self.recorded} delivered)."
+            raise ConfigError(
+                f"the position after {delivered} batch(es) of this pass is not kept: a pass whose "
+                f"order is its delivery's keeps the last {GIVE_BACK} received (here {self._folded} "
+                f"folded, {self.recorded} delivered); give back at most {GIVE_BACK} (`pending`)."
             )
         summary = self._summary.copy()
         for tag in itertools.islice(self._tail, delivered - self._folded):
