@@ -13,6 +13,7 @@ import pyarrow.csv as pacsv
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
+from naiad.sources.badlines import BadRow, parse_robust, with_long_lines
 from naiad.sources.base import Source
 from naiad.sources.columns import (
     DTypes,
@@ -26,18 +27,15 @@ from naiad.sources.columns import (
 from naiad.sources.contract import Block, BlockData, GroupPart, SourceTraits, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
-    BadRow,
     CutArgs,
     LineBlocks,
     block_bytes_for,
     count_rows,
     detect_compression,
     parse_group_lines,
-    parse_robust,
     parse_selected_lines,
     read_block_bytes,
     slice_rows,
-    with_long_lines,
 )
 from naiad.sources.options import BadRows, StorageLike, warn_renamed
 from naiad.sources.paths import PathLike

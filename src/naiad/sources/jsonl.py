@@ -12,6 +12,7 @@ import pyarrow.json as pajson
 
 from naiad.errors import SourceError
 from naiad.sources import storage
+from naiad.sources.badlines import BadRow, parse_robust, with_long_lines
 from naiad.sources.base import Source
 from naiad.sources.columns import (
     DTypes,
@@ -25,17 +26,14 @@ from naiad.sources.columns import (
 from naiad.sources.contract import Block, BlockData, GroupPart, SourceTraits, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.lines import (
-    BadRow,
     CutArgs,
     LineBlocks,
     block_bytes_for,
     detect_compression,
     parse_group_lines,
-    parse_robust,
     parse_selected_lines,
     read_block_bytes,
     slice_rows,
-    with_long_lines,
 )
 from naiad.sources.options import BadRows, StorageLike
 from naiad.sources.paths import PathLike

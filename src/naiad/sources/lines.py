@@ -1,4 +1,4 @@
-"""Line-oriented files (CSV, JSONL, text): cutting into byte-range blocks, and bad-row isolation.
+"""Line-oriented files (CSV, JSONL, text): cutting into byte-range blocks, and reading them.
 
 NOTE [ Byte-range blocks ]
 A text file is cut into blocks of about ``block_bytes`` that end just after a newline, so every
@@ -10,13 +10,7 @@ newline inside a quoted CSV value is unsupported unless the reader is told about
 
 Compressed files (gzip, zstd, bz2, lz4) cannot be entered in the middle, so each is one block;
 its rows are counted by decompressing it once.
-
-NOTE [ Bad rows ]
-PyArrow parses a whole block at once and, on a bad row, fails the whole block without saying
-which line. Only then do we bisect: parse each half of the lines, recursing into the halves that
-fail, down to single lines. A clean block costs one parse; a block with ``k`` bad rows costs
-``O(k log n)`` parses. The single failing line gives the exact line number and PyArrow's own
-description of the problem.
+(Bad-row isolation: NOTE [ Bad rows ] in badlines.py.)
 """
 
 from __future__ import annotations
@@ -30,42 +24,17 @@ import pyarrow as pa
 
 from naiad.errors import SourceError
 from naiad.sources import storage
-from naiad.sources.contract import Block, BlockData, GroupPart, OnBadRows
+from naiad.sources.contract import Block, BlockData, GroupPart
 from naiad.sources.index import IndexDir, load_index, save_index
 from naiad.sources.readahead import io_map
 from naiad.sources.scan import early_cut, header_end, scan_plain, span_rows
 from naiad.sources.storage import Storage
 
 __all__ = [
-    "BadRow", "CutArgs", "LineBlocks", "block_bytes_for", "default_block_bytes", "detect_compression", "early_file_cut",
-    "early_rows", "parse_group_lines", "parse_robust", "parse_selected_lines", "read_block_bytes", "read_selected_lines",
-    "row_spans", "scan_file", "select_rows", "slice_rows", "with_long_lines",
+    "CutArgs", "LineBlocks", "block_bytes_for", "default_block_bytes", "detect_compression", "early_file_cut", "early_rows", "parse_group_lines", "parse_selected_lines", "read_block_bytes", "read_selected_lines", "row_spans", "scan_file", "select_rows", "slice_rows",
 ]
 
 _COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".lz4": "lz4"}
-
-
-def with_long_lines(read: Callable[[int | None], pa.Table], size: int) -> pa.Table:
-    """``read(None)``: a parse with PyArrow's own block size; where a line is longer than that
-    block (1 MiB: PyArrow says it straddles two), ``read(size + 1)``: the buffer as one block."""
-    try:
-        return read(None)
-    except pa.ArrowInvalid as exc:
-        if "straddl" not in str(exc):
-            raise
-        return read(size + 1)
-
-
-class BadRow(ValueError):
-    """Raised by a parse function for a problem PyArrow does not see (e.g. a null integer).
-
-    Attributes:
-        column: the column the problem is in, when known.
-    """
-
-    def __init__(self, message: str, column: str | None = None) -> None:
-        super().__init__(message)
-        self.column = column
 
 
 class CutArgs(TypedDict):
@@ -438,72 +407,3 @@ def _parse_clean(parse: Callable[[bytes, int], BlockData], buf: bytes, rows: int
     except SourceError:
         return None
     return None if data.bad_rows else data
-
-
-ParseFn = Callable[[bytes], pa.Table]
-BadLine = tuple[int, int, str, "str | None"]
-"""A line skipped by :func:`parse_robust`: (row of the buffer, 1-based line, problem, column)."""
-
-
-def parse_robust(
-    buf: bytes,
-    parse: ParseFn,
-    *,
-    path: str,
-    first_line: int,
-    on_bad_rows: OnBadRows,
-    keep_blank: bool,
-    describe: Callable[[Exception], tuple[str, str | None]],
-) -> tuple[list[pa.Table], list[BadLine]]:
-    """Parse ``buf``; on failure, isolate the bad lines by bisection (see NOTE [ Bad rows ]).
-
-    Args:
-        parse: bytes of whole lines -> table; raises ``pa.ArrowException`` or :class:`BadRow`.
-        first_line: 1-based line number of the first line of ``buf``.
-        describe: an exception -> (problem in words, column name or None).
-
-    Returns:
-        The parsed pieces in order, and the bad rows skipped, in order: (row of ``buf``, line,
-        problem, column).
-
-    Raises:
-        SourceError: on the first bad row when ``on_bad_rows="raise"``.
-    """
-    try:
-        return [parse(buf)], []
-    except (pa.ArrowException, BadRow):
-        pass
-    starts, ends, lines = row_spans(buf, keep_blank)
-    n = len(starts)
-    tables: list[pa.Table] = []
-    skipped: list[BadLine] = []
-
-    def go(a: int, b: int, known_bad: bool) -> None:
-        if a >= b:
-            return
-        if not known_bad:
-            piece = buf[int(starts[a]) : int(starts[b]) if b < n else len(buf)]
-            try:
-                tables.append(parse(piece))
-                return
-            except (pa.ArrowException, BadRow) as exc:
-                err: Exception = exc
-                if b - a > 1:
-                    mid = (a + b) // 2
-                    go(a, mid, False)
-                    go(mid, b, False)
-                    return
-        else:
-            mid = (a + b) // 2
-            go(a, mid, False)
-            go(mid, b, False)
-            return
-        # one line that does not parse
-        problem, column = describe(err)
-        if on_bad_rows == "raise":
-            text = buf[int(starts[a]) : int(ends[a])][:200].decode("utf-8", "replace")
-            raise SourceError(f"{problem}; the line is {text!r}.", path=path, line=first_line + int(lines[a]), column=column)
-        skipped.append((a, first_line + int(lines[a]), problem, column))
-
-    go(0, n, True)
-    return tables, skipped
