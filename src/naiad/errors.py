@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NaiadError", "ConfigError", "SourceError", "DecodeError", "WorkerError", "StateError"]
+__all__ = ["NaiadError", "ConfigError", "SourceError", "DecodeError", "WorkerError", "StateError", "add_note"]
 
 
 def _rebuild(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
@@ -114,3 +114,16 @@ class WorkerError(NaiadError, RuntimeError):
 
 class StateError(NaiadError, ValueError):
     """A state dict that does not fit this loader: shows the stored and the current value."""
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (where the note is stored but not printed)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        notes = getattr(exc, "__notes__", None) or []
+        notes.append(note)
+        try:
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        except Exception:
+            pass

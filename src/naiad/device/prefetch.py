@@ -63,7 +63,7 @@ import torch
 
 from naiad.device.transfer import CudaMover, GenericMover, Mover
 from naiad.device.tree import count_rows, map_tensors
-from naiad.errors import ConfigError, WorkerError
+from naiad.errors import ConfigError, WorkerError, add_note
 from naiad.telemetry import Telemetry
 
 __all__ = ["DevicePrefetcher", "PrefetchIterator"]
@@ -119,7 +119,7 @@ def _produce(
         while _slot_free(chan) and _produce_one(source, chan, mover, telemetry, source_stage, rows_of, device, progress):
             progress.index += 1
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the consumer
-        _add_note(
+        add_note(
             exc,
             f"naiad: raised in the DevicePrefetcher's background thread while {progress.doing} batch "
             f"{progress.index} (0-based) of its source.",
@@ -176,16 +176,6 @@ def _produce_one(
     # Return holding no batch: the consumer owns it now, and device memory stays bounded by
     # `depth` batches plus the one in use while the producer waits for the next slot.
     return True
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    else:  # pragma: no cover - Python 3.10
-        try:
-            exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _shutdown(chan: _Channel, thread: threading.Thread) -> None:

@@ -55,7 +55,7 @@ import pickle
 import traceback
 from typing import Any, Final
 
-from naiad.errors import WorkerError
+from naiad.errors import WorkerError, add_note
 
 __all__ = [
     "ANSWERS",
@@ -183,19 +183,6 @@ def add_seconds(total: dict[str, float], stages: dict[str, float]) -> None:
 
 class Exhausted(Exception):
     """Raised by a handler to say this worker has nothing more to give (an iterable ran out)."""
-
-
-def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)``, also on Python 3.10 (where the note is stored but not printed)."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    else:  # pragma: no cover - Python 3.10
-        notes = getattr(exc, "__notes__", None) or []
-        notes.append(note)
-        try:
-            exc.__notes__ = notes  # type: ignore[attr-defined]
-        except Exception:
-            pass
 
 
 class RemoteError:
