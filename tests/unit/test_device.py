@@ -157,13 +157,13 @@ def test_move_to_device_walks_containers():
 
 def waiting_for_a_slot(thread: threading.Thread) -> bool:
     """True while ``thread`` (a prefetch thread) waits for the consumer to free a slot: its
-    innermost frames are a semaphore's ``acquire`` called from the producer loop."""
+    innermost frames are a semaphore's ``acquire`` called from the producer's wait for a slot."""
     frame = sys._current_frames().get(thread.ident)  # type: ignore[arg-type]
     names = []
     while frame is not None:
         names.append(frame.f_code.co_name)
         frame = frame.f_back
-    return "acquire" in names[:3] and "_produce" in names
+    return "acquire" in names[:3] and "_slot_free" in names
 
 
 @pytest.mark.timeout(30)

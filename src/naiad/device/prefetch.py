@@ -105,35 +105,66 @@ class _Progress:
         self.doing = "fetching"
 
 
-def _produce(
-    source: Iterator[Any],
-    chan: _Channel,
-    mover: Mover,
-    telemetry: Telemetry | None,
-    source_stage: str | None,
-    rows_of: Callable[[Any], int | None],
-    device: torch.device,
-) -> None:
-    progress = _Progress()
-    try:
-        while _slot_free(chan) and _produce_one(source, chan, mover, telemetry, source_stage, rows_of, device, progress):
-            progress.index += 1
-    except BaseException as exc:  # noqa: BLE001 - every failure goes to the consumer
-        add_note(
-            exc,
-            f"naiad: raised in the DevicePrefetcher's background thread while {progress.doing} batch "
-            f"{progress.index} (0-based) of its source.",
-        )
-        chan.items.put((_ERROR, exc, None, None))
-    finally:
-        # Close the source here, in the thread that ran it: a generator's finally blocks run
-        # and a DataLoader iterator dropped here stops its workers.
-        if isinstance(source, types.GeneratorType):
-            try:
-                source.close()
-            except Exception:  # noqa: BLE001 - the consumer already has its answer
-                pass
-        del source
+class _Producer:
+    """The producer thread's work: fetch a batch, move it, hand it over, while slots are free."""
+
+    __slots__ = ("source", "chan", "mover", "telemetry", "source_stage", "rows_of", "device", "progress")
+
+    def __init__(self, source: Iterator[Any], chan: _Channel, mover: Mover, telemetry: Telemetry | None,
+                 source_stage: str | None, rows_of: Callable[[Any], int | None], device: torch.device) -> None:
+        self.source: Iterator[Any] | None = source
+        self.chan, self.mover, self.telemetry, self.device = chan, mover, telemetry, device
+        self.source_stage, self.rows_of = source_stage, rows_of
+        self.progress = _Progress()
+
+    def run(self) -> None:
+        """The thread's body: every batch, then the end or the error, handed to the consumer."""
+        chan, progress = self.chan, self.progress
+        try:
+            while _slot_free(chan) and self.one():
+                progress.index += 1
+        except BaseException as exc:  # noqa: BLE001 - every failure goes to the consumer
+            add_note(
+                exc,
+                f"naiad: raised in the DevicePrefetcher's background thread while {progress.doing} batch "
+                f"{progress.index} (0-based) of its source.",
+            )
+            chan.items.put((_ERROR, exc, None, None))
+        finally:
+            # Close the source here, in the thread that ran it: a generator's finally blocks run
+            # and a DataLoader iterator dropped here stops its workers.
+            source, self.source = self.source, None
+            if isinstance(source, types.GeneratorType):
+                try:
+                    source.close()
+                except Exception:  # noqa: BLE001 - the consumer already has its answer
+                    pass
+            del source
+
+    def one(self) -> bool:
+        """Fetch one batch, move it and hand it over; False at the end of the source or a stop."""
+        chan, progress, telemetry = self.chan, self.progress, self.telemetry
+        progress.doing = "fetching"
+        t0 = time.perf_counter()
+        try:
+            batch = next(self.source)  # type: ignore[arg-type]  # None only after run() ends
+        except StopIteration:
+            chan.items.put((_END, None, None, None))
+            return False
+        if chan.stop.is_set():
+            return False
+        progress.doing = f"moving to {self.device}"
+        t1 = time.perf_counter()
+        moved, event, copied, foreign = self.mover(batch)
+        rows = self.rows_of(batch) or 0
+        if telemetry is not None:
+            if self.source_stage is not None:
+                telemetry.add(self.source_stage, t1 - t0, start_s=t0)
+            telemetry.end("transfer", t1)
+        chan.items.put((_BATCH, moved, event, (copied, foreign, rows)))
+        # Return holding no batch: the consumer owns it now, and device memory stays bounded by
+        # `depth` batches plus the one in use while the producer waits for the next slot.
+        return True
 
 
 def _slot_free(chan: _Channel) -> bool:
@@ -142,40 +173,6 @@ def _slot_free(chan: _Channel) -> bool:
         if chan.stop.is_set():
             return False
     return not chan.stop.is_set()
-
-
-def _produce_one(
-    source: Iterator[Any],
-    chan: _Channel,
-    mover: Mover,
-    telemetry: Telemetry | None,
-    source_stage: str | None,
-    rows_of: Callable[[Any], int | None],
-    device: torch.device,
-    progress: _Progress,
-) -> bool:
-    """Fetch one batch, move it and hand it over; False at the end of the source or a stop."""
-    progress.doing = "fetching"
-    t0 = time.perf_counter()
-    try:
-        batch = next(source)
-    except StopIteration:
-        chan.items.put((_END, None, None, None))
-        return False
-    if chan.stop.is_set():
-        return False
-    progress.doing = f"moving to {device}"
-    t1 = time.perf_counter()
-    moved, event, copied, foreign = mover(batch)
-    rows = rows_of(batch) or 0
-    if telemetry is not None:
-        if source_stage is not None:
-            telemetry.add(source_stage, t1 - t0, start_s=t0)
-        telemetry.end("transfer", t1)
-    chan.items.put((_BATCH, moved, event, (copied, foreign, rows)))
-    # Return holding no batch: the consumer owns it now, and device memory stays bounded by
-    # `depth` batches plus the one in use while the producer waits for the next slot.
-    return True
 
 
 def _shutdown(chan: _Channel, thread: threading.Thread) -> None:
@@ -239,8 +236,7 @@ class PrefetchIterator(Iterator[T]):
         self._chan = _Channel(depth)
         self._done = False
         self._thread = threading.Thread(
-            target=_produce,
-            args=(source, self._chan, mover, telemetry, source_stage, rows_of, device),
+            target=_Producer(source, self._chan, mover, telemetry, source_stage, rows_of, device).run,
             name="naiad-prefetch",
             daemon=True,  # never blocks interpreter exit; the finalizer stops it before that
         )

@@ -133,16 +133,12 @@ def start_state(source: Source, options: StreamOptions, epoch: int, ledger: BadR
                         ledger=ledger.state(epoch, 0))
 
 
-def iter_batches(
-    source: Source,
-    options: StreamOptions,
-    *,
-    epoch: int,
-    imap: Imap,
-    counters: StreamCounters | None = None,
-    state: Mapping[str, Any] | None = None,
-) -> BatchStream:
-    """The batches of one epoch on this rank: ``dict[column, Tensor | list]`` after the transform.
+class BatchStream(Iterator[Batch]):
+    """The batches of one epoch on this rank, ``dict[column, Tensor | list]`` after the
+    transform, with a small resumable state (:meth:`get_state`).
+
+    Its batches come from a chain of stages made at the first ``next()`` (NOTE [ Stream stages ]
+    in stages.py); ``close()`` closes them.
 
     Args:
         source: what to read.
@@ -150,23 +146,13 @@ def iter_batches(
         epoch: the epoch number (a new epoch is a new order).
         imap: runs ``stream.reads.make_handler_factory(source)``'s handler over tasks, results in order.
         counters: where the rows skipped by ``on_bad_rows="skip"`` are ledgered.
-        state: a :meth:`BatchStream.get_state` to resume from, mid-epoch.
+        state: a :meth:`get_state` to resume from, mid-epoch.
 
     Example:
         >>> from naiad.parallel import WorkerPool  # doctest: +SKIP
         >>> pool = WorkerPool(reads.make_handler_factory(src), num_workers=2)  # doctest: +SKIP
         >>> for batch in iter_batches(src, StreamOptions(batch_size=256, shuffle=True),
         ...                           epoch=0, imap=pool.imap): ...  # doctest: +SKIP
-    """
-    return BatchStream(source, options, epoch=epoch, imap=imap, counters=counters, state=state)
-
-
-
-class BatchStream(Iterator[Batch]):
-    """One epoch of batches on one rank, with a small resumable state (see :func:`iter_batches`).
-
-    Its batches come from a chain of stages made at the first ``next()`` (NOTE [ Stream stages ]
-    in stages.py); ``close()`` closes them.
     """
 
     def __init__(
@@ -338,3 +324,6 @@ class BatchStream(Iterator[Batch]):
         return EarlyReads.start(self.source, seed=o.seed, epoch=self.epoch, shuffle=o.shuffle,
                                 max_rows=group_rows(current_leg(o).buffer_rows), plan=lambda: self.plan)
 
+
+iter_batches = BatchStream
+"""One epoch's batches on this rank: a :class:`BatchStream`."""
