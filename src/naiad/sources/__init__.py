@@ -2,7 +2,8 @@
 row counts.
 
 ``read_csv``, ``read_jsonl`` and ``read_text`` cut files into byte ranges of whole lines;
-``read_parquet`` into row groups; ``read_arrow`` into record batches; ``read_npy`` into row
+``read_parquet`` into row groups; ``read_arrow`` into record batches (``read_hf``: a Hugging Face
+dataset's own Arrow files); ``read_npy`` into row
 ranges of a memory-mapped array. Parsing is PyArrow's (or a NumPy memory map), a block at a time.
 ``read_webdataset`` (tar shards) and ``read_images`` (an image folder) read samples: byte ranges
 of samples, runs of files (docs/SAMPLES.md). The options the readers share are values spelled
@@ -17,6 +18,7 @@ from naiad.sources.auto import read
 from naiad.sources.base import Block, BlockData, Source
 from naiad.sources.contract import SourceTraits
 from naiad.sources.csv import CsvFormat, CsvSource, read_csv
+from naiad.sources.hf import HFSource, read_hf
 from naiad.sources.images import ImageFolderSource, read_images
 from naiad.sources.jsonl import JsonlSource, read_jsonl
 from naiad.sources.npy import NpySource, read_npy
@@ -36,6 +38,7 @@ __all__ = [
     "CsvFormat",
     "CsvSource",
     "FormatWrapper",
+    "HFSource",
     "ImageFolderSource",
     "JsonlSource",
     "MediaAccess",
@@ -51,6 +54,7 @@ __all__ = [
     "read",
     "read_arrow",
     "read_csv",
+    "read_hf",
     "read_images",
     "read_jsonl",
     "read_npy",

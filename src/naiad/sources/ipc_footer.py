@@ -5,6 +5,9 @@ remote object means downloading the file to cut it into blocks. The counts are i
 the file's footer lists every batch's (offset, metadata length, body length), and each batch's
 metadata message holds its row count. Both are flatbuffers, read here with a few lines of
 struct unpacking (the layout is fixed by the Arrow IPC format's ``File.fbs``/``Message.fbs``).
+The same reading of a message's metadata walks a stream file's headers (sources/ipc_stream.py).
+Every position is checked to lie inside the bytes read, so damaged metadata is a ValueError (a
+SourceError from the callers), never a read of other bytes.
 """
 
 from __future__ import annotations
@@ -15,25 +18,34 @@ from concurrent.futures import ThreadPoolExecutor
 from naiad.errors import SourceError
 from naiad.sources import storage
 
-__all__ = ["ipc_batch_rows"]
+__all__ = ["RECORD_BATCH", "SCHEMA", "DICTIONARY_BATCH", "ipc_batch_rows", "message_header"]
 
 _MAGIC = b"ARROW1"
-_RECORD_BATCH = 3  # MessageHeader union: NONE, Schema, DictionaryBatch, RecordBatch, ...
+# The MessageHeader union's kinds: NONE, Schema, DictionaryBatch, RecordBatch, Tensor, SparseTensor.
+SCHEMA, DICTIONARY_BATCH, RECORD_BATCH = 1, 2, 3
+
+
+def _unpack(fmt: str, buf: bytes, pos: int) -> int:
+    """One value at ``pos``, which must lie inside ``buf`` (``struct`` counts a negative
+    position from the end: a damaged offset would read other bytes)."""
+    if pos < 0 or pos + struct.calcsize(fmt) > len(buf):
+        raise ValueError(f"a flatbuffer offset ({pos}) points outside its {len(buf)} bytes")
+    return int(struct.unpack_from(fmt, buf, pos)[0])
 
 
 def _table_field(buf: bytes, table: int, field: int) -> int | None:
     """The absolute position of ``field`` of the flatbuffer table at ``table``, or None if absent."""
-    vtable = table - struct.unpack_from("<i", buf, table)[0]
-    vt_size = struct.unpack_from("<H", buf, vtable)[0]
+    vtable = table - _unpack("<i", buf, table)
+    vt_size = _unpack("<H", buf, vtable)
     slot = 4 + 2 * field
     if slot + 2 > vt_size:
         return None
-    off = struct.unpack_from("<H", buf, vtable + slot)[0]
+    off = _unpack("<H", buf, vtable + slot)
     return table + off if off else None
 
 
 def _deref(buf: bytes, pos: int) -> int:
-    return pos + struct.unpack_from("<I", buf, pos)[0]
+    return pos + _unpack("<I", buf, pos)
 
 
 def footer_blocks(footer: bytes) -> list[tuple[int, int]]:
@@ -43,24 +55,41 @@ def footer_blocks(footer: bytes) -> list[tuple[int, int]]:
     if pos is None:
         return []
     vec = _deref(footer, pos)
-    n = struct.unpack_from("<I", footer, vec)[0]
+    n = _unpack("<I", footer, vec)
+    if vec + 4 + 24 * n > len(footer):
+        raise ValueError(f"the footer lists {n} record batches, more than its {len(footer)} bytes hold")
     # struct Block { offset: long; metaDataLength: int; (4 bytes padding) bodyLength: long }
     return [struct.unpack_from("<qi", footer, vec + 4 + 24 * i) for i in range(n)]
+
+
+def message_header(fb: bytes) -> tuple[int, int, int]:
+    """(kind, body length, rows) of one message's flatbuffer metadata (without its prefix): the
+    kind is the MessageHeader union's (:data:`SCHEMA`, :data:`RECORD_BATCH`...), rows a record
+    batch's (else 0).
+
+    Raises:
+        ValueError: an offset outside the metadata.
+    """
+    root = _deref(fb, 0)
+    at = _table_field(fb, root, 1)  # Message.header_type
+    kind = 0 if at is None else _unpack("<B", fb, at)
+    at = _table_field(fb, root, 3)  # Message.bodyLength
+    body = 0 if at is None else _unpack("<q", fb, at)
+    rows = 0
+    header = _table_field(fb, root, 2)  # Message.header
+    if kind == RECORD_BATCH and header is not None:
+        at = _table_field(fb, _deref(fb, header), 0)  # RecordBatch.length
+        rows = 0 if at is None else _unpack("<q", fb, at)
+    return kind, body, rows
 
 
 def message_rows(meta: bytes) -> int:
     """The row count in one record batch's encapsulated metadata message."""
     start = 8 if meta[:4] == b"\xff\xff\xff\xff" else 4  # continuation marker, then int32 size
-    fb = meta[start:]
-    root = _deref(fb, 0)
-    kind = _table_field(fb, root, 1)  # Message.header_type
-    if kind is None or fb[kind] != _RECORD_BATCH:
+    kind, _, rows = message_header(meta[start:])
+    if kind != RECORD_BATCH:
         raise ValueError("a listed record batch is not a record batch message")
-    header = _table_field(fb, root, 2)  # Message.header
-    if header is None:
-        return 0
-    length = _table_field(fb, _deref(fb, header), 0)  # RecordBatch.length
-    return 0 if length is None else int(struct.unpack_from("<q", fb, length)[0])
+    return rows
 
 
 def ipc_batch_rows(path: str, store: storage.Storage | None = None) -> list[int]:
