@@ -28,6 +28,11 @@ Then, over the same file and two more token files of half its tokens each (``--s
   ``--workers`` thread workers, alternating per round; medians and the ratio mixture / one
   source. Target: >= 0.95 (NOTE [ Mixture table ] in tokens/mixture.py: a batch of a mixture
   is one index into a per-epoch table and one read, as a single source's).
+* ``shift``: ``read_tokens(path, seq_len=..., shift=True)`` (windows that start at an offset
+  drawn per epoch, NOTE [ Moving window boundaries ] in tokens/shift.py) against the same file
+  without it, through naiad's loader with 0 workers, ``--workers`` worker processes and
+  ``--workers`` thread workers, alternating per round; medians and the ratio shift / no shift.
+  Target: no measurable cost (the offset is a cached lookup per batch; the reads are the same).
 * ``resume``: a state saved at 90% of an epoch, then the time from ``load_state_dict`` to the
   first batch, with 0 workers and with ``--workers`` worker processes (their start counted), in
   the same process (dataset and loader made anew) and in a new process (the process's whole
@@ -39,7 +44,7 @@ Then, over the same file and two more token files of half its tokens each (``--s
   two at most).
 
 Run: ``python bench/bench_tokens.py [--tokens 64M | --gb 1] [--seq-len 1024] [--batch 12]
-[--sections throughput,mixture,resume,memory]``; the issue's target size is ``--gb 1`` (a 1 GB
+[--sections throughput,mixture,shift,resume,memory]``; the issue's target size is ``--gb 1`` (a 1 GB
 uint16 file: 512 Mi tokens; the halves add 1 GB more on disk). A quick check: ``--tokens 4M
 --batches 200 --rounds 3 --epochs 3``. The machines here are shared and noisy: compare the
 ratios of one run, not absolute rates across runs.
@@ -230,6 +235,29 @@ def mixture_throughput(args: argparse.Namespace, path: str, halves: list[str]) -
                           "the same per CPU second"], rows))
 
 
+def shift_throughput(args: argparse.Namespace, path: str) -> None:
+    """``shift=True`` against the same file read without it."""
+    L, B, W = args.seq_len, args.batch, args.workers
+    data = {"no shift": naiad.read_tokens(path, seq_len=L), "shift": naiad.read_tokens(path, seq_len=L, shift=True)}
+    configs = {"0 workers": {}, f"{W} workers": {"num_workers": W, "persistent_workers": True},
+               f"{W} thread workers": {"num_workers": W, "worker_mode": "thread"}}
+    methods: dict[str, Callable[[], Iterator[Any]]] = {}
+    for config, kw in configs.items():
+        for name, ds in data.items():
+            methods[f"{name}, {config}"] = (lambda ds=ds, kw=kw: endless(
+                lambda: naiad.DataLoader(ds, batch_size=B, shuffle=True, seed=0, **kw)))
+    cpu: dict[str, float] = {}
+    med, _ = run_rounds(methods, args, B * L, cpu)
+    rows = [[config, f"{med[f'no shift, {config}'] / 1e6:.1f}", f"{med[f'shift, {config}'] / 1e6:.1f}",
+             f"{med[f'shift, {config}'] / med[f'no shift, {config}']:.3f}",
+             "-" if config == f"{W} workers" else f"{cpu[f'shift, {config}'] / cpu[f'no shift, {config}']:.3f}"]
+            for config in configs]
+    print(f"\nshift=True against no shift over one file of {args.n:,} tokens, seq_len {L}, batch {B}, "
+          f"{args.batches} batches x {args.rounds} rounds (medians); target: 1.00 within the noise\n")
+    print(markdown_table(["loader", "no shift, M tokens/s", "shift, M tokens/s", "shift / no shift",
+                          "the same per CPU second"], rows))
+
+
 def resume_child(args: argparse.Namespace) -> None:
     """In a new process: make the dataset and loader, time load_state_dict to the first batch."""
     with open(args.resume_child) as f:
@@ -342,7 +370,7 @@ def main() -> None:
         return
     args.n = int(args.gb * 2**30) // 2 if args.gb else parse_count(args.tokens)
     sections = args.sections.split(",")
-    unknown = set(sections) - {"throughput", "mixture", "resume", "memory"}
+    unknown = set(sections) - {"throughput", "mixture", "shift", "resume", "memory"}
     if unknown:
         ap.error(f"--sections: unknown {sorted(unknown)}")
     print(environment())
@@ -350,7 +378,7 @@ def main() -> None:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "train.bin")
     files = [(path, args.n, 0)]
-    if set(sections) - {"throughput"}:
+    if set(sections) - {"throughput", "shift"}:
         files += [(os.path.join(folder, f"half{i}.bin"), args.n // 2, i + 1) for i in range(2)]
     for file, n, seed in files:
         if not os.path.exists(file) or os.path.getsize(file) != 2 * n:
@@ -365,6 +393,8 @@ def main() -> None:
         throughput(args, path)
     if "mixture" in sections:
         mixture_throughput(args, path, halves)
+    if "shift" in sections:
+        shift_throughput(args, path)
     if "resume" in sections:
         resume(args, path, halves)
     if "memory" in sections:

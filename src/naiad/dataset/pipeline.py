@@ -262,9 +262,10 @@ class MapPipeline(ReadsNothingAhead):
     def check_state(self, part: Mapping[str, Any], epoch: int) -> None:
         if not isinstance(part, Mapping):
             raise StateError(f"map-style state: expected a dict, got {part!r:.200}.")
+        # The dataset's fingerprint first: where it differs, it says why the length differs too.
+        self._check_fingerprint(part.get("dataset"))
         check_fields(part, {"seed": self.order_seed(), "length": len(self.dataset)}, "loader state",
                      "a resume needs the same dataset length and seed; make the loader as it was.")
-        self._check_fingerprint(part.get("dataset"))
         stored = StoredPart.read(part)
         saved = stored.saved.leg
         total = len(stored.sequence(len(self.dataset)))
