@@ -6,7 +6,7 @@ regimes, chosen at each ``iter()``:
 
 * **per pass** (the default, as torch's workers): a new pool, owned and closed by its pass;
 * **persistent** (``persistent_workers=True`` with workers): one pool kept across passes; a new
-  ``iter()`` ends the pass before (NOTE [ Two passes at once ]: torch keeps one iterator per
+  ``iter()`` ends the pass before (docs/WORKERS.md, "Two passes at once": torch keeps one iterator per
   loader and resets it), and the pass owns nothing;
 * **tuned** (``num_workers="auto"``): one pool kept across passes, so the tuner keeps what it
   learnt; its passes stay independent, as torch's iterators without persistent workers are,
@@ -120,7 +120,7 @@ class Pools:
         if self.persistent and kept.pool is not None:
             if resumed_seed is None or resumed_seed == kept.seed:
                 if ends_before:
-                    end_pass()  # NOTE [ Two passes at once ]
+                    end_pass()  # docs/WORKERS.md, "Two passes at once"
                 return PassPool(kept.pool, False, kept.seed, self.tuner)
             if ends_before:
                 end_pass()
