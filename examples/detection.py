@@ -72,21 +72,18 @@ def make_shards(folder: Path, images: int, per_shard: int = 64, seed: int = 0) -
 
 
 class ToDetection:
-    """The loader's transform: a batch of samples to the ``(images, targets)`` tuple.
+    """The end of the loader's transforms: a batch of decoded samples to the ``(images, targets)``
+    tuple.
 
-    naiad's batch is a dict of columns, ``{"__key__": [...], "jpg": [bytes, ...], "json":
-    [{"boxes": ..., "labels": ...}, ...]}``; the Mask R-CNN tutorial's ``collate_fn=lambda x:
+    naiad's batch is a dict of columns, ``{"__key__": [...], "jpg": [tensor, ...], "json":
+    [{"boxes": ..., "labels": ...}, ...]}`` once ``naiad.decode_images("jpg")`` (in the workers,
+    before it in the list) has decoded it; the Mask R-CNN tutorial's ``collate_fn=lambda x:
     tuple(zip(*x))`` gives ``(images, targets)``, a tuple of image tensors and a tuple of target
-    dicts. This makes the second from the first, once per batch. Picklable: it runs where the
-    loader runs its transform.
+    dicts. This makes the second from the first, once per batch, in the loop: a few small
+    tensors, while the decode stays in the workers.
     """
 
-    def __init__(self) -> None:
-        # No size=: each image keeps its own size (boxes stay in its pixels), uint8 [3, H, W].
-        self.decode = naiad.decode_images("jpg")
-
     def __call__(self, batch: dict[str, Any]) -> tuple[tuple[torch.Tensor, ...], tuple[dict[str, torch.Tensor], ...]]:
-        batch = self.decode(batch)
         targets = tuple(
             {
                 "boxes": torch.tensor(sample["boxes"], dtype=torch.float32).reshape(-1, 4),
@@ -154,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             shuffle=True,
             seed=0,
             num_workers=args.workers,
-            transform=ToDetection(),
+            # No size=: each image keeps its own size (boxes stay in its pixels), uint8 [3, H, W].
+            transform=[naiad.decode_images("jpg"), ToDetection()],
             device=args.device,  # each batch copied ahead of the loop (cuda: on a side stream)
         )
         torch.manual_seed(0)

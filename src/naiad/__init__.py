@@ -11,6 +11,7 @@ from naiad.device.prefetch import DevicePrefetcher
 from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
 from naiad.loader import DataLoader
 from naiad.media import decode_audio, decode_images, images  # images.normalize
+from naiad.media.keys import batch_uniforms
 from naiad.parallel import AutoTuner, worker_rng
 from naiad.sources import (
     CsvFormat,
@@ -32,7 +33,7 @@ from naiad.sources import (
 from naiad.stream.batching import pack_xy
 from naiad.telemetry import LoaderStats, Telemetry
 from naiad.tokens import mix, read_tokens, tokenize
-from naiad.transforms import Placement, Transform
+from naiad.transforms import Placement, Transform, to_tuple
 
 __all__ = [
     "ArrayDataset",
@@ -49,6 +50,7 @@ __all__ = [
     "Telemetry",
     "Transform",
     "WorkerLocal",
+    "batch_uniforms",
     "columnar",
     "decode_audio",
     "decode_images",
@@ -67,6 +69,7 @@ __all__ = [
     "read_tokens",
     "read_webdataset",
     "testing",
+    "to_tuple",
     "tokenize",
     "worker_rng",
     "ConfigError",

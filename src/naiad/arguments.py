@@ -30,7 +30,7 @@ from naiad.errors import ConfigError
 from naiad.parallel import AutoTuner
 from naiad.sources.base import Source
 from naiad.stream.batches import StreamOptions
-from naiad.transforms import place
+from naiad.transforms import TransformLike, place
 
 __all__ = ["LoaderOptions", "OptionAttributes", "ResolvedArguments", "TorchArguments", "WorkerMode", "resolve_arguments"]
 
@@ -51,6 +51,8 @@ class LoaderOptions:
             transform placed outside the loop (:func:`naiad.transforms.place`, NOTE [ Transform
             placement ]). One whose placement has a ``wrap`` (:func:`naiad.tokenize`) also wraps
             a streaming source, so that its heavy part runs where the source is read, in the workers.
+            A list runs its members in order, its leading worker-side ones together in the
+            workers (NOTE [ Transform lists ]).
         shuffle_buffer: a streaming source's shuffle buffer, in rows (None: the default).
         rank: the rank a map-style dataset is sharded for (None: not sharded).
         world_size: the number of ranks it is sharded over.
@@ -63,7 +65,7 @@ class LoaderOptions:
     worker_mode: WorkerMode | None = "process"
     device: str | torch.device | None = None
     device_prefetch: int = 2
-    transform: Callable[[Any], Any] | None = None
+    transform: TransformLike = None
     shuffle_buffer: int | None = None
     rank: int | None = None
     world_size: int | None = None
@@ -98,10 +100,11 @@ class OptionAttributes:
         return self.options.device_prefetch
 
     @property
-    def transform(self) -> Callable[[Any], Any] | None:
+    def transform(self) -> TransformLike:
         """Called on every batch: in the training process, or where its placement puts it
         (``naiad.decode_images``, a transform declaring ``Placement("workers")``): in the workers,
-        a stream's reads or its decode stage (NOTE [ Transform placement ] in transforms.py)."""
+        a stream's reads or its decode stage (NOTE [ Transform placement ] in transforms.py); a
+        list runs its members in order (NOTE [ Transform lists ])."""
         return self.options.transform
 
 

@@ -54,7 +54,7 @@ from naiad.stream.batches import StreamCounters
 from naiad.stream.pipeline import StreamPipeline
 from naiad.telemetry import LoaderStats, Telemetry
 from naiad.trainers import AccelerateHooks
-from naiad.transforms import place
+from naiad.transforms import Compose, TransformLike, place, split
 
 __all__ = ["DataLoader"]
 
@@ -128,7 +128,7 @@ class DataLoader(AccelerateHooks, OptionAttributes, TorchDataLoader[T_co]):
         shuffle_buffer: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        transform: Callable[[Any], Any] | None = None,
+        transform: TransformLike = None,
         read_ahead: int | None = None,
         max_worker_restarts: int = 0,
     ) -> None:
@@ -182,19 +182,22 @@ class DataLoader(AccelerateHooks, OptionAttributes, TorchDataLoader[T_co]):
     def _make_pipeline(self, dataset: Any, args: ResolvedArguments, collate_fn: Callable[[Any], Any] | None) -> Pipeline:
         """The pipeline for the data (NOTE [ Pipeline seam ]); ``collate_fn`` as given (None: the
         default, which a map-style dataset may be gathered under)."""
-        transform = self.options.transform
-        # NOTE [ Transform placement ]: a transform placed outside the loop goes to the pipeline.
+        # NOTE [ Transform placement ], NOTE [ Transform lists ]: the part placed outside the loop
+        # goes to the pipeline, the rest runs in the loop.
+        head, self._loop_transform = split(self.options.transform)
         if args.stream_options is not None:
-            placed = place(transform, "stream")
+            placed = place(head if head is not None else self._loop_transform, "stream")
             # A transform may do its heavy part in the reads by wrapping the source (naiad.tokenize).
             source = placed.wrap(dataset) if placed.wrap is not None else dataset
             return StreamPipeline(source, args.stream_options, self._stream_counters, self.options.read_ahead,
-                                  batch_transform=transform if placed.by_pipeline else None)
+                                  batch_transform=head)
         if isinstance(dataset, IterableDataset):  # no position to key a sample by: the loop applies it
+            if head is not None:
+                self._loop_transform = head if self._loop_transform is None else Compose([head, self._loop_transform])
             return IterablePipeline(
                 dataset, self.collate_fn, self._auto_collation, self.batch_size, self.drop_last, self.num_workers,
             )
-        in_workers = transform if place(transform, "map").by_pipeline else None
+        in_workers = head
         strategy = choose_fetch(dataset, collate_fn, self._auto_collation)
         return MapPipeline(
             dataset, self.collate_fn, self._auto_collation, strategy, self.batch_sampler, self.sampler,
@@ -350,7 +353,7 @@ class DataLoader(AccelerateHooks, OptionAttributes, TorchDataLoader[T_co]):
         inner = EpochIterator(
             pending, epoch, pool, owns_pool=owns_pool, telemetry=self._telemetry, stage=self._pipeline.stage,
             prefetch=self.prefetch_factor or 2,
-            transform=self.transform if self._pipeline.batch_transform is None else None,
+            transform=self._loop_transform,
             # Inline (no workers, none tuned in), batches leave in plan order whatever in_order says.
             in_order=self.in_order or (self.num_workers == 0 and tuner is None),
             pin=pin_memory_enabled(self.pin_memory), record_steps=self.device is None, tuner=tuner,

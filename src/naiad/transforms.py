@@ -28,18 +28,28 @@ not rely on state of the loop's process. Its batches carry the per-sample key co
 ``key`` names (map-style: the dataset indices, added when the fetch gave none; a stream always
 carries one, ``key`` or ``"__index__"``, by which it names a sample that fails) and, in a
 stream, ``__epoch__``.
+
+NOTE [ Transform lists ]
+``transform=[a, b, c]`` runs the members in order on each batch. Its leading members that
+declare the workers or the reads run there together, as one :class:`Compose` (so
+``[naiad.decode_images(...), my_jitter]`` decodes and jitters in the workers); the rest run in
+the loop, from the first member that does (a later worker-side member after it runs in the
+loop too: a batch never goes back to the workers). :func:`to_tuple` ends a list with the tuple
+a torchvision-style loop unpacks; it costs nothing in the loop and leaves every decode where it
+was. A member that reads the source through a wrapper (``naiad.tokenize``) must come first.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from naiad.errors import ConfigError
 
-__all__ = ["READ_DECODE_MAX_BYTES", "Placed", "Placement", "Transform", "place"]
+__all__ = ["READ_DECODE_MAX_BYTES", "Compose", "Placed", "Placement", "ToTuple", "Transform", "TransformLike", "place", "split",
+           "to_tuple"]
 
 Where = Literal["loop", "workers", "reads"]
 """Where a transform may run, as it declares it (NOTE [ Transform placement ])."""
@@ -163,6 +173,9 @@ def place(transform: Callable[[Any], Any] | None, pipeline: Literal["map", "stre
     """
     if transform is None:
         return Placed(None, "loop")
+    if isinstance(transform, (list, tuple)):  # where its first part runs (see split)
+        head, tail = split(transform)
+        return place(head if head is not None else tail, pipeline)
     declared = _declared(transform)
     if declared.runs == "loop" or pipeline == "iterable":
         wrap = declared.wrap if pipeline == "stream" else None
@@ -177,6 +190,113 @@ def place(transform: Callable[[Any], Any] | None, pipeline: Literal["map", "stre
         key = key or "__index__"  # a stream names a sample that fails by its key
     wrap = declared.wrap if pipeline == "stream" else None
     return Placed(transform, runs, declared.column, key, declared.decoded_row_bytes, wrap)
+
+
+TransformLike = Callable[[Any], Any] | Sequence[Callable[[Any], Any]] | None
+"""A loader's ``transform=``: one transform, a list of them (:func:`split`), or None."""
+
+
+class Compose:
+    """Transforms run one after another as one, declared as one (NOTE [ Transform lists ]).
+
+    Its placement is its members': the loop when the first runs there, else the reads when every
+    member may run there, else the workers; the first key any member reads, the first member's column and source wrapper, and the
+    last member's decoded size (the size of what it returns).
+    """
+
+    def __init__(self, transforms: Sequence[Callable[[Any], Any]]) -> None:
+        self.transforms = tuple(transforms)
+        for i, t in enumerate(self.transforms):
+            if not callable(t):
+                raise ConfigError(f"`transform[{i}]` must be callable, got {t!r:.200}.")
+            if i and _declared(t).wrap is not None:
+                raise ConfigError(f"`transform[{i}]` ({type(t).__name__}) reads the source through a wrapper "
+                                  "(naiad.tokenize): it must come first in the list.")
+
+    def __call__(self, batch: Any) -> Any:
+        for t in self.transforms:
+            batch = t(batch)
+        return batch
+
+    def placement(self) -> Placement:
+        """The members' placement as one (see the class)."""
+        declared = [_declared(t) for t in self.transforms]
+        # A list's tail starts in the loop and stays there; its head runs in the reads only if
+        # every member may (else the workers, where any member may run).
+        where: Where = "workers"
+        if declared[0].runs == "loop":
+            where = "loop"
+        elif all(d.runs == "reads" for d in declared):
+            where = "reads"
+        key = next((d.key for d in declared if d.key is not None), None)
+        return Placement(where, column=declared[0].column, key=key,
+                         decoded_row_bytes=declared[-1].decoded_row_bytes, wrap=declared[0].wrap)
+
+    def __repr__(self) -> str:
+        return f"Compose({list(self.transforms)!r})"
+
+
+def split(transform: TransformLike) -> tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None]:
+    """A loader's ``transform=`` as (the part the pipeline may run, the part the loop runs)
+    (NOTE [ Transform lists ]): the leading members that declare the workers or the reads, run
+    together, and the rest, from the first that runs in the loop on (a later worker-side one
+    runs in the loop after it: a batch never goes back to the workers). One transform is its
+    own part.
+
+    Example:
+        >>> head, tail = split([naiad.decode_images("jpg"), naiad.to_tuple("jpg", "cls")])  # doctest: +SKIP
+    """
+    if transform is None:
+        return None, None
+    members = list(transform) if isinstance(transform, (list, tuple)) else [transform]
+    n = 0
+    while n < len(members) and callable(members[n]) and _declared(members[n]).runs != "loop":
+        n += 1
+    return _joined(members[:n]), _joined(members[n:])
+
+
+def _joined(members: list[Callable[[Any], Any]]) -> Callable[[Any], Any] | None:
+    if not members:
+        return None
+    return members[0] if len(members) == 1 and callable(members[0]) else Compose(members)
+
+
+class ToTuple:
+    """The batch's columns as a tuple, in the order named: ``for image, label in loader``
+    (:func:`to_tuple`). It runs in the loop: picking columns costs nothing, and the batch is a
+    tuple only from here on."""
+
+    def __init__(self, *columns: str) -> None:
+        if not columns or not all(isinstance(c, str) for c in columns):
+            raise ConfigError(f"naiad.to_tuple takes the column names, at least one, got {columns!r}.")
+        self.columns = columns
+
+    def placement(self) -> Placement:
+        """The loop (NOTE [ Transform placement ])."""
+        return Placement("loop")
+
+    def __call__(self, batch: Any) -> tuple[Any, ...]:
+        try:
+            return tuple(batch[c] for c in self.columns)
+        except (KeyError, TypeError):
+            have = sorted(map(str, batch)) if isinstance(batch, dict) else type(batch).__name__
+            raise ConfigError(f"naiad.to_tuple{self.columns!r}: the batch has no such columns "
+                              f"(it has {have}).") from None
+
+    def __repr__(self) -> str:
+        return f"to_tuple{self.columns!r}"
+
+
+def to_tuple(*columns: str) -> ToTuple:
+    """End a list of transforms with the tuple a torchvision-style loop unpacks.
+
+    Example:
+        >>> loader = naiad.DataLoader(naiad.read_images("train"), batch_size=256, shuffle=True, seed=0,
+        ...     transform=[naiad.decode_images(size=224, crop="random", flip=True),
+        ...                naiad.to_tuple("image", "label")])  # doctest: +SKIP
+        >>> for image, target in loader: ...  # doctest: +SKIP
+    """
+    return ToTuple(*columns)
 
 
 def _declared(transform: Callable[[Any], Any]) -> Placement:

@@ -110,9 +110,9 @@ def test_public_names_unchanged() -> None:
         "ArrayDataset", "AutoTuner", "ConfigError", "CsvFormat", "DataLoader", "DevicePrefetcher", "LoaderStats",
         "MediaAccess", "NaiadError", "Placement", "SkipBadRows", "Source", "SourceError", "StateError", "Storage",
         "Telemetry", "Transform", "WorkerError",
-        "WorkerLocal", "__version__", "columnar", "decode_audio", "decode_images", "images", "mix", "pack_xy", "read",
+        "WorkerLocal", "__version__", "batch_uniforms", "columnar", "decode_audio", "decode_images", "images", "mix", "pack_xy", "read",
         "read_arrow", "read_csv", "read_hf", "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text", "read_tokens",
-        "read_webdataset", "testing", "tokenize", "worker_rng",
+        "read_webdataset", "testing", "to_tuple", "tokenize", "worker_rng",
     ])
     for name in naiad.__all__:
         assert getattr(naiad, name) is not None, name

@@ -113,3 +113,36 @@ def test_the_old_attributes_still_place_with_a_deprecation_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         place(plain, "map")  # a plain callable warns nothing
+
+
+def test_batch_uniforms_are_each_samples_own_whatever_batch_it_is_in() -> None:
+    import numpy as np
+
+    from naiad.media.keys import batch_uniforms
+
+    together = batch_uniforms({"__index__": np.array([5, 9, 2]), "__epoch__": 1}, 4, seed=7)
+    alone = batch_uniforms({"__index__": np.array([9]), "__epoch__": 1}, 4, seed=7)
+    assert together.shape == (3, 4) and ((0 <= together) & (together < 1)).all()
+    assert np.array_equal(together[1], alone[0])  # the sample's own draws, not its batch's
+    assert not np.array_equal(together, batch_uniforms({"__index__": np.array([5, 9, 2]), "__epoch__": 2}, 4, seed=7))
+    assert not np.array_equal(together, batch_uniforms({"__index__": np.array([5, 9, 2]), "__epoch__": 1}, 4, seed=8))
+
+
+def test_a_composed_placement_is_its_members() -> None:
+    from naiad.transforms import Compose, Placement
+
+    class Reads:
+        def __init__(self, size: int | None = None, key: str | None = None) -> None:
+            self.size, self.key = size, key
+
+        def placement(self) -> Placement:
+            return Placement("reads", column="x", key=self.key, decoded_row_bytes=self.size)
+
+        def __call__(self, batch: object) -> object:
+            return batch
+
+    both = Compose([Reads(key="k"), Reads(size=12)]).placement()
+    assert (both.runs, both.column, both.key, both.decoded_row_bytes) == ("reads", "x", "k", 12)
+    assert Compose([Reads(), naiad.decode_images("x")]).placement().runs == "workers"
+    assert Compose([naiad.decode_images("x"), Reads()]).placement().runs == "workers"
+    assert Compose([naiad.to_tuple("x"), Reads()]).placement().runs == "loop"

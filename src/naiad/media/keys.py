@@ -37,7 +37,7 @@ from naiad.errors import ConfigError
 from naiad.parallel.context import current_epoch, get_worker_context
 from naiad.transforms import Placement
 
-__all__ = ["KeyedBatchTransform", "batch_epoch", "batch_keys", "effective_seed", "sample_uniforms"]
+__all__ = ["KeyedBatchTransform", "batch_epoch", "batch_keys", "batch_uniforms", "effective_seed", "sample_uniforms"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -47,6 +47,41 @@ def sample_uniforms(seed: int, epoch: int, sample_key: int, count: int) -> np.nd
     bits = np.random.Philox(key=[seed & _MASK64, epoch & _MASK64], counter=[0, 0, 0, sample_key & _MASK64])
     raw = bits.random_raw(count)
     return (raw >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def batch_uniforms(batch: Mapping[str, Any], count: int, *, key: str = "__index__", seed: int | None = None,
+                   epoch_key: str = "__epoch__") -> np.ndarray:
+    """``count`` uniforms in [0, 1) for each sample of ``batch``, a ``(rows, count)`` float64
+    array: the sample's own, keyed by (seed, epoch, the sample's key) (NOTE [ Keyed sample
+    randomness ]), so a transform's random augmentation is the same whatever batch, worker or
+    worker count the sample meets, and after a resume or an elastic resume.
+
+    Call it in a transform that runs in the workers (``Placement("workers")``): its batches carry
+    the sample keys (``key``, ``"__index__"`` by default, a pipeline adds it) and the epoch
+    (``"__epoch__"`` in a stream; else the epoch of the naiad worker's task); ``seed`` is the
+    loader's base seed unless given.
+
+    Raises:
+        ConfigError: the batch has no ``key`` column of one integer per sample.
+
+    Example:
+        >>> class Erase:  # a user's random erasing, in the workers
+        ...     def placement(self):
+        ...         return naiad.Placement("workers", column="image", key="__index__")
+        ...     def __call__(self, batch):
+        ...         u = naiad.batch_uniforms(batch, 3)  # erase?, where across, where down
+        ...         ...  # doctest: +SKIP
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"`count` must be an int >= 1, got {count!r}.")
+    column = batch.get(key) if isinstance(batch, Mapping) else None
+    rows = len(column) if column is not None and hasattr(column, "__len__") else 0
+    keys = batch_keys(batch, key, rows, why="naiad.batch_uniforms")
+    base, epoch = effective_seed(seed), batch_epoch(batch, epoch_key, 0)
+    out = np.empty((len(keys), count), np.float64)
+    for i, k in enumerate(keys.tolist()):  # one counter-based generator a sample: about 16 µs
+        out[i] = sample_uniforms(base, epoch, k, count)
+    return out
 
 
 def batch_keys(batch: Mapping[str, Any], key: str, rows: int, *, why: str) -> np.ndarray:
