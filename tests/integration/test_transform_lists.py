@@ -145,3 +145,29 @@ def test_a_wrapper_member_must_come_first_and_to_tuple_names_what_is_missing() -
         naiad.batch_uniforms({"__index__": np.arange(3)}, 0)
     with pytest.raises(ConfigError, match="has no column '__index__'"):
         naiad.batch_uniforms({"x": np.arange(3)}, 2)
+
+
+def test_the_same_pixels_after_an_elastic_resume(folder: str) -> None:
+    def make(**kw: Any) -> naiad.DataLoader:
+        return naiad.DataLoader(
+            naiad.read_images(folder), batch_size=4, shuffle=True, seed=3,
+            transform=[naiad.decode_images("image", size=16, crop="random", flip=True), Erase(),
+                       naiad.to_tuple("image", "__index__")], **kw)
+
+    whole = {int(k): im for images, keys in make() for im, k in zip(images, keys, strict=True)}
+    got: dict[int, torch.Tensor] = {}
+    state = None
+    for rank in range(2):  # two ranks, two batches each, then one rank for the rest
+        loader = make(rank=rank, world_size=2)
+        for n, (images, keys) in enumerate(loader):
+            got.update({int(k): im for im, k in zip(images, keys, strict=True)})
+            if n == 1:
+                state = state or json.loads(json.dumps(loader.state_dict()))
+                break
+    one = make()
+    one.load_state_dict(state)  # type: ignore[arg-type]
+    for images, keys in one:
+        for im, k in zip(images, keys, strict=True):
+            assert int(k) not in got, "a sample delivered twice"
+            got[int(k)] = im
+    assert sorted(got) == sorted(whole) and all(torch.equal(got[k], whole[k]) for k in whole)
