@@ -371,10 +371,10 @@ class TokenMixture(WindowSamples):
         """
         per_epoch = self.windows_per_epoch * self.seq_len
         if position is None:
-            return MixtureStats._of(self, 0, per_epoch, self.windows_per_epoch)
+            return MixtureStats.of(self, 0, per_epoch, self.windows_per_epoch)
         state = position.state_dict() if hasattr(position, "state_dict") else position
         windows = self._delivered(state)
-        return MixtureStats._of(self, int(state["epoch"]), windows * self.seq_len, windows)
+        return MixtureStats.of(self, int(state["epoch"]), windows * self.seq_len, windows)
 
     def _delivered(self, state: Mapping[str, Any]) -> np.ndarray:
         """Windows delivered per source up to ``state`` (whole epochs before its epoch)."""
@@ -443,7 +443,8 @@ class MixtureStats:
     sources: tuple[SourceStats, ...]
 
     @classmethod
-    def _of(cls, mixture: TokenMixture, epoch: int, tokens: np.ndarray, windows: np.ndarray) -> MixtureStats:
+    def of(cls, mixture: TokenMixture, epoch: int, tokens: np.ndarray, windows: np.ndarray) -> MixtureStats:
+        """The stats of ``mixture``'s epoch ``epoch`` after ``windows`` windows (``tokens`` tokens) per source."""
         total = int(tokens.sum())
         rows = tuple(
             SourceStats(float(w), int(c), int(t), (t / total) if total else 0.0, float(k / n))
