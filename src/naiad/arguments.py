@@ -288,7 +288,7 @@ def _shard(dataset: Any, args: TorchArguments, options: LoaderOptions, iterable:
 def _adopt_distributed_sampler(args: TorchArguments, options: LoaderOptions) -> LoaderOptions:
     """A DistributedSampler read as the sharding (rank, world size, shuffle, seed): naiad shards
     by its own plan, and the sampler goes."""
-    sampler: DistributedSampler = args.sampler
+    sampler: DistributedSampler[Any] = args.sampler
     if options.rank is not None and (options.rank, options.world_size) != (sampler.rank, sampler.num_replicas):
         raise ConfigError(
             f"`rank`/`world_size` ({options.rank}, {options.world_size}) disagree with the DistributedSampler given "

@@ -79,7 +79,7 @@ def pass_position(last: PassRecord | None, *, iterating: bool, loader_epoch: int
     return last, received - pending
 
 
-def check_pending(pending: Any) -> int:
+def check_pending(pending: object) -> int:
     """``state_dict``'s ``pending``, checked: an int >= 0.
 
     Raises:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -46,7 +46,7 @@ class PoolSettings:
     num_workers: int
     persistent_workers: bool
     prefetch_factor: int | None
-    worker_mode: str
+    worker_mode: Literal["process", "thread"]
     multiprocessing_context: Any
     timeout: float
     worker_init_fn: Callable[[int], None] | None

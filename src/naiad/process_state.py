@@ -69,7 +69,7 @@ class ProcessLocal(Generic[T]):
         with self.lock:
             if not self._made:
                 self._value, self._made = self.factory(), True
-        return self._value  # type: ignore[return-value]
+        return self._value
 
     def peek(self) -> T | None:
         """This process's value if it was made, else None (nothing is made)."""

@@ -421,6 +421,6 @@ def _percentile(hist: Iterable[int], n: int, q: float, max_s: float) -> float:
                 return 0.0  # below 60 ns: indistinguishable from no wait at all
             if i == _BUCKETS:
                 return max_s  # the overflow bucket has no upper edge
-            mid = 2.0 ** (_LOG2_LO + (i - 0.5) / _PER_OCTAVE)
+            mid: float = 2.0 ** (_LOG2_LO + (i - 0.5) / _PER_OCTAVE)
             return min(mid, max_s)
     return max_s

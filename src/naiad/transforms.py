@@ -160,7 +160,7 @@ class Placed:
         return self.runs != "loop"
 
 
-def place(transform: Callable[[Any], Any] | None, pipeline: Literal["map", "stream", "iterable"]) -> Placed:
+def place(transform: TransformLike, pipeline: Literal["map", "stream", "iterable"]) -> Placed:
     """Where ``transform`` runs in a ``pipeline`` of this kind, and what it needs there (NOTE
     [ Transform placement ]): the one place naiad reads a transform's declaration.
 
@@ -173,7 +173,7 @@ def place(transform: Callable[[Any], Any] | None, pipeline: Literal["map", "stre
     """
     if transform is None:
         return Placed(None, "loop")
-    if isinstance(transform, (list, tuple)):  # where its first part runs (see split)
+    if not callable(transform):  # a list: where its first part runs (see split)
         head, tail = split(transform)
         return place(head if head is not None else tail, pipeline)
     declared = _declared(transform)

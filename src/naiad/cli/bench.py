@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # Sources.
 
 
-class _LatencyDataset(Dataset):
+class _LatencyDataset(Dataset[Any]):
     """A dataset whose every batch costs ``latency_s`` more, like a read from slow storage.
 
     The latency is a sleep, which releases the GIL the way waiting on I/O does.
@@ -192,7 +192,7 @@ def _serial_loader(dataset: Any, args: argparse.Namespace) -> Iterable[Any]:
     return naiad.DataLoader(dataset, batch_size=args.batch_size, shuffle=args.shuffle)
 
 
-def _naiad_loader(dataset: Any, args: argparse.Namespace, device: torch.device) -> naiad.DataLoader:
+def _naiad_loader(dataset: Any, args: argparse.Namespace, device: torch.device) -> naiad.DataLoader[Any]:
     """naiad's loader over ``dataset``, prefetching to ``device``; it keeps its own stats."""
     return naiad.DataLoader(
         dataset,

@@ -116,7 +116,8 @@ class TutorialModel(torch.nn.Module):
         """Probabilities of the positive class, shape (batch, 1)."""
         x = self.sigmoid(self.linear1(x))
         x = self.sigmoid(self.linear2(x))
-        return self.sigmoid(self.linear3(x))
+        out: torch.Tensor = self.sigmoid(self.linear3(x))
+        return out
 
 
 def train(name: str, make_loader: Any, n_features: int, epochs: int, lr: float, seed: int) -> RunResult:
@@ -145,7 +146,7 @@ def train(name: str, make_loader: Any, n_features: int, epochs: int, lr: float, 
             wait_s += time.perf_counter() - t0
             loss = criterion(model(x), y)
             optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
             optimizer.step()
             rows += len(x)
             steps += 1

@@ -133,7 +133,8 @@ def fashion_pixels(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     shape = shapes[labels, np.arange(n)].astype(np.float32)
     brightness = rng.uniform(0.7, 1.0, n).astype(np.float32)[:, None, None]
     img = shape * brightness + rng.normal(0, 0.15, (n, 28, 28)).astype(np.float32)
-    return (np.clip(img, 0, 1) * 255).round().astype(np.uint8)
+    pixels: np.ndarray = (np.clip(img, 0, 1) * 255).round().astype(np.uint8)
+    return pixels
 
 
 def _write_split(root: Path, images: int, rng: np.random.Generator) -> None:

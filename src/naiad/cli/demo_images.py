@@ -101,7 +101,8 @@ class FashionModel(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The logits of the 10 classes, ``[B, 10]``."""
-        return self.linear_relu_stack(self.flatten(x))
+        logits: torch.Tensor = self.linear_relu_stack(self.flatten(x))
+        return logits
 
 
 class RecordingSampler(tud.Sampler[int]):
@@ -194,7 +195,7 @@ def warm_up(test: tuple[torch.Tensor, torch.Tensor], batch_size: int, steps: int
     for _ in range(steps):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
         optimizer.step()
 
 
@@ -245,7 +246,7 @@ def train_images(run: ImageRun, args: argparse.Namespace, test: tuple[torch.Tens
             x, y, batch_keys = run.unpack(batch)
             loss = criterion(model(x), y)
             optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
             optimizer.step()
             if batch_keys is not None:
                 keys.append(batch_keys)

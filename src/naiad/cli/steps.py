@@ -60,7 +60,7 @@ def synthetic_step(step_ms: float, device: torch.device) -> Step:
         t = _first_tensor(batch)
         if t is not None:
             t.float().sum()
-        torch.cuda._sleep(cycles)
+        torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]  # torch leaves _sleep unannotated
         torch.cuda.current_stream(device).synchronize()
 
     return gpu_step
@@ -69,12 +69,13 @@ def synthetic_step(step_ms: float, device: torch.device) -> Step:
 def cuda_cycles_per_ms(device: torch.device) -> float:
     """GPU clock cycles per millisecond of ``torch.cuda._sleep`` on ``device`` (median of 3)."""
     with torch.cuda.device(device):
-        torch.cuda._sleep(1_000_000)  # warm up the clock
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        samples = []
+        torch.cuda._sleep(1_000_000)  # type: ignore[no-untyped-call]  # warm up the clock (_sleep: unannotated)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # unannotated in torch
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        samples: list[float] = []
         for _ in range(3):
             start.record()
-            torch.cuda._sleep(10_000_000)
+            torch.cuda._sleep(10_000_000)  # type: ignore[no-untyped-call]  # unannotated in torch
             end.record()
             end.synchronize()
             samples.append(10_000_000 / start.elapsed_time(end))

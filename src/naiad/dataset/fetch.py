@@ -45,7 +45,7 @@ def _numeric_array(a: Any) -> bool:
     return isinstance(a, np.ndarray) and a.dtype.kind in "biufc" and a.ndim >= 1
 
 
-class ArrayDataset(Dataset):
+class ArrayDataset(Dataset[Any]):
     """A map-style dataset over whole arrays or tensors, gathered a batch at a time.
 
     ``ArrayDataset(x, y)`` yields ``(x[i], y[i])`` samples and ``ArrayDataset({"x": x, "y": y})``

@@ -299,7 +299,8 @@ def epoch_order(sampler: Any, epoch: int, recipe: dict[str, Any] | None) -> np.n
         return np.arange(len(sampler.data_source), dtype=np.int64)
     if kind is SeededRandomSampler:
         sampler.epoch = epoch + 1  # as next_epoch() leaves it (not set_epoch: no listener)
-        return sampler.permutation(epoch)
+        order: np.ndarray = sampler.permutation(epoch)
+        return order
     if kind is RandomSampler and recipe is not None:
         return _random_sampler_indices(sampler, recipe)[0]
     raise StateError(f"the order of {kind.__name__} cannot be drawn again.")

@@ -114,7 +114,7 @@ def _datapipe_seeded(dataset: Any, base_seed: int, epoch: int) -> Any:
     return apply_random_seed(dataset, torch.Generator().manual_seed(int(shared)))
 
 
-class WorkerLocal(Dataset):
+class WorkerLocal(Dataset[Any]):
     """A map-style dataset built by ``factory()`` inside each worker, not in the training process.
 
     Use it when a dataset holds state that should not be pickled into every worker or shared

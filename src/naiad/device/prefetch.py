@@ -57,7 +57,7 @@ import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import torch
 
@@ -258,13 +258,14 @@ class PrefetchIterator(Iterator[T]):
         if not self._started:
             self._start()
         t0 = time.perf_counter()
+        value: T  # the batch; an _ERROR item's is the exception instead
         kind, value, event, extra = self._get()
         if kind == _END:
             self.close()
             raise StopIteration
         if kind == _ERROR:
             self.close()
-            raise value
+            raise cast(BaseException, value)
         self._chan.slots.release()
         copied, foreign, rows = extra
         if event is not None:

@@ -30,7 +30,8 @@ def move_to_device(batch: T, device: str | torch.device, *, non_blocking: bool =
         {'x': tensor([1., 1.]), 'name': 'a'}
     """
     target = torch.device(device)
-    return map_tensors(lambda t: t.to(target, non_blocking=non_blocking), batch)
+    moved: T = map_tensors(lambda t: t.to(target, non_blocking=non_blocking), batch)  # same containers
+    return moved
 
 
 class Mover:
@@ -64,7 +65,7 @@ class CudaMover(Mover):
     def __init__(self, device: torch.device, pin_memory: bool) -> None:
         super().__init__(device)
         self.pin_memory = pin_memory
-        self.stream = torch.cuda.Stream(device=device)
+        self.stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]  # unannotated in torch
         self.copied: list[torch.Tensor] = []
 
     def _leaf(self, t: torch.Tensor) -> torch.Tensor:
@@ -84,7 +85,7 @@ class CudaMover(Mover):
         # The current device and stream are per thread: set both for this producer thread.
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             moved = map_tensors(self._leaf, batch)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch
             event.record(self.stream)
         copied, self.copied = self.copied, []  # hold no batch between calls
         return moved, event, copied, self.foreign

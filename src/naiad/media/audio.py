@@ -197,7 +197,8 @@ def resample(samples: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
         x = _lowpass(x, 0.5 * 0.95 * rate_out / rate_in)
     count = len(samples) * rate_out // rate_in
     positions = np.arange(count) * (rate_in / rate_out)
-    return np.interp(positions, np.arange(len(x)), x).astype(np.float32)
+    out: np.ndarray = np.interp(positions, np.arange(len(x)), x).astype(np.float32)
+    return out
 
 
 def _lowpass(x: np.ndarray, cutoff: float) -> np.ndarray:

@@ -283,7 +283,8 @@ def _crop_resize(
     dx0, dy0, dx1, dy1 = placement.dst
     crop = pixels[cy0:cy1, cx0:cx1]
     if crop.shape[:2] == (dy1 - dy0, dx1 - dx0):
-        return crop.transpose(2, 0, 1)
+        chw: np.ndarray = crop.transpose(2, 0, 1)
+        return chw
     return _resize(crop, (dy1 - dy0, dx1 - dx0), None, interpolation, budget)
 
 
@@ -301,7 +302,8 @@ def _resize_window(
     rw, rh = placement.resized
     vx0, vy0, vx1, vy1 = placement.window
     if (rh, rw) == (height, width):
-        return pixels[vy0:vy1, vx0:vx1].transpose(2, 0, 1)
+        chw: np.ndarray = pixels[vy0:vy1, vx0:vx1].transpose(2, 0, 1)
+        return chw
     rows = geometry.resize_span(height, rh, vy0, vy1)
     cols = geometry.resize_span(width, rw, vx0, vx1)
     part = pixels[rows.start : rows.stop, cols.start : cols.stop]

@@ -39,6 +39,9 @@ GIVE_BACK = 16
 IterableDataset's workers) can give back (``state_dict(pending=k)``): the rest are folded."""
 
 
+_Self = TypeVar("_Self", bound="Summary")
+
+
 class Summary(Protocol):
     """What a :class:`DeliveryLog` folds its deliveries into."""
 
@@ -46,7 +49,7 @@ class Summary(Protocol):
         """Count one more delivery, named by its tag."""
         ...
 
-    def copy(self) -> Any:
+    def copy(self: _Self) -> _Self:
         """An independent copy."""
         ...
 

@@ -21,6 +21,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from naiad.parallel.protocol import (
     RemoteError,
     Reply,
     Task,
+    TaskKey,
     add_note,
     from_wire,
     to_wire,
@@ -73,7 +75,8 @@ def _set_up_process(context: WorkerContext) -> None:
     # seeded generators, and a worker_init_fn that draws or seeds from them acts as in torch.
     random.seed(context.seed)
     torch.manual_seed(context.seed & (2**64 - 1))
-    np.random.seed(_generate_state(context.base_seed & (2**64 - 1), context.worker_id))
+    # _generate_state: torch's private helper, unannotated.
+    np.random.seed(_generate_state(context.base_seed & (2**64 - 1), context.worker_id))  # type: ignore[no-untyped-call]
 
 
 # NOTE [ Worker heap ]
@@ -146,7 +149,7 @@ class ProcessBackend:
         self._mp = context
         self.task_queues: list[Any] = []
         self.conns: list[Any] = []
-        self.procs: list[Any] = []
+        self.procs: list[BaseProcess] = []
         self.dead: set[int] = set()
         self.stopping: set[int] = set()  # asked to return; their exit is not a failure
         self.forced: set[int] = set()  # stopping, but ended by a signal: the message failed
@@ -219,7 +222,7 @@ class ProcessBackend:
             how = _end_process(p, grace_s=0.0)
             _LOG.info("worker %d (pid %s) could not be told to stop: %s, exit code %s", w, p.pid, how, p.exitcode)
 
-    def submit(self, worker_id: int, seq: int, payload: Any, key: tuple) -> None:
+    def submit(self, worker_id: int, seq: int, payload: Any, key: TaskKey) -> None:
         """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
         self.task_queues[worker_id].put((seq, payload, key))
 

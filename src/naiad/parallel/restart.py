@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from naiad.errors import WorkerError
+from naiad.parallel.protocol import TaskKey
 
 __all__ = [
     "DEATHS_PER_TASK", "MAX_LOG", "RestartBudget", "TaskLedger", "death_error", "doing_words", "ended_words",
@@ -80,15 +81,15 @@ class RestartBudget:
         return {"max_restarts": self.limit, "restarts": self.count, "restart_log": [dict(e) for e in self.log]}
 
 
-Sent = tuple[int, Any, tuple]  # (seq, payload, key) of one task sent to a worker
+Sent = tuple[int, Any, TaskKey]  # (seq, payload, key) of one task sent to a worker
 
 
 class TaskLedger:
     """The tasks each worker owes, in the order sent, and what a restart must replay."""
 
     def __init__(self) -> None:
-        self._owed: dict[int, dict[int, tuple[Any, tuple]]] = {}
-        self._walk_key: tuple | None = None
+        self._owed: dict[int, dict[int, tuple[Any, TaskKey]]] = {}
+        self._walk_key: TaskKey | None = None
         self._walked: dict[int, int] = {}  # results each worker gave in the walk in progress
         self._deaths: dict[int, int] = {}  # seq -> deaths while it was running
 
@@ -96,7 +97,7 @@ class TaskLedger:
         """How many tasks worker ``w`` has not answered."""
         return len(self._owed.get(w, ()))
 
-    def sent(self, w: int, seq: int, payload: Any, key: tuple) -> None:
+    def sent(self, w: int, seq: int, payload: Any, key: TaskKey) -> None:
         """Note a task sent to worker ``w``."""
         self._owed.setdefault(w, {})[seq] = (payload, key)
 
@@ -111,13 +112,13 @@ class TaskLedger:
         owed = self._owed.pop(w, {})
         return [(seq, payload, key) for seq, (payload, key) in owed.items()]
 
-    def start_walk(self, key: tuple | None) -> None:
+    def start_walk(self, key: TaskKey | None) -> None:
         """Count each worker's results from now on (``key`` is the walk's pass), or stop (None)."""
         self._walk_key = key
         self._walked = {}
 
     @property
-    def walk_key(self) -> tuple | None:
+    def walk_key(self) -> TaskKey | None:
         """The pass of the walk in progress (None: no walk)."""
         return self._walk_key
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from naiad.parallel.backend import JOIN_TIMEOUT_S
 from naiad.parallel.context import WorkerContext
-from naiad.parallel.protocol import STOP, Message, Reply, Task
+from naiad.parallel.protocol import STOP, Message, Reply, Task, TaskKey
 from naiad.parallel.worker_side import WorkerSpec, serve
 
 __all__ = ["ThreadBackend"]
@@ -29,8 +29,8 @@ class ThreadBackend:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self._spec = spec
-        self.results: queue.Queue = queue.Queue()
-        self.task_queues: list[queue.Queue] = []
+        self.results: queue.Queue[Message] = queue.Queue()
+        self.task_queues: list[queue.Queue[Task | None]] = []
         self.threads: list[threading.Thread] = []
         self.dead: set[int] = set()
         self.stopping: set[int] = set()
@@ -39,7 +39,7 @@ class ThreadBackend:
 
     def start(self, w: int, num_workers: int) -> None:
         """Start worker ``w`` (a stopped worker of that id finishes on its own queue)."""
-        tasks: queue.Queue = queue.Queue()
+        tasks: queue.Queue[Task | None] = queue.Queue()
         # The thread holds what it needs, not the backend: a pool dropped without close() is
         # collected, and its finalizer stops the threads.
         t = threading.Thread(
@@ -62,7 +62,7 @@ class ThreadBackend:
         self.stopping.add(w)
         self.task_queues[w].put(STOP)
 
-    def submit(self, worker_id: int, seq: int, payload: Any, key: tuple) -> None:
+    def submit(self, worker_id: int, seq: int, payload: Any, key: TaskKey) -> None:
         """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
         self.task_queues[worker_id].put((seq, payload, key))
 
@@ -95,7 +95,8 @@ class ThreadBackend:
         self._finalizer()
 
 
-def _thread_worker_main(spec: WorkerSpec, context: WorkerContext, tasks: queue.Queue, results: queue.Queue) -> None:
+def _thread_worker_main(spec: WorkerSpec, context: WorkerContext, tasks: queue.Queue[Task | None],
+                        results: queue.Queue[Message]) -> None:
     w = context.worker_id
 
     def send(reply: Reply) -> bool:
@@ -107,7 +108,7 @@ def _thread_worker_main(spec: WorkerSpec, context: WorkerContext, tasks: queue.Q
     serve(spec, context, _queued_tasks(tasks), send, reseed=False)
 
 
-def _queued_tasks(tasks: queue.Queue) -> Iterator[Task]:
+def _queued_tasks(tasks: queue.Queue[Task | None]) -> Iterator[Task]:
     # Unbounded: an idle worker waits for its next task; every way a pool ends (close(),
     # its collection, interpreter exit) puts the STOP that ends this loop.
     while (task := tasks.get()) is not STOP:
@@ -141,7 +142,7 @@ def _join_threads_at_exit() -> None:
         t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _shutdown_threads(threads: list[threading.Thread], task_queues: list[queue.Queue]) -> None:
+def _shutdown_threads(threads: list[threading.Thread], task_queues: list[queue.Queue[Task | None]]) -> None:
     running = [t for t in threads if t.is_alive()]
     for tq in task_queues:
         tq.put(STOP)

@@ -23,9 +23,12 @@ no second pass over the batch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SHM_MIN_BYTES", "pack"]
 
@@ -37,7 +40,7 @@ SHM_MIN_BYTES = 4 << 20
 _MAX_WALK = 256
 
 
-def _numpy_from_tensor(tensor: Any) -> np.ndarray:
+def _numpy_from_tensor(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 

@@ -46,9 +46,9 @@ def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRow
     keep[bad] = False
     # Each skipped row's column: the first integer/bool column with a null there.
     names = np.full(table.num_rows, "", object)
-    for name, col in zip(table.column_names, table.columns):
-        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
-            m = col.is_null().to_numpy(zero_copy_only=False) & (names == "")
+    for name, column in zip(table.column_names, table.columns):
+        if column.null_count and (pa.types.is_integer(column.type) or pa.types.is_boolean(column.type)):
+            m = column.is_null().to_numpy(zero_copy_only=False) & (names == "")
             names[m] = name
     also = also_bad or {}
     entries = tuple(

@@ -39,7 +39,7 @@ DTypes: TypeAlias = Union[Mapping[str, Any], str, np.dtype, pa.DataType, None]  
 """Column types: a mapping column -> dtype, or one dtype for every numeric column."""
 
 
-Columns = dict[str, np.ndarray | list]
+Columns = dict[str, np.ndarray | list[Any]]
 """One chunk of rows: column name -> NumPy array (numeric, bool) or list (strings, others)."""
 
 
@@ -150,10 +150,13 @@ def numpy_dtype(field: pa.Field) -> np.dtype | None:
     """The NumPy dtype the column ``field`` becomes in a batch, or None where it becomes a list
     or an object array (strings, bytes, nested values)."""
     t = field.type
+    dt: np.dtype  # pyarrow is unannotated: to_pandas_dtype() gives a NumPy scalar type
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        return np.dtype(t.to_pandas_dtype())
+        dt = np.dtype(t.to_pandas_dtype())
+        return dt
     if _is_numeric_list(t):
-        return np.dtype(t.value_type.to_pandas_dtype())
+        dt = np.dtype(t.value_type.to_pandas_dtype())
+        return dt
     if is_pixel_field(field):
         return np.dtype(np.uint8)
     return None
@@ -243,7 +246,7 @@ def as_array(values: Any) -> np.ndarray:
     return np.fromiter(values, dtype=object, count=len(values))
 
 
-def concat_columns(pieces: Sequence[Mapping[str, np.ndarray | list]]) -> Columns:
+def concat_columns(pieces: Sequence[Mapping[str, np.ndarray | list[Any]]]) -> Columns:
     """Chunks of the same columns, one after another."""
     out: Columns = {}
     for name in pieces[0]:

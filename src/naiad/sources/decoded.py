@@ -117,7 +117,7 @@ class KeptBlocks:
         """How many blocks are kept."""
         return len(self._kept)
 
-    def _allocate(self, columns: Mapping[str, np.ndarray | list]) -> bool:
+    def _allocate(self, columns: Mapping[str, np.ndarray | list[Any]]) -> bool:
         with self._lock:
             if self._stacks is None and not self._full:
                 groups: dict[tuple[Any, ...], list[str]] = {}
@@ -151,7 +151,7 @@ class KeptBlocks:
                     self._stacks, self.nbytes = stacks, size
             return self._stacks is not None
 
-    def put(self, parts: Sequence[tuple[Any, int]], columns: Mapping[str, np.ndarray | list]) -> None:
+    def put(self, parts: Sequence[tuple[Any, int]], columns: Mapping[str, np.ndarray | list[Any]]) -> None:
         """Keep the columns of a read of whole blocks, one after another: ``parts`` is each
         block with its rows, in the order of the rows in ``columns``."""
         if self._full or not columns or not all(block in self._start and n == block.rows for block, n in parts):
@@ -186,7 +186,7 @@ class KeptBlocks:
             return None
         return list(dict.fromkeys(block for block in blocks if block not in self._kept))
 
-    def gather(self, parts: Sequence[tuple[Any, int, int, np.ndarray | None]]) -> dict[str, np.ndarray | list] | None:
+    def gather(self, parts: Sequence[tuple[Any, int, int, np.ndarray | None]]) -> dict[str, np.ndarray | list[Any]] | None:
         """The rows of reads ``(block, lo, hi, take)`` (``take``: only these offsets from ``lo``)
         one after another, as new arrays, when every block is kept; else None."""
         stacks = self._stacks

@@ -267,7 +267,7 @@ class BlockEngine(SourceFormat):
             kept.put([(b, b.rows) for b, _, _, _ in parts], data.columns)
         return data
 
-    def _fill_kept(self, kept: KeptBlocks, parts: Sequence[GroupPart], use_threads: bool) -> dict[str, np.ndarray | list] | None:
+    def _fill_kept(self, kept: KeptBlocks, parts: Sequence[GroupPart], use_threads: bool) -> dict[str, np.ndarray | list[Any]] | None:
         """The parts' rows when some of their blocks are kept: the others parsed whole, kept, and
         the group gathered (NOTE [ Kept blocks ]); None when none are kept, or a block cannot be
         (a skipped bad row, over the budget): the group is then read as it is."""
@@ -399,9 +399,10 @@ def take_positions(data: BlockData, span: int, rel: np.ndarray) -> BlockData:
     return BlockData(columns, bad)
 
 
-def _take(column: np.ndarray | list, rows: np.ndarray) -> np.ndarray | list:
+def _take(column: np.ndarray | list[Any], rows: np.ndarray) -> np.ndarray | list[Any]:
     if isinstance(column, np.ndarray):
-        return column[rows]
+        taken: np.ndarray = column[rows]
+        return taken
     return [column[i] for i in rows.tolist()]
 
 

@@ -156,7 +156,8 @@ def _shown_rows(inner: ArrowSource, files: list[str], pieces: list[tuple[str, in
         return rows
     if len(mapping) and (mapping.min() < 0 or mapping.max() >= len(rows)):
         raise ConfigError(f"the dataset's indices mapping names rows outside its table of {len(rows)} rows; {_FIX}.")
-    return rows[mapping]
+    shown: np.ndarray = rows[mapping]
+    return shown
 
 
 class HFSource(Source):

@@ -183,7 +183,8 @@ class ImageFolderSource(Source):
     def _sizes(self) -> np.ndarray:
         """The files' sizes as a read takes them: a larger file than ``media.max_bytes`` is a
         bad row, so it weighs no more than that (and a kept listing's sizes sum bounded)."""
-        return np.minimum(self.listing()["sizes"], self.max_media_bytes + 1)
+        sizes: np.ndarray = np.minimum(self.listing()["sizes"], self.max_media_bytes + 1)
+        return sizes
 
     def sample_bytes(self) -> int | None:
         """The files' mean size."""

@@ -231,7 +231,8 @@ def _retype(t: pa.DataType, dtypes: Any, name: str) -> pa.DataType:
 
 
 def _np(t: pa.DataType) -> np.dtype:
-    return np.dtype(t.to_pandas_dtype())
+    dt: np.dtype = np.dtype(t.to_pandas_dtype())
+    return dt
 
 
 read_npy = NpySource

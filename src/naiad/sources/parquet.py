@@ -103,7 +103,9 @@ class ParquetSource(Source):
         if not has_binary(pf.schema_arrow) or not pf.metadata.num_rows:
             return None
         meta = pf.metadata
-        return max(1, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)) // meta.num_rows)
+        nbytes: int = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        rows: int = meta.num_rows
+        return max(1, nbytes // rows)
 
     def _file_blocks(self, path: str) -> list[Block]:
         pf = open_parquet(path, self.storage)

@@ -106,7 +106,7 @@ def walk_with_tarfile(f: io.BufferedIOBase | _Capped, size: int, path: str) -> t
                 info = tar.next()
                 if info is None:
                     break
-                tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every member; the index is what is kept
+                tar.members.clear()  # tarfile keeps every member; the index is what is kept
                 if info.offset_data + info.size > size:
                     raise SourceError(
                         f"the tar is cut short: member {info.name!r} needs bytes up to "

@@ -316,10 +316,12 @@ class BatchStream(Iterator[Batch]):
         if self._plan is not None:
             return None
         if self.batches_yielded or self.legs or self.world_size != 1:
-            return declined(self.source, "only a fresh pass on one rank reads early")
+            declined(self.source, "only a fresh pass on one rank reads early")
+            return None
         if self.options.index_column is not None and not self.source.traits.keys_by_file:
             # a row's number in the source needs every block's count before the first read
-            return declined(self.source, "a worker-side transform keys rows by their number in the source")
+            declined(self.source, "a worker-side transform keys rows by their number in the source")
+            return None
         o = self.options
         return EarlyReads.start(self.source, seed=o.seed, epoch=self.epoch, shuffle=o.shuffle,
                                 max_rows=group_rows(current_leg(o).buffer_rows), plan=lambda: self.plan)

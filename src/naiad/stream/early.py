@@ -81,7 +81,7 @@ def may_read_early(source: Source) -> bool:
 def declined(source: Source, reason: str) -> None:
     """Log at DEBUG on ``naiad.stream`` why a pass over ``source`` waits for the count instead of
     reading early (NOTE [ Early reads ]), where it could have: a source not yet counted whose
-    data would read early. Returns None, the pass's early reads."""
+    data would read early. The caller's pass then has no early reads (None)."""
     if _LOG.isEnabledFor(logging.DEBUG) and not source.counted() and may_read_early(source):
         _LOG.debug("naiad: %r waits for its count before its first read (no early reads): %s.", source, reason)
 
@@ -113,7 +113,8 @@ class EarlyReads:
         """Early reads for ``source`` with its count started beside, or None where they do not
         apply to the source (NOTE [ Early reads ])."""
         if source.on_bad_rows != "raise":
-            return declined(source, "skipped rows are tracked against the rank's rows, known once counted (on_bad_rows)")
+            declined(source, "skipped rows are tracked against the rank's rows, known once counted (on_bad_rows)")
+            return None
         if not may_read_early(source):
             if _LOG.isEnabledFor(logging.DEBUG) and not source.counted():
                 _LOG.debug("naiad: %r is counted before its first read: its files are local and smaller than "
@@ -121,8 +122,9 @@ class EarlyReads:
             return None
         blocks = source.early_blocks()
         if blocks is None or len(blocks) < 4:
-            return declined(source, "the format gives no early blocks" if blocks is None
-                            else f"{len(blocks)} early blocks, fewer than 4")
+            declined(source, "the format gives no early blocks" if blocks is None
+                     else f"{len(blocks)} early blocks, fewer than 4")
+            return None
         source.count_beside()
         return cls(source, blocks, seed=seed, epoch=epoch, shuffle=shuffle, max_rows=max_rows, plan=plan)
 

@@ -259,7 +259,8 @@ def _field(items: Sequence[Any], name: str) -> np.ndarray:
 def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The concatenation of ``arange(s, s + n)`` for each start and length, without a loop."""
     ends = np.cumsum(lengths)
-    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
+    out: np.ndarray = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
+    return out
 
 
 def ordered_blocks(blocks: Sequence[Block], *, seed: int, epoch: int, shuffle: bool, run: int = 1) -> list[Block]:

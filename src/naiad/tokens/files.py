@@ -52,7 +52,7 @@ _HEAD_BYTES = 1 << 16
 def token_dtype(dtype: Any, what: str = "`dtype`") -> np.dtype:
     """``dtype`` as a NumPy integer dtype, or a ConfigError."""
     try:
-        dt = np.dtype(dtype)
+        dt: np.dtype = np.dtype(dtype)
     except TypeError:
         raise ConfigError(f"{what} must be a NumPy integer dtype such as np.uint16, got {dtype!r}.") from None
     if dt.kind not in "iu":

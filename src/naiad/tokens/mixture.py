@@ -144,7 +144,7 @@ def _by_pass(step: np.ndarray, first: int, last: int) -> list[tuple[int, np.ndar
 def _apportion(total: int, shares: np.ndarray) -> np.ndarray:
     """``total`` split in proportion to ``shares`` (largest remainders), as int64."""
     exact = total * shares
-    counts = np.floor(exact).astype(np.int64)
+    counts: np.ndarray = np.floor(exact).astype(np.int64)
     rest = total - int(counts.sum())
     if rest > 0:
         order = np.argsort(-(exact - counts), kind="stable")
@@ -328,7 +328,8 @@ class TokenMixture(WindowSamples):
             except IndexError:
                 pass  # locate() says which position, in the mixture's words
         source, window = self.locate(indices, epoch)
-        return self._bases[source] + window
+        out: np.ndarray = self._bases[source] + window
+        return out
 
     def _table(self, epoch: int) -> np.ndarray:
         """Every position's global window in ``epoch`` (NOTE [ Mixture table ]), made once per

@@ -124,7 +124,7 @@ def read_tokens(
                         shift=bool(shift), seed=None if seed is None else int(seed))
 
 
-class WindowSamples(Dataset):
+class WindowSamples(Dataset[dict[str, torch.Tensor]]):
     """Samples cut from whole batches: a window dataset writes ``gather_batch(indices)`` (what
     naiad's loader calls, one batch at a time), and torch's per-sample protocol follows from it."""
 
@@ -315,7 +315,8 @@ def position_ids(inputs: np.ndarray, eos_id: int) -> np.ndarray:
     starts[:, 0] = True
     starts[:, 1:] = inputs[:, :-1] == eos_id
     first: np.ndarray = np.maximum.accumulate(np.where(starts, index, 0), axis=1)
-    return index - first
+    positions: np.ndarray = index - first
+    return positions
 
 
 def document_ids(inputs: np.ndarray, eos_id: int) -> np.ndarray:

@@ -38,7 +38,7 @@ from naiad.tools.convert_samples import (
 )
 from naiad.tools.convert_shuffle import BucketSpill, bucket_count
 from naiad.tools.convert_tar import TarShardSet
-from naiad.tools.convert_write import Destination, ShardInfo, ShardSet, format_of
+from naiad.tools.convert_write import Destination, OutputFormat, ShardInfo, ShardSet, format_of
 from naiad.tools.sample_media import is_image_folder
 
 __all__ = ["ConvertOptions", "ConvertResult", "ProgressFn", "convert", "default_row_group_rows", "to_batch"]
@@ -213,7 +213,7 @@ def _output_of(source: Source, opts: ConvertOptions, fmt: str,
     return None, output_schema(source, opts.columns), opts.row_group_rows or default_row_group_rows(total)
 
 
-def _shard_set(dest: Destination, fmt: str, schema: pa.Schema, opts: ConvertOptions,
+def _shard_set(dest: Destination, fmt: OutputFormat, schema: pa.Schema, opts: ConvertOptions,
                group_rows: int) -> tuple[ShardSet | TarShardSet, str | None]:
     """The shards' writer for ``fmt``, and the compression it writes with (None: none)."""
     if fmt == "webdataset":

@@ -44,7 +44,8 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import ConfigError, DecodeError, SourceError
-from naiad.media.images import MODES, decode_images
+from naiad.media.image_options import MODES
+from naiad.media.images import decode_images
 from naiad.media.rows import default_threads, run_rows
 from naiad.sources.base import Source
 from naiad.sources.columns import SHAPE_KEY, Columns, pixel_array
@@ -408,5 +409,5 @@ def check_sample_options(max_size: int | None, quality: int) -> None:
 def estimated_row_bytes(source: Source, decoded: dict[str, Any] | None) -> int:
     """About how many bytes an output row takes (the row group's size follows from it)."""
     if decoded is not None:
-        return max(1, math.prod(decoded["shape"]) * len(decoded["columns"]))
+        return max(1, int(math.prod(decoded["shape"])) * len(decoded["columns"]))
     return max(1, int(source.sample_bytes() or 1024))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from typing import Any
+from typing import IO, Any, cast
 
 import pyarrow as pa
 
@@ -98,7 +98,9 @@ class TarShardSet(ShardFiles):
 
     def _open(self) -> None:
         # A stream ("w|"): the sink hashes what goes out and cannot seek back.
-        self._writer = tarfile.open(fileobj=self._open_sink(), mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
+        # A stream needs only write(); typeshed asks "w|" for a whole IO[bytes].
+        sink = cast(IO[bytes], self._open_sink())
+        self._writer = tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
 
     def finish(self) -> list[ShardInfo]:
         """Close the last shard and rename every shard into place (no samples: one empty tar)."""

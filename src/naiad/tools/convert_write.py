@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,7 +50,7 @@ def format_of(dst: str, fmt: str | None) -> OutputFormat:
             raise ConfigError(f"`format` must be 'parquet', 'arrow' or 'webdataset', got {fmt!r}.")
         if suffix in FORMATS and FORMATS[suffix] != fmt:
             raise ConfigError(f"the destination {dst!r} ends in {suffix} but the format is {fmt!r}; make them agree.")
-        return fmt
+        return cast(OutputFormat, fmt)  # one of _SUFFIX's keys, checked above
     return FORMATS.get(suffix, "parquet")
 
 
@@ -324,10 +324,11 @@ class ShardSet(ShardFiles):
         group, self._pending = self._pending.slice(0, n), self._pending.slice(n)
         if self._writer is None:
             self._open()
+        writer: Any = self._writer  # set by _open
         if self.fmt == "parquet":
-            self._writer.write_table(group, row_group_size=n)
+            writer.write_table(group, row_group_size=n)
         else:  # one record batch per group: read_arrow's block
-            self._writer.write_table(group.combine_chunks())
+            writer.write_table(group.combine_chunks())
         self._rows += n
         self._groups += 1
         if self.rows_per_shard is not None and self._rows >= self.rows_per_shard:
