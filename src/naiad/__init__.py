@@ -17,7 +17,7 @@ try:
     from naiad.device.prefetch import DevicePrefetcher
     from naiad.errors import ConfigError, NaiadError, SourceError, StateError, WorkerError
     from naiad.loader import DataLoader
-    from naiad.media import decode_audio, decode_images, images  # images.normalize
+    from naiad.media import decode_audio, decode_images, decode_video, images  # images.normalize
     from naiad.media.keys import batch_uniforms
     from naiad.parallel import AutoTuner, worker_rng
     from naiad.sources import (
@@ -35,6 +35,7 @@ try:
         read_npy,
         read_parquet,
         read_text,
+        read_videos,
         read_webdataset,
     )
     from naiad.stream.batching import pack_xy
@@ -64,6 +65,7 @@ __all__ = [
     "columnar",
     "decode_audio",
     "decode_images",
+    "decode_video",
     "images",
     "mix",
     "pack_xy",
@@ -76,6 +78,7 @@ __all__ = [
     "read_npy",
     "read_parquet",
     "read_text",
+    "read_videos",
     "read_tokens",
     "read_webdataset",
     "testing",

@@ -8,8 +8,8 @@ stream's reads (in the read pool's workers, before the shuffle buffer) or a stre
 transform says where it *may* run and what it needs by returning a :class:`Placement` from its
 ``placement()`` method (the :class:`Transform` protocol); :func:`place` turns that declaration
 into where it *does* run in a given pipeline, and every part of naiad asks :func:`place`
-instead of reading attributes of the transform. naiad's own ``decode_images``, ``decode_audio``
-and ``tokenize`` declare themselves exactly as a user's transform would.
+instead of reading attributes of the transform. naiad's own ``decode_images``, ``decode_audio``,
+``decode_video`` and ``tokenize`` declare themselves exactly as a user's transform would.
 
 * ``runs="loop"`` (a plain callable, or one that declares nothing): the loop's thread, in every
   pipeline. Its ``wrap`` may still move work into a stream's reads by reading the source

@@ -110,8 +110,8 @@ def test_public_names_unchanged() -> None:
         "ArrayDataset", "AutoTuner", "ConfigError", "CsvFormat", "DataLoader", "DevicePrefetcher", "LoaderStats",
         "MediaAccess", "NaiadError", "Placement", "SkipBadRows", "Source", "SourceError", "StateError", "Storage",
         "Telemetry", "Transform", "WorkerError",
-        "WorkerLocal", "__version__", "batch_uniforms", "columnar", "decode_audio", "decode_images", "images", "mix", "pack_xy", "read",
-        "read_arrow", "read_csv", "read_hf", "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text", "read_tokens",
+        "WorkerLocal", "__version__", "batch_uniforms", "columnar", "decode_audio", "decode_images", "decode_video", "images", "mix", "pack_xy", "read",
+        "read_arrow", "read_csv", "read_hf", "read_images", "read_jsonl", "read_npy", "read_parquet", "read_text", "read_tokens", "read_videos",
         "read_webdataset", "testing", "to_tuple", "tokenize", "worker_rng",
     ])
     for name in naiad.__all__:

@@ -91,11 +91,6 @@ class DecodeImages(KeyedBatchTransform):
 
     options: ImageOptions
 
-    @property
-    def keyed(self) -> bool:
-        """Whether it draws per-sample randomness (a random crop or flip) from the key column."""
-        return self.options.random
-
     def placement(self) -> transforms.Placement:
         """In the workers (:meth:`KeyedBatchTransform.placement`), with its decoded size: ``C * H *
         W`` with a fixed ``size``, else None (each image keeps its own size). A stream decodes

@@ -159,8 +159,9 @@ class KeyedBatchTransform:
 
     @property
     def keyed(self) -> bool:
-        """Whether it draws per-sample randomness from the key column."""
-        raise NotImplementedError
+        """Whether it draws per-sample randomness from the key column: its options' ``random``
+        (a random crop, flip or clip), unless the transform says otherwise."""
+        return bool(self.options.random)
 
     def placement(self) -> Placement:
         """A worker-side transform (NOTE [ Transform placement ] in transforms.py): given as the

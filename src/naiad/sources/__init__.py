@@ -27,6 +27,7 @@ from naiad.sources.parquet import ParquetSource, read_parquet
 from naiad.sources.retries import RetryPolicy
 from naiad.sources.storage import Storage
 from naiad.sources.text import TextSource, read_text
+from naiad.sources.videos import VideoFolderSource, read_videos
 from naiad.sources.webdataset import WebDatasetSource, read_webdataset
 from naiad.sources.wrapper import FormatWrapper
 from naiad.trust.paths import MediaAccess
@@ -50,6 +51,7 @@ __all__ = [
     "SourceTraits",
     "Storage",
     "TextSource",
+    "VideoFolderSource",
     "WebDatasetSource",
     "read",
     "read_arrow",
@@ -60,5 +62,6 @@ __all__ = [
     "read_npy",
     "read_parquet",
     "read_text",
+    "read_videos",
     "read_webdataset",
 ]

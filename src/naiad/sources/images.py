@@ -53,7 +53,7 @@ from naiad.trust.paths import (
     walk_once,
 )
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolderSource", "read_images"]
+__all__ = ["IMG_EXTENSIONS", "ImageFolderSource", "MediaFolderSource", "read_images"]
 
 _LOG = logging.getLogger("naiad.index")
 
@@ -66,40 +66,24 @@ MAX_LISTED_BYTES = 1 << 50
 LISTING_PARAMS: Mapping[str, Any] = {"kind": "image-folder", "version": 2, "extensions": list(IMG_EXTENSIONS)}
 
 
-class ImageFolderSource(Source):
-    """A lazy source over a folder of images, in class sub-folders or flat: one sample per
-    file, in blocks of runs of files: ``naiad.read_images``.
+class MediaFolderSource(Source):
+    """A folder of media files, one sample per file, in class sub-folders or flat (NOTE [ Folder
+    listing ]); what it lists is set by class attributes, so :class:`ImageFolderSource` lists
+    images and ``naiad.read_videos`` (``sources/videos.py``) video files. Its arguments and
+    instance attributes are :class:`ImageFolderSource`'s.
 
-    With one sub-folder per class (``root/cat/1.jpg``, ``root/dog/2.png``) the samples are
-    labelled as ``torchvision.datasets.ImageFolder`` labels them: classes sorted by name,
-    numbered from 0 (``source.class_to_idx``), files in sorted order, the same extensions
-    (NOTE [ Folder listing ]). A folder with no sub-folder is read flat, without labels. Columns:
-    ``image`` (the file's bytes, to decode), ``label`` (int64; class folders only) and
-    ``path`` (str). The listing is made once and kept like the block index, so a million files
-    are not listed again every epoch, rank or process. The root is the source's one "file"
-    (its ``paths``), its blocks runs of the files listed under it.
-
-    Args:
-        root: the folder (local).
-        on_bad_rows: what a file that cannot be read (removed since it was listed, or larger
-            than ``media.max_bytes``) does: as every reader's (:class:`~naiad.Source`).
-        block_bytes: about how many bytes of files a block holds (None: about 1/4096 of the
-            folder, between 1 MiB and 32 MiB).
-        index_dir: where the listing is kept, as every reader's ("beside": next to ``root``).
-        media: a :class:`~naiad.trust.paths.MediaAccess` whose ``max_bytes`` is the most bytes
-            one file may hold (None: 256 MiB); a folder reads only the files under it, so its
-            ``roots`` must be empty.
-
-    Attributes:
-        root: the folder.
-        classes: the class names, sorted (empty for a flat folder).
-        class_to_idx: class name -> label, as ImageFolder's.
-
-    Example:
-        >>> ds = naiad.read_images("train/")  # doctest: +SKIP
-        >>> ds.class_to_idx  # doctest: +SKIP
-        {'cat': 0, 'dog': 1}
+    Attributes (of the class):
+        extensions: the file name endings listed, matched in any case.
+        column: the bytes column's name.
+        noun: what one file is, in messages.
+        listing_params: what the kept listing is keyed by besides the root: a listing kept by
+            another kind of folder reader is not this one's.
     """
+
+    extensions: tuple[str, ...] = IMG_EXTENSIONS
+    column = "image"
+    noun = "image"
+    listing_params: Mapping[str, Any] = LISTING_PARAMS
 
     reader_name = "read_images"
 
@@ -107,18 +91,18 @@ class ImageFolderSource(Source):
                  index_dir: IndexDir = None, media: MediaAccess | None = None, **deprecated: Any) -> None:
         text = os.fspath(root)
         if is_remote(text):
-            raise ConfigError(f"`root` must be a local folder, got the URL {text!r}; image folders behind URLs are not "
-                              "read yet: pack them into tar shards and use naiad.read_webdataset.")
+            raise ConfigError(f"`root` must be a local folder, got the URL {text!r}; {self.noun} folders behind URLs are "
+                              "not read yet: pack them into tar shards and use naiad.read_webdataset.")
         text = local_path(text)
         if block_bytes is not None and (isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1):
             raise ConfigError(f"`block_bytes` must be an int >= 1 or None, got {block_bytes!r}.")
         access = media_access(media)
         if access.roots:
-            raise ConfigError(f"`media` roots {list(access.roots)} do not apply to an image folder, which reads only the "
-                              "files under its root; give MediaAccess(max_bytes=...) alone.")
+            raise ConfigError(f"`media` roots {list(access.roots)} do not apply to an {self.noun} folder, which reads only "
+                              "the files under its root; give MediaAccess(max_bytes=...) alone.")
         super().__init__([os.path.abspath(text)], on_bad_rows=on_bad_rows, expand=False, deprecated=deprecated)
         if not os.path.isdir(text):
-            raise SourceError("not a folder: `root` must be a folder of images (or of class folders).", path=text)
+            raise SourceError(f"not a folder: `root` must be a folder of {self.noun}s (or of class folders).", path=text)
         self.root = self.paths[0]
         self.max_media_bytes = access.max_bytes
         self.block_bytes = block_bytes
@@ -131,20 +115,24 @@ class ImageFolderSource(Source):
 
     # -- the listing --------------------------------------------------------------------------
 
+    def _list_files(self) -> dict[str, np.ndarray]:
+        """The folder listed now (NOTE [ Folder listing ])."""
+        return _list_folder(self.root, self.extensions, self.noun)
+
     def listing(self) -> dict[str, np.ndarray]:
         """The files, labels and sizes (NOTE [ Folder listing ]): kept, or listed now and kept."""
         if self._listing is None:
-            stored = load_arrays(self.index_dir, self.root, LISTING_PARAMS)
+            stored = load_arrays(self.index_dir, self.root, self.listing_params)
             why = None if stored is None else check_listing(stored, self.root)
             if stored is not None and why is None:
                 self._listing = stored
                 _LOG.debug("naiad: reused the kept listing of %s (%d files).", self.root, len(stored["labels"]))
             else:
                 t0 = time.perf_counter()
-                self._listing = _list_folder(self.root)
+                self._listing = self._list_files()
                 _LOG.info("naiad: listed %s: %d files in %.2f s (%s).", self.root, len(self._listing["labels"]),
                           time.perf_counter() - t0, "none kept" if stored is None else f"the kept listing was refused: {why}")
-                save_arrays(self.index_dir, self.root, LISTING_PARAMS, self._listing)
+                save_arrays(self.index_dir, self.root, self.listing_params, self._listing)
         return self._listing
 
     def __len__(self) -> int:
@@ -157,7 +145,7 @@ class ImageFolderSource(Source):
     # -- the format contract ------------------------------------------------------------------
 
     def _read_schema(self) -> pa.Schema:
-        fields = [pa.field("image", pa.binary())]
+        fields = [pa.field(self.column, pa.binary())]
         if self.classes:
             fields.append(pa.field("label", pa.int64()))
         fields.append(pa.field("path", pa.string()))
@@ -197,7 +185,7 @@ class ImageFolderSource(Source):
 
     def empty_columns(self) -> Columns:
         """Zero rows of every column."""
-        out: Columns = {"image": np.zeros(0, object)}
+        out: Columns = {self.column: np.zeros(0, object)}
         if self.classes:
             out["label"] = np.zeros(0, np.int64)
         out["path"] = np.zeros(0, object)
@@ -213,13 +201,13 @@ class ImageFolderSource(Source):
             try:
                 images.append(read_local_file(p, self.max_media_bytes))  # a regular file, bounded
             except OSError as exc:
-                reason = f"cannot read the image ({exc.strerror or exc})" + (
+                reason = f"cannot read the {self.noun} ({exc.strerror or exc})" + (
                     "; was it removed since the folder was listed?" if exc.errno == errno.ENOENT else "")
                 if self.on_bad_rows == "raise":
                     raise SourceError(reason + " Pass on_bad_rows='skip' to skip such files.", path=p) from None
                 images.append(None)
-                bad.append(bad_entry(i, p, reason, row=int(rows[i]), column="image"))
-        columns: Columns = {"image": np.fromiter(images, object, count=len(images))}
+                bad.append(bad_entry(i, p, reason, row=int(rows[i]), column=self.column))
+        columns: Columns = {self.column: np.fromiter(images, object, count=len(images))}
         if self.classes:
             columns["label"] = listing["labels"][rows]
         columns["path"] = paths
@@ -228,6 +216,47 @@ class ImageFolderSource(Source):
             keep[[e["at"] for e in bad]] = False
             columns = {k: v[keep] for k, v in columns.items()}
         return BlockData(columns, tuple(bad))
+
+
+class ImageFolderSource(MediaFolderSource):
+    """A lazy source over a folder of images, in class sub-folders or flat: one sample per
+    file, in blocks of runs of files: ``naiad.read_images``.
+
+    With one sub-folder per class (``root/cat/1.jpg``, ``root/dog/2.png``) the samples are
+    labelled as ``torchvision.datasets.ImageFolder`` labels them: classes sorted by name,
+    numbered from 0 (``source.class_to_idx``), files in sorted order, the same extensions
+    (NOTE [ Folder listing ]). A folder with no sub-folder is read flat, without labels. Columns:
+    ``image`` (the file's bytes, to decode), ``label`` (int64; class folders only) and
+    ``path`` (str). The listing is made once and kept like the block index, so a million files
+    are not listed again every epoch, rank or process. The root is the source's one "file"
+    (its ``paths``), its blocks runs of the files listed under it.
+
+    Args:
+        root: the folder (local).
+        on_bad_rows: what a file that cannot be read (removed since it was listed, or larger
+            than ``media.max_bytes``) does: as every reader's (:class:`~naiad.Source`).
+        block_bytes: about how many bytes of files a block holds (None: about 1/4096 of the
+            folder, between 1 MiB and 32 MiB).
+        index_dir: where the listing is kept, as every reader's ("beside": next to ``root``).
+        media: a :class:`~naiad.trust.paths.MediaAccess` whose ``max_bytes`` is the most bytes
+            one file may hold (None: 256 MiB); a folder reads only the files under it, so its
+            ``roots`` must be empty.
+
+    Attributes:
+        root: the folder.
+        classes: the class names, sorted (empty for a flat folder).
+        class_to_idx: class name -> label, as ImageFolder's.
+
+    Example:
+        >>> ds = naiad.read_images("train/")  # doctest: +SKIP
+        >>> ds.class_to_idx  # doctest: +SKIP
+        {'cat': 0, 'dog': 1}
+    """
+
+    reader_name = "read_images"
+
+    def _list_files(self) -> dict[str, np.ndarray]:
+        return _list_folder(self.root)  # the module's function, as tests count its calls
 
 
 def _paths(listing: Mapping[str, np.ndarray], rows: np.ndarray, root: str) -> np.ndarray:
@@ -242,14 +271,11 @@ def _paths(listing: Mapping[str, np.ndarray], rows: np.ndarray, root: str) -> np
     return decode_names(joined)
 
 
-def _is_image(name: str) -> bool:
-    return name.lower().endswith(IMG_EXTENSIONS)
-
-
-def _list_folder(root: str) -> dict[str, np.ndarray]:
+def _list_folder(root: str, extensions: tuple[str, ...] = IMG_EXTENSIONS, noun: str = "image") -> dict[str, np.ndarray]:
     """List ``root`` as ImageFolder does (NOTE [ Folder listing ]): the arrays that are kept. Each
     class folder's walk visits every folder once (``trust.walk_once``: a link that loops is
-    walked once), and only regular files are listed."""
+    walked once), and only regular files whose names end with one of ``extensions`` are listed
+    (``noun`` names such a file in errors)."""
     with os.scandir(root) as it:
         entries = sorted(it, key=lambda e: e.name)
     classes = [e.name for e in entries if e.is_dir()]
@@ -263,22 +289,22 @@ def _list_folder(root: str) -> dict[str, np.ndarray]:
             for folder, files in sorted(walk_once(os.path.join(root, name)), key=lambda walked: walked[0]):
                 dirs.append(folder)
                 for entry in sorted(files, key=lambda e: e.name):
-                    if _is_image(entry.name):
+                    if entry.name.lower().endswith(extensions):
                         rel.append(os.path.relpath(entry.path, root))
                         labels.append(label)
                         sizes.append(_size(entry))
             if len(rel) == count:
-                raise SourceError(f"the class folder {name!r} holds no image file (extensions {', '.join(IMG_EXTENSIONS)}); "
-                                  "remove it or add its images, as torchvision's ImageFolder requires.",
+                raise SourceError(f"the class folder {name!r} holds no {noun} file (extensions {', '.join(extensions)}); "
+                                  f"remove it or add its {noun}s, as torchvision's ImageFolder requires.",
                                   path=os.path.join(root, name))
     else:
         for e in entries:
-            if _is_image(e.name) and e.is_file():
+            if e.name.lower().endswith(extensions) and e.is_file():
                 rel.append(e.name)
                 labels.append(-1)
                 sizes.append(_size(e))
         if not rel:
-            raise SourceError(f"the folder holds no image file (extensions {', '.join(IMG_EXTENSIONS)}) and no class "
+            raise SourceError(f"the folder holds no {noun} file (extensions {', '.join(extensions)}) and no class "
                               "folder.", path=root)
     blobs = [encode_name(r) for r in rel]
     return {

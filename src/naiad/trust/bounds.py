@@ -20,6 +20,12 @@ counts; None there means no limit), applied to each array the decode makes:
   separable: ``in_h x out_w`` or ``out_h x in_w``, whichever pass goes first);
 * the output canvas (without ``size=``, ``resize=N`` makes it the image's own resized size).
 
+Video (``decode_video(max_pixels=)``, by default :data:`DEFAULT_MAX_VIDEO_PIXELS`): the stream's
+frame size (each decoded frame is that many pixels), each resize FFmpeg's scaler makes, and the
+clips' output, frames times output pixels, all checked once the container's header is read and
+before any frame is decoded. A clip's frame count is the caller's (``frames`` times
+``clips_per_video``), not the file's, so a header claiming a billion frames allocates nothing.
+
 Audio (``decode_audio(max_seconds=)``): the header's rate must lie in
 :data:`SAMPLE_RATE_RANGE_HZ` and its channels in ``1..``:data:`MAX_CHANNELS`, always (a crop's
 frame arithmetic follows the rate too); without ``seconds``, a clip whose header says it is
@@ -37,6 +43,7 @@ from dataclasses import dataclass
 __all__ = [
     "AUDIO_CHUNK_SAMPLES",
     "DEFAULT_MAX_AUDIO_SECONDS",
+    "DEFAULT_MAX_VIDEO_PIXELS",
     "MAX_CHANNELS",
     "SAMPLE_RATE_RANGE_HZ",
     "PixelBudget",
@@ -44,7 +51,13 @@ __all__ = [
     "audio_frame_budget",
     "check_audio_frames",
     "pixel_budget",
+    "video_budget",
 ]
+
+DEFAULT_MAX_VIDEO_PIXELS = 1 << 28
+"""The most pixels ``decode_video`` gives one video (its clips' frames times their output pixels,
+768 MiB of RGB) and one decoded frame, unless told otherwise: 128 clips of 16 frames at 360x360,
+or a frame of 16384x16384."""
 
 DEFAULT_MAX_AUDIO_SECONDS = 600.0
 """The longest clip ``decode_audio`` decodes whole (without ``seconds``) unless told otherwise."""
@@ -74,11 +87,15 @@ class PixelBudget:
             fix names.
         error: the exception a refusal raises (``decode_images`` raises Pillow's
             ``DecompressionBombError``, as Pillow does at open).
+        owner, noun: the transform whose ``max_pixels`` it is and what it decodes, for the
+            message.
     """
 
     pixels: int | None
     by_default: bool = True
     error: type[Exception] = ValueError
+    owner: str = "decode_images"
+    noun: str = "image"
 
     def check(self, what: str, width: int, height: int) -> None:
         """Raise :attr:`error` when ``width * height`` pixels are over the budget.
@@ -96,11 +113,11 @@ class PixelBudget:
                 "under twice PIL.Image.MAX_IMAGE_PIXELS: raise that too)"
             )
         else:
-            where = "decode_images' `max_pixels`"
+            where = f"{self.owner}' `max_pixels`"
             fix = "give a larger `max_pixels=`"
         raise self.error(
             f"{what} is {width}x{height} = {width * height:,} pixels, over the decode's budget of "
-            f"{self.pixels:,} ({where}): a decompression bomb? If the image is genuine, {fix}"
+            f"{self.pixels:,} ({where}): a decompression bomb? If the {self.noun} is genuine, {fix}"
         )
 
 
@@ -176,3 +193,10 @@ def audio_chunk_frames(channels: int) -> int:
     """Frames to read at a time from a clip of ``channels`` channels (:data:`AUDIO_CHUNK_SAMPLES`
     samples, at least one frame)."""
     return max(1, AUDIO_CHUNK_SAMPLES // max(1, channels))
+
+
+def video_budget(max_pixels: int | None) -> PixelBudget:
+    """The pixel budget of a video decode (NOTE [ Decode bounds ]): ``max_pixels``, else
+    :data:`DEFAULT_MAX_VIDEO_PIXELS`."""
+    return PixelBudget(DEFAULT_MAX_VIDEO_PIXELS if max_pixels is None else int(max_pixels), by_default=False,
+                       owner="decode_video", noun="video")
