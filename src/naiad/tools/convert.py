@@ -32,6 +32,7 @@ from naiad.sources.storage import Storage, is_remote
 from naiad.tools.convert_samples import (
     SampleBatches,
     check_sample_options,
+    checked_schema,
     estimated_row_bytes,
     is_sample_source,
     sample_group_rows,
@@ -379,12 +380,7 @@ def output_schema(source: Source, columns: Sequence[str] | None) -> pa.Schema:
     fixed-size list of d1 * ... values (the shape kept in the field's ``naiad.shape`` metadata
     when it has more than one axis), which naiad's readers give back as (rows, width) arrays.
     A pixel column (``fixed_size_binary`` with a ``naiad.shape``: ``--decode``) stays one."""
-    schema = source.schema()
-    if columns is not None:
-        unknown = [c for c in columns if c not in schema.names]
-        if unknown:
-            raise SourceError(f"unknown column(s) {unknown} in `columns`; the source has {schema.names}.",
-                              path=source.paths[0])
+    schema = checked_schema(source, columns)
     empty = source.empty_columns()
     fields = []
     for f in schema:

@@ -56,7 +56,7 @@ from naiad.sources.webdataset import KEY, WebDatasetSource
 from naiad.tools.convert_tar import member_field
 from naiad.tools.sample_media import IMAGE_FORMATS, decode_mode, image_header, media_format, shrink
 
-__all__ = ["LAYOUT_KEY", "SampleBatches", "is_sample_source", "sample_group_rows"]
+__all__ = ["LAYOUT_KEY", "SampleBatches", "checked_schema", "is_sample_source", "sample_group_rows"]
 
 LAYOUT_KEY = b"naiad.layout"
 """A decoded pixel column's metadata: the axes of ``naiad.shape`` (``CHW``)."""
@@ -85,6 +85,20 @@ def _is_binary(t: pa.DataType) -> bool:
     return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
 
 
+def checked_schema(source: Source, columns: Sequence[str] | None) -> pa.Schema:
+    """The source's schema, once every column of ``columns`` (None: all) is one of it.
+
+    Raises:
+        SourceError: a column it does not have, naming them and the ones it has.
+    """
+    schema = source.schema()
+    unknown = [c for c in columns or () if c not in schema.names]
+    if unknown:
+        raise SourceError(f"unknown column(s) {unknown} in `columns`; the source has {schema.names}.",
+                          path=source.paths[0])
+    return schema
+
+
 class SampleBatches:
     """A source's blocks as record batches of the output's schema (NOTE [ Sample conversion ]).
 
@@ -107,12 +121,8 @@ class SampleBatches:
         self.bad_rows = 0
         self.bad_examples: list[dict[str, Any]] = []
         self.folder = source if isinstance(source, ImageFolderSource) else None
-        in_schema = source.schema()
+        in_schema = checked_schema(source, columns)
         if columns is not None:
-            unknown = [c for c in columns if c not in in_schema.names]
-            if unknown:
-                raise SourceError(f"unknown column(s) {unknown} in `columns`; the source has {in_schema.names}.",
-                                  path=source.paths[0])
             in_schema = pa.schema([f for f in in_schema if f.name in columns or f.name == KEY])
         # A folder's absolute `path` names this machine's files: it makes the keys, not a column.
         self.fields = [f for f in in_schema if f.name != KEY and not (self.folder is not None and f.name == "path")]
