@@ -30,19 +30,18 @@ import io
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import photo  # noqa: E402
 from harness import environment, markdown_table  # noqa: E402
+from harness import epoch_rate as harness_epoch_rate  # noqa: E402
 
 import naiad  # noqa: E402
 
@@ -69,29 +68,9 @@ def make_dataset(count: int, folder: Path) -> Any:
     return datasets.load_from_disk(str(folder))
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds of this process and its live children (the loaders' worker processes)."""
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:  # a child that ended meanwhile
-            pass
-    return total
-
-
 def epoch_rate(loader: Iterable[Any], images: int) -> tuple[float, float]:
     """Images per wall second and per CPU second of the process tree, over one epoch."""
-    t0, c0 = time.perf_counter(), tree_cpu_s()
-    seen = 0
-    for batch in loader:
-        seen += len(batch["image"])
-    elapsed, cpu = time.perf_counter() - t0, tree_cpu_s() - c0
-    if seen != images:
-        raise RuntimeError(f"an epoch delivered {seen} images, expected {images}")
-    return images / elapsed, images / max(1e-9, cpu)
+    return harness_epoch_rate(loader, images, lambda batch: len(batch["image"]))
 
 
 def loaders(ds: Any, args: argparse.Namespace) -> dict[str, Callable[[], Any]]:

@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -59,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import photo, pillow_png, simplejpeg_eval  # noqa: E402
 from harness import environment, markdown_table  # noqa: E402
+from harness import epoch_rate as harness_epoch_rate  # noqa: E402
 
 import naiad  # noqa: E402
 from naiad.parallel.threads import usable_cores  # noqa: E402
@@ -190,31 +190,15 @@ def wds_sample(transform: Callable[[Image.Image], torch.Tensor], ext: str) -> Ca
 # --- measuring --------------------------------------------------------------------------------
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds of this process and its live children (the loaders' worker processes)."""
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:  # a child that ended meanwhile
-            pass
-    return total
+def _images_of(batch: Any) -> int:
+    x = (batch["image"] if "image" in batch else batch["jpg"] if "jpg" in batch else batch["png"]) \
+        if isinstance(batch, dict) else batch[0]
+    return len(x)
 
 
 def epoch_rate(loader: Iterable[Any], images: int) -> tuple[float, float]:
     """Images per wall second and per CPU second of the process tree, over one epoch."""
-    t0, c0 = time.perf_counter(), tree_cpu_s()
-    seen = 0
-    for batch in loader:
-        x = (batch["image"] if "image" in batch else batch["jpg"] if "jpg" in batch else batch["png"]) \
-            if isinstance(batch, dict) else batch[0]
-        seen += len(x)
-    elapsed, cpu = time.perf_counter() - t0, tree_cpu_s() - c0
-    if seen != images:
-        raise RuntimeError(f"an epoch delivered {seen} images, expected {images}")
-    return images / elapsed, images / max(1e-9, cpu)
+    return harness_epoch_rate(loader, images, _images_of)
 
 
 def run_workload(kind: str, count: int, args: argparse.Namespace, root: Path) -> list[list[Any]]:

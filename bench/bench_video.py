@@ -49,13 +49,13 @@ from typing import Any
 
 import av
 import numpy as np
-import psutil
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import environment, markdown_table  # noqa: E402
+from harness import epoch_rate as harness_epoch_rate  # noqa: E402
 
 import naiad  # noqa: E402
 
@@ -209,32 +209,16 @@ def bare_rate(fn: Callable[[str, int, random.Random], Any], paths: list[str], co
 # --- the loaders -------------------------------------------------------------------------------------
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds of this process and its live children (the loaders' worker processes)."""
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:  # a child that ended meanwhile
-            pass
-    return total
+def _clips_of(batch: Any) -> int:
+    video = batch["video"] if isinstance(batch, dict) else batch[0]
+    if tuple(video.shape[1:]) != (FRAMES, 3, CROP, CROP):
+        raise RuntimeError(f"a batch of shape {tuple(video.shape)}")
+    return len(video)
 
 
 def epoch_rate(loader: Iterable[Any], clips: int) -> tuple[float, float]:
     """Clips per wall second and per CPU second of the process tree, over one epoch."""
-    t0, c0 = time.perf_counter(), tree_cpu_s()
-    seen = 0
-    for batch in loader:
-        video = batch["video"] if isinstance(batch, dict) else batch[0]
-        if tuple(video.shape[1:]) != (FRAMES, 3, CROP, CROP):
-            raise RuntimeError(f"a batch of shape {tuple(video.shape)}")
-        seen += len(video)
-    elapsed, cpu = time.perf_counter() - t0, tree_cpu_s() - c0
-    if seen != clips:
-        raise RuntimeError(f"an epoch delivered {seen} clips, expected {clips}")
-    return clips / elapsed, clips / max(1e-9, cpu)
+    return harness_epoch_rate(loader, clips, _clips_of)
 
 
 def loaders(root: str, paths: list[str], args: argparse.Namespace) -> dict[str, Callable[[], Any]]:

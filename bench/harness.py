@@ -11,7 +11,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -51,3 +51,31 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds of this process and its live children (the loaders' worker processes)."""
+    import psutil  # here: the device check's benchmarks import this module without it
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # a child that ended meanwhile
+            pass
+    return total
+
+
+def epoch_rate(loader: Iterable[Any], expected: int, count: Callable[[Any], int]) -> tuple[float, float]:
+    """Items per wall second and per CPU second of the process tree over one epoch of
+    ``loader``, ``count(batch)`` items a batch; an epoch of other than ``expected`` items raises."""
+    t0, c0 = time.perf_counter(), tree_cpu_s()
+    seen = 0
+    for batch in loader:
+        seen += count(batch)
+    elapsed, cpu = time.perf_counter() - t0, tree_cpu_s() - c0
+    if seen != expected:
+        raise RuntimeError(f"an epoch delivered {seen} items, expected {expected}")
+    return expected / elapsed, expected / max(1e-9, cpu)
