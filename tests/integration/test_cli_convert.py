@@ -202,17 +202,6 @@ def test_progress_is_drawn_on_a_terminal_only(tmp_path):
     assert Progress(io.StringIO()).enabled is False  # not a terminal: nothing drawn
 
 
-@pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("moto.server", reason="needs moto[server] (pip install 'naiad[test]')")
-    pytest.importorskip("s3fs", reason="needs s3fs (pip install 'naiad[s3]')")
-    from tests.s3server import S3Server
-
-    server = S3Server()
-    yield server
-    server.stop()
-
-
 @pytest.mark.timeout(120)
 def test_convert_to_and_from_an_s3_url(s3, tmp_path):
     from tests.s3server import BUCKET

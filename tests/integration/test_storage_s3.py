@@ -33,13 +33,6 @@ SIZES = [61, 0, 23, 40]  # uneven files and an empty one
 TOTAL = sum(SIZES)
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    yield server
-    server.stop()
-
-
 def upload(s3: S3Server, tmp_path, fmt: str, prefix: str, sizes=SIZES) -> str:
     """Write numbered files locally, upload them under ``prefix``; returns the glob URL."""
     return upload_numbered(s3, str(tmp_path), fmt, prefix, sizes)

@@ -178,17 +178,6 @@ def test_torchs_dataloader_follows_the_datasets_set_epoch_and_seed(tmp_path, wor
         assert epoch_cut(windows_of(list(loader))) == epoch_offset(17, epoch, SEQ)
 
 
-@pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("moto.server", reason="the object storage tests need moto[server] (pip install 'naiad[test]')")
-    pytest.importorskip("s3fs", reason="the object storage tests need s3fs (pip install 'naiad[s3]')")
-    from tests.s3server import S3Server
-
-    server = S3Server()
-    yield server
-    server.stop()
-
-
 @pytest.mark.timeout(180)
 def test_shifted_windows_read_from_an_s3_url_equal_the_local_ones(s3, tmp_path):
     from tests.s3server import BUCKET

@@ -232,17 +232,6 @@ def test_worker_memory_stays_flat_across_epochs(tmp_path, mixed):
 # -- object storage -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("moto.server", reason="the object storage tests need moto[server] (pip install 'naiad[test]')")
-    pytest.importorskip("s3fs", reason="the object storage tests need s3fs (pip install 'naiad[s3]')")
-    from tests.s3server import S3Server
-
-    server = S3Server()
-    yield server
-    server.stop()
-
-
 @pytest.mark.timeout(180)
 def test_token_files_read_from_an_s3_url_equal_the_local_ones(s3, tmp_path):
     from tests.s3server import BUCKET
