@@ -209,10 +209,13 @@ def one_and_mixture(path: str, halves: list[str], seq_len: int) -> dict[str, Any
     return {"one source": naiad.read_tokens(path, seq_len=seq_len), "mixture": naiad.mix(parts, [0.5, 0.5], seed=0)}
 
 
-def mixture_throughput(args: argparse.Namespace, path: str, halves: list[str]) -> None:
-    """(a) a two-source mixture against one source of the same size."""
+def pair_throughput(args: argparse.Namespace, data: dict[str, Any]) -> list[list[str]]:
+    """Two datasets (``data``'s first against its second) under the loader at 0 workers, W worker
+    processes and W thread workers, alternating: a row per setting with both rates (M tokens/s),
+    their ratio, and the ratio per CPU second of the loop's process (the whole cost without worker
+    processes; with them the work is theirs, and that column would not count it)."""
     L, B, W = args.seq_len, args.batch, args.workers
-    data = one_and_mixture(path, halves, L)
+    (base, _), (other, _) = data.items()
     configs = {"0 workers": {}, f"{W} workers": {"num_workers": W, "persistent_workers": True},
                f"{W} thread workers": {"num_workers": W, "worker_mode": "thread"}}
     methods: dict[str, Callable[[], Iterator[Any]]] = {}
@@ -220,39 +223,32 @@ def mixture_throughput(args: argparse.Namespace, path: str, halves: list[str]) -
         for name, ds in data.items():
             methods[f"{name}, {config}"] = (lambda ds=ds, kw=kw: endless(
                 lambda: naiad.DataLoader(ds, batch_size=B, shuffle=True, seed=0, **kw)))
-    print(f"\nmixture: {data['mixture']!r}", flush=True)
     cpu: dict[str, float] = {}
     med, _ = run_rounds(methods, args, B * L, cpu)
-    # Per CPU second of the loop's process: the whole cost without worker processes (with them,
-    # the work is theirs, and this column would not count it).
-    rows = [[config, f"{med[f'one source, {config}'] / 1e6:.1f}", f"{med[f'mixture, {config}'] / 1e6:.1f}",
-             f"{med[f'mixture, {config}'] / med[f'one source, {config}']:.3f}",
-             "-" if config == f"{W} workers" else f"{cpu[f'mixture, {config}'] / cpu[f'one source, {config}']:.3f}"]
+    return [[config, f"{med[f'{base}, {config}'] / 1e6:.1f}", f"{med[f'{other}, {config}'] / 1e6:.1f}",
+             f"{med[f'{other}, {config}'] / med[f'{base}, {config}']:.3f}",
+             "-" if config == f"{W} workers" else f"{cpu[f'{other}, {config}'] / cpu[f'{base}, {config}']:.3f}"]
             for config in configs]
+
+
+def mixture_throughput(args: argparse.Namespace, path: str, halves: list[str]) -> None:
+    """(a) a two-source mixture against one source of the same size."""
+    data = one_and_mixture(path, halves, args.seq_len)
+    print(f"\nmixture: {data['mixture']!r}", flush=True)
+    rows = pair_throughput(args, data)
     print(f"\n(a) two token files mixed 0.5/0.5 by tokens against one file of the same {args.n:,} tokens, "
-          f"seq_len {L}, batch {B}, {args.batches} batches x {args.rounds} rounds (medians); target >= 0.95\n")
+          f"seq_len {args.seq_len}, batch {args.batch}, {args.batches} batches x {args.rounds} rounds (medians); "
+          "target >= 0.95\n")
     print(markdown_table(["loader", "one source, M tokens/s", "mixture, M tokens/s", "mixture / one source",
                           "the same per CPU second"], rows))
 
 
 def shift_throughput(args: argparse.Namespace, path: str) -> None:
     """``shift=True`` against the same file read without it."""
-    L, B, W = args.seq_len, args.batch, args.workers
-    data = {"no shift": naiad.read_tokens(path, seq_len=L), "shift": naiad.read_tokens(path, seq_len=L, shift=True)}
-    configs = {"0 workers": {}, f"{W} workers": {"num_workers": W, "persistent_workers": True},
-               f"{W} thread workers": {"num_workers": W, "worker_mode": "thread"}}
-    methods: dict[str, Callable[[], Iterator[Any]]] = {}
-    for config, kw in configs.items():
-        for name, ds in data.items():
-            methods[f"{name}, {config}"] = (lambda ds=ds, kw=kw: endless(
-                lambda: naiad.DataLoader(ds, batch_size=B, shuffle=True, seed=0, **kw)))
-    cpu: dict[str, float] = {}
-    med, _ = run_rounds(methods, args, B * L, cpu)
-    rows = [[config, f"{med[f'no shift, {config}'] / 1e6:.1f}", f"{med[f'shift, {config}'] / 1e6:.1f}",
-             f"{med[f'shift, {config}'] / med[f'no shift, {config}']:.3f}",
-             "-" if config == f"{W} workers" else f"{cpu[f'shift, {config}'] / cpu[f'no shift, {config}']:.3f}"]
-            for config in configs]
-    print(f"\nshift=True against no shift over one file of {args.n:,} tokens, seq_len {L}, batch {B}, "
+    L = args.seq_len
+    rows = pair_throughput(args, {"no shift": naiad.read_tokens(path, seq_len=L),
+                                  "shift": naiad.read_tokens(path, seq_len=L, shift=True)})
+    print(f"\nshift=True against no shift over one file of {args.n:,} tokens, seq_len {L}, batch {args.batch}, "
           f"{args.batches} batches x {args.rounds} rounds (medians); target: 1.00 within the noise\n")
     print(markdown_table(["loader", "no shift, M tokens/s", "shift, M tokens/s", "shift / no shift",
                           "the same per CPU second"], rows))
