@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -141,3 +141,29 @@ class GroupSpy:
             return original(source, parts, use_threads)
 
         monkeypatch.setattr(cls, "_read_group", spied)
+
+
+def two_ranks_then_three(make: Callable[[int, int], Any], before: int) -> tuple[list[Any], list[int]]:
+    """An epoch on two ranks for ``before`` batches each, then resumed from rank 0's state (through
+    JSON) on three ranks to its end: an elastic resume. ``make(rank, world_size)`` makes a rank's
+    loader. Returns every batch delivered, the two ranks' first, and the new ranks' batch counts."""
+    delivered: list[Any] = []
+    state = None
+    for rank in range(2):
+        loader = make(rank, 2)
+        it = iter(loader)
+        delivered += [next(it) for _ in range(before)]
+        if rank == 0:
+            state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+    counts = []
+    for rank in range(3):
+        loader = make(rank, 3)
+        loader.load_state_dict(state)
+        try:
+            batches = list(loader)
+        finally:
+            loader.close()
+        counts.append(len(batches))
+        delivered += batches
+    return delivered, counts

@@ -22,6 +22,7 @@ import naiad
 from naiad.errors import ConfigError, SourceError
 from naiad.sources.hf import HFSource
 from naiad.testing import check_resume
+from tests.conftest_stream import two_ranks_then_three
 
 datasets = pytest.importorskip("datasets", reason="the Hugging Face tests write datasets with datasets")
 Image = pytest.importorskip("PIL.Image", reason="the Hugging Face tests write images with Pillow")
@@ -165,23 +166,8 @@ def test_a_dataset_resumes_elastically_from_two_ranks_to_three(loaded):
         return naiad.DataLoader(naiad.read_hf(view, block_rows=5), batch_size=4, shuffle=True, seed=9, shuffle_buffer=12,
                                 rank=rank, world_size=world_size, num_workers=1, worker_mode="thread")
 
-    seen, state = [], None
-    for rank in range(2):
-        loader = make(rank, 2)
-        it = iter(loader)
-        for _ in range(3):
-            seen += [int(k) for k in next(it)["k"]]
-        if rank == 0:
-            state = json.loads(json.dumps(loader.state_dict()))
-        loader.close()
-    counts = []
-    for rank in range(3):
-        loader = make(rank, 3)
-        loader.load_state_dict(state)
-        batches = list(loader)
-        counts.append(len(batches))
-        seen += [int(k) for b in batches for k in b["k"]]
-        loader.close()
+    batches, counts = two_ranks_then_three(make, 3)
+    seen = [int(k) for b in batches for k in b["k"]]
     assert len(set(counts)) == 1
     assert sorted(seen) == sorted(view["k"])
 

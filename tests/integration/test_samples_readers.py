@@ -23,6 +23,7 @@ import torch
 import naiad
 from naiad.errors import SourceError
 from naiad.testing import check_resume
+from tests.conftest_stream import two_ranks_then_three
 
 wds = pytest.importorskip("webdataset", reason="the shard tests write shards with webdataset (pip install 'naiad[test]')")
 Image = pytest.importorskip("PIL.Image", reason="the sample tests write images with Pillow (pip install 'naiad[test]')")
@@ -153,23 +154,8 @@ def test_shards_resume_elastically_from_two_ranks_to_three(shards, tmp_path):
         return naiad.DataLoader(open_shards(pattern, tmp_path), batch_size=4, shuffle=True, seed=9, shuffle_buffer=12,
                                 rank=rank, world_size=world_size, num_workers=1, worker_mode="thread")
 
-    seen, state = [], None
-    for rank in range(2):
-        loader = make(rank, 2)
-        it = iter(loader)
-        for _ in range(5):
-            seen += next(it)["__key__"]
-        if rank == 0:
-            state = json.loads(json.dumps(loader.state_dict()))
-        loader.close()
-    counts = []
-    for rank in range(3):
-        loader = make(rank, 3)
-        loader.load_state_dict(state)
-        batches = list(loader)
-        counts.append(len(batches))
-        seen += [k for b in batches for k in b["__key__"]]
-        loader.close()
+    batches, counts = two_ranks_then_three(make, 5)
+    seen = [k for b in batches for k in b["__key__"]]
     assert len(set(counts)) == 1
     assert sorted(map(key_number, seen)) == list(range(SHARDS * PER_SHARD))
 

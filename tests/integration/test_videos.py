@@ -14,6 +14,7 @@ import torch
 
 import naiad
 from naiad.errors import DecodeError, SourceError
+from tests.conftest_stream import two_ranks_then_three
 from tests.video_data import frame_numbers, write_video
 
 pytest.importorskip("av", reason="the video tests write and decode videos with PyAV (pip install 'naiad[test]')")
@@ -152,22 +153,7 @@ def test_random_clips_resumed_from_two_ranks_on_three_are_the_same_clips(folder)
                                 world_size=world_size, num_workers=1, worker_mode="thread", transform=random_clips())
 
     whole = by_path(run(make(0, 1)))
-    seen: list[dict[str, Any]] = []
-    state = None
-    for rank in range(2):
-        loader = make(rank, 2)
-        it = iter(loader)
-        seen += [next(it), next(it)]
-        if rank == 0:
-            state = json.loads(json.dumps(loader.state_dict()))
-        loader.close()
-    counts = []
-    for rank in range(3):
-        loader = make(rank, 3)
-        loader.load_state_dict(state)
-        batches = run(loader)
-        counts.append(len(batches))
-        seen += batches
+    seen, counts = two_ranks_then_three(make, 2)
     assert len(set(counts)) == 1  # equal steps on the new ranks
     same(by_path(seen), whole)
     assert sorted(whole) == sorted(paths)
