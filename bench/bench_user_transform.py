@@ -29,7 +29,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import photo  # noqa: E402
 from harness import environment, markdown_table  # noqa: E402
+from harness import epoch_rate as harness_epoch_rate  # noqa: E402
 
 import naiad  # noqa: E402
 
@@ -94,13 +94,11 @@ def loaders(folder: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def epoch_rate(make: Any) -> float:
+def epoch_rate(make: Any, images: int) -> float:
+    """Images per wall second over one epoch of a new loader (``for image, target in loader``)."""
     loader = make()
     try:
-        start, images = time.perf_counter(), 0
-        for image, _ in loader:
-            images += len(image)
-        return images / (time.perf_counter() - start)
+        return harness_epoch_rate(loader, images, lambda batch: len(batch[0]))[0]
     finally:
         loader.close()
 
@@ -119,11 +117,11 @@ def main() -> None:
             folder = make_folder(size, Path(tmp) / "train")
             makers = loaders(folder, args)
             for make in makers.values():
-                epoch_rate(make)  # warm-up: the listing made and kept, the page cache
+                epoch_rate(make, size)  # warm-up: the listing made and kept, the page cache
             rates: dict[str, list[float]] = {name: [] for name in makers}
             for _ in range(args.rounds):
                 for name, make in makers.items():
-                    rates[name].append(epoch_rate(make))
+                    rates[name].append(epoch_rate(make, size))
             base = statistics.median(rates["built in"])
             for name, got in rates.items():
                 rows.append([size, name, f"{statistics.median(got):,.0f}", f"{statistics.median(got) / base:.2f}x",
