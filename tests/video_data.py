@@ -4,6 +4,7 @@ back from its pixels (within a lossy codec's error, well under STEP / 2)."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,11 @@ def codec() -> str:
     return "libx264" if "libx264" in av.codecs_available else "mpeg4"
 
 
-def write_video(path: Path, frames: int, *, width: int = 64, height: int = 48, fps: int = 25, gop: int = 8,
-                green: int = 128) -> Path:
-    """A video of ``frames`` frames, keyframe every ``gop`` frames, each frame's number in its red."""
+def write_video(path: Path, frames: int, *, width: int = 64, height: int = 48, fps: int | Fraction = 25, gop: int = 8,
+                green: int = 128, texture: bool = False) -> Path:
+    """A video of ``frames`` frames, keyframe every ``gop`` frames, each frame's number in its red;
+    ``texture``: blue a ramp across and down (the same in every frame), so crops at different
+    places differ."""
     import av
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -39,6 +42,8 @@ def write_video(path: Path, frames: int, *, width: int = 64, height: int = 48, f
             pixels = np.zeros((height, width, 3), np.uint8)
             pixels[:, :, 0] = (i * STEP) % 256
             pixels[:, :, 1] = green
+            if texture:
+                pixels[:, :, 2] = np.arange(width)[None, :] * 160 // width + np.arange(height)[:, None] * 90 // height
             for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
@@ -68,8 +73,15 @@ def write_audio_only(path: Path, *, empty_video: bool = False) -> Path:
     return path
 
 
+READ_BIAS = 1.5
+"""Red levels added before rounding: the colour conversions (RGB to limited-range YUV 4:2:0 when
+written, back when decoded, FFmpeg's scaler when resized) read these frames' red 0 to 4 levels
+low (measured: -4 to +1 through the scaler, -3 to 0 without), so the reading is centred on that
+range and a frame's number is read right from 5.5 levels low to 2.5 high."""
+
+
 def frame_numbers(clip: np.ndarray) -> np.ndarray:
     """Each frame's number as its red says (``clip``: ``[..., T, 3, H, W]`` uint8), assuming no
-    wrap: the centre pixel's red over STEP, rounded."""
+    wrap: the centre pixel's red (plus READ_BIAS) over STEP, rounded."""
     red = clip[..., 0, clip.shape[-2] // 2, clip.shape[-1] // 2].astype(np.float64)
-    return np.rint(red / STEP).astype(np.int64)
+    return np.floor((red + READ_BIAS) / STEP + 0.5).astype(np.int64)

@@ -157,3 +157,21 @@ def test_random_clips_resumed_from_two_ranks_on_three_are_the_same_clips(folder)
     assert len(set(counts)) == 1  # equal steps on the new ranks
     same(by_path(seen), whole)
     assert sorted(whole) == sorted(paths)
+
+
+@pytest.mark.timeout(240)
+def test_a_video_shorter_than_a_clip_with_short_skip_is_ledgered_like_one_that_does_not_decode(folder):
+    root, paths = folder
+    decode = naiad.decode_video("video", frames=4, stride=2, clip="random", size=8, crop="center", short="skip")
+    loader = naiad.DataLoader(naiad.read_videos(root, on_bad_rows="skip"), batch_size=4, shuffle=True, seed=1,
+                              num_workers=2, transform=decode)
+    try:
+        batches = list(loader)
+        ledger = loader.stats().bad_row_ledger
+    finally:
+        loader.close()
+    # archery_0.mp4 has 5 frames, short of a clip's 7; archery_1.mp4 has 7, exactly a clip.
+    assert sorted(p for b in batches for p in b["path"]) == sorted(p for p in paths if not p.endswith("archery_0.mp4"))
+    assert all((frame_numbers(b["video"].numpy()) == b["video_frames"].numpy()).all() for b in batches)
+    assert [Path(e["key"]).name for e in ledger] == ["archery_0.mp4"] and ledger[0]["column"] == "video"
+    assert "5 frames, shorter than a clip of 7" in ledger[0]["reason"]

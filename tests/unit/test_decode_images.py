@@ -406,6 +406,29 @@ def test_errors_name_the_path_column_else_the_key_column() -> None:
         t({"image": [None]})
 
 
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_random_crop_after_a_resize_is_a_keyed_window_of_the_resized_image(fmt: str) -> None:
+    # Resize(N) + RandomCrop(size): the keyed box of the image resized to shorter side N, the
+    # pixels those of the resize without a crop (to one level: the window's span, NOTE [ Resizing
+    # a window ]); a JPEG's DCT shrink included.
+    data = encode(photo(300, 200), fmt)
+    batch = {"image": [data] * 6, "__index__": np.arange(6, dtype=np.int64)}
+    out = naiad.decode_images("image", resize=120, crop="random", size=(96, 80), seed=4)(batch)["image"]
+    whole = naiad.decode_images("image", resize=120)({"image": [data]})["image"][0]
+    assert out.shape == (6, 3, 96, 80) and tuple(whole.shape) == (3, 120, 180)
+    boxes = set()
+    for key in range(6):
+        placement = geometry.random_crop_placement(300, 200, (180, 120), (96, 80), sample_uniforms(4, 0, key, geometry.RRC_DRAWS))
+        x0, y0, x1, y1 = placement.window  # type: ignore[misc]
+        assert placement.covers_canvas and (x1 - x0, y1 - y0) == (80, 96)
+        boxes.add((x0, y0))
+        assert (out[key].int() - whole[:, y0:y1, x0:x1].int()).abs().max() <= 1
+    assert len(boxes) > 3  # the box moves with the sample
+    padded = naiad.decode_images("image", resize=60, crop="random", size=80, seed=4)(batch)["image"]
+    assert (padded[:, :, :10] == 0).all() and (padded[:, :, 70:] == 0).all()  # 60 rows centred in 80: zero padding
+    assert (padded[:, :, 10:70].float().mean((1, 2, 3)) > 20).all()
+
+
 def test_missing_column_and_bad_arguments_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="no column 'image'"):
         naiad.decode_images("image")({"jpg": []})
@@ -416,7 +439,7 @@ def test_missing_column_and_bad_arguments_are_config_errors() -> None:
         (dict(crop="middle"), "`crop` must be"),
         (dict(crop="center"), "needs an output `size`"),
         (dict(size=32), "resize='stretch'"),
-        (dict(size=32, crop="random", resize=64), "must stay 'shorter'"),
+        (dict(size=32, crop="random", resize="stretch"), "`crop='random'` with `resize='stretch'`"),
         (dict(size=32, crop="center", resize="stretch"), "nothing for `crop='center'`"),
         (dict(mode="CMYK"), "`mode` must be"),
         (dict(size=32, crop="random", scale=(0.5, 0.1)), "`scale` must be"),

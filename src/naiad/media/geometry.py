@@ -7,8 +7,9 @@ which box of the output canvas (in output pixels, ints). The decoder picks the D
 
 * a random crop (``resized`` None): cut the box from the decoded pixels, then resize the cut
   (``RandomResizedCrop`` crops, then resizes);
-* a resize (``resized`` = the whole image's resized size) with a centre crop: resize the image to
-  ``resized`` and keep ``window`` of it (``Resize`` then ``CenterCrop``). Only (about) the window
+* a resize (``resized`` = the whole image's resized size) with a centre or random crop: resize
+  the image to ``resized`` and keep ``window`` of it (``Resize`` then ``CenterCrop`` or
+  ``RandomCrop``). Only (about) the window
   is computed: the input is cut to the span of each axis that :func:`resize_span` gives (NOTE [
   Resizing a window ]), so the crop costs little however long the image, and the pixels are
   those of resizing the whole image.
@@ -16,7 +17,10 @@ which box of the output canvas (in output pixels, ints). The decoder picks the D
 The rules are torchvision's: ``Resize(N)`` keeps the aspect ratio with the shorter side N and the
 longer side truncated (``int(N * long / short)``); ``CenterCrop`` offsets by
 ``int(round((size - crop) / 2))`` and pads with zeros where the image is smaller than the crop;
-``RandomResizedCrop`` is :func:`random_resized_crop`.
+``RandomResizedCrop`` is :func:`random_resized_crop`. ``RandomCrop`` after ``Resize(N)``
+(:func:`random_crop_placement`) places its offset uniformly over the positions that fit, as
+``torch.randint`` would, and along a side shorter than the crop centres it with zero padding, as
+``CenterCrop`` does (torchvision's ``RandomCrop`` would raise there without ``pad_if_needed``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "centre_placement",
     "cover_size",
     "dct_reduction",
+    "random_crop_placement",
     "random_resized_crop",
     "resize_span",
     "shorter_side_size",
@@ -126,6 +131,30 @@ def centre_placement(width: int, height: int, resized: tuple[int, int], out: tup
     oh, ow = out
     left = int(round((rw - ow) / 2.0)) if rw >= ow else -((ow - rw) // 2)
     top = int(round((rh - oh) / 2.0)) if rh >= oh else -((oh - rh) // 2)
+    return _window_placement(width, height, resized, out, left, top)
+
+
+def random_crop_placement(
+    width: int, height: int, resized: tuple[int, int], out: tuple[int, int], draws: Sequence[float] | np.ndarray
+) -> Placement:
+    """The image resized to ``resized`` = (width, height), then a random ``out`` = (height,
+    width) crop of it (torchvision's ``Resize(N)`` + ``RandomCrop``). The offsets come from the
+    draws a random resized crop places its box with (``draws[20]`` down, ``draws[21]`` across,
+    as :func:`random_resized_crop`), uniform over the ``resized - out + 1`` positions; a side
+    shorter than the crop is centred with zero padding, as :func:`centre_placement`."""
+    rw, rh = resized
+    oh, ow = out
+    top = min(int(draws[20] * (rh - oh + 1)), rh - oh) if rh >= oh else -((oh - rh) // 2)
+    left = min(int(draws[21] * (rw - ow + 1)), rw - ow) if rw >= ow else -((ow - rw) // 2)
+    return _window_placement(width, height, resized, out, left, top)
+
+
+def _window_placement(width: int, height: int, resized: tuple[int, int], out: tuple[int, int], left: int,
+                      top: int) -> Placement:
+    """The image resized to ``resized``, and its ``out`` box at ``(left, top)`` of the resized
+    image (negative: that much zero padding before the image)."""
+    rw, rh = resized
+    oh, ow = out
     vx0, vx1 = max(0, left), min(rw, left + ow)
     vy0, vy1 = max(0, top), min(rh, top + oh)
     fx, fy = width / rw, height / rh

@@ -49,6 +49,9 @@ class ImageOptions:
         out_h, out_w = self.size
         if self.crop == "random":
             assert draws is not None  # drawn whenever the options are random
+            if isinstance(self.resize, int):  # Resize(N) + RandomCrop(size)
+                resized = geometry.shorter_side_size(width, height, self.resize)
+                return geometry.random_crop_placement(width, height, resized, self.size, draws)
             top, left, h, w = geometry.random_resized_crop(width, height, draws, self.scale, self.ratio)
             return Placement(src=(left, top, left + w, top + h), dst=(0, 0, out_w, out_h), canvas=self.size)
         if self.crop == "center":
@@ -120,10 +123,11 @@ def _check_geometry(o: ImageOptions, size: Any) -> None:
         )
     elif crop == "center" and resize == "stretch":
         raise ConfigError("`resize='stretch'` fills the output: there is nothing for `crop='center'` to cut.")
-    elif crop == "random" and resize != "shorter":
+    elif crop == "random" and resize == "stretch":
         raise ConfigError(
-            f"`crop='random'` crops the original image (RandomResizedCrop); `resize` must stay "
-            f"'shorter', got {resize!r}."
+            "`crop='random'` with `resize='stretch'` has nothing to crop: give resize='shorter' (the "
+            "default: RandomResizedCrop of the original image) or resize=N (shorter side to N, then a "
+            "random crop of `size`)."
         )
 
 

@@ -287,7 +287,7 @@ def _resize_window(
     pixels: np.ndarray, placement: Placement, interpolation: str, budget: PixelBudget = PixelBudget(None)
 ) -> np.ndarray:
     """``pixels`` resized to ``placement.resized``, and of that only ``placement.window``:
-    torchvision's ``Resize`` then ``CenterCrop``, computing only (about) the window: the input is
+    torchvision's ``Resize`` then ``CenterCrop`` (or ``RandomCrop``), computing only (about) the window: the input is
     cut to the span each axis needs and resized by the whole image's scale, given explicitly
     (NOTE [ Resizing a window ] in ``media/geometry.py``). The pixels are those of resizing the
     whole image then cropping: bit for bit in every shape tested, and held by the tests to at
@@ -336,8 +336,11 @@ def decode_images(
             aspect kept (torchvision's ``Resize(N)``). ``"stretch"``: the whole image resized to
             ``size``, aspect not kept (torchvision's ``Resize((H, W))``).
         crop: ``"center"``: the centre ``size`` of the resized image (torchvision's
-            ``CenterCrop``, zero padding if the image is smaller). ``"random"``: torchvision's
-            ``RandomResizedCrop(size, scale, ratio)`` (``resize`` must stay ``"shorter"``).
+            ``CenterCrop``, zero padding if the image is smaller). ``"random"``: with ``resize``
+            ``"shorter"``, torchvision's ``RandomResizedCrop(size, scale, ratio)`` of the
+            original image; with ``resize=N``, ``Resize(N)`` then a random ``size`` crop of the
+            resized image (``RandomCrop(size)``; a side shorter than ``size`` is centred with
+            zero padding, as ``CenterCrop``; ``scale`` and ``ratio`` do not apply).
             None: no crop (with a ``size``, give ``resize="stretch"``).
         flip: a random horizontal flip, half of the samples.
         mode: ``"RGB"`` (3 channels), ``"L"`` (grayscale, 1) or ``"RGBA"`` (4); palette,

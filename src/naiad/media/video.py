@@ -16,11 +16,17 @@ Where a seek lands past the wanted frame (a container whose index lies), the vid
 again and decoded from its start, so the frames are right, only slower.
 
 The frame count is the stream's (the container's index: an ``.mp4``'s sample table), else its
-duration times its frame rate. A video shorter than a clip, or whose count overstated its
-frames, delivers its last frame again in place of each frame it lacks ("pad", as torchcodec's
-``repeat_last``), and ``_frames`` says so: the repeated frame's number, repeated.
+duration times its frame rate. The clip plan (``media/clips.py``, NOTE [ Clip timelines ]) is
+made from it before any frame is decoded: with ``fps=`` the frames are those of a timeline
+resampled by timestamps, and a video shorter than a clip is padded with its last frame
+(``short="pad"``, as torchcodec's ``repeat_last``), looped from frame 0 (``"loop"``) or refused
+(``"skip"``); ``_frames`` always gives the source frame delivered (a padded frame's number
+repeated, a looped one's wrapped). A count that overstated the frames (a truncated file) is seen
+only while decoding: each frame it lacks is the last frame that decoded, except with "skip",
+which makes the video a failed sample.
 
-Where a clip starts (``clip=``), ``span = (frames - 1) * stride + 1`` frames long:
+Where a clip starts (``clip=``), ``span = (frames - 1) * stride + 1`` frames long (timeline
+frames: the video's own, or the ``fps`` timeline's):
 
 * ``"random"``: uniform over the ``count - span + 1`` starts that fit (0 when none does), drawn
   from (seed, epoch, the sample's key) as ``decode_images`` draws its crops (NOTE [ Keyed
@@ -31,8 +37,9 @@ Where a clip starts (``clip=``), ``span = (frames - 1) * stride + 1`` frames lon
   clip that fits (the multi-clip evaluation of SlowFast and VideoMAE); one clip: the middle.
 
 Each frame is placed as ``decode_images`` places an image (``media/geometry.py``, the same
-options and rules), with one crop and one flip drawn per video, so every frame of its clips
-gets the same. The resize is FFmpeg's scaler through PyAV (``VideoFrame.reformat``), which the
+options and rules: ``crop="random"`` is a RandomResizedCrop of the frame, or with ``resize=N``
+a random crop of the frame resized to shorter side N), with one crop and one flip drawn per
+video, so every frame of its clips gets the same. The resize is FFmpeg's scaler through PyAV (``VideoFrame.reformat``), which the
 issue that asked for this measured faster for clips than torch's resize after the decode: the
 frame goes straight from the decoder's YUV to the resized RGB in one pass. So the pixels are
 bilinear like decode_images' default but not bit for bit the same as its torch resize.
@@ -43,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections.abc import Mapping
-from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -52,17 +59,26 @@ import torch
 from naiad import transforms
 from naiad.errors import ConfigError
 from naiad.media import geometry
+from naiad.media.clips import (
+    CLIPS,
+    FLIP_DRAW,
+    SHORTS,
+    VideoOptions,
+    clip_draws,
+    clip_starts,
+    decode_runs,
+    wanted_frames,
+)
 from naiad.media.geometry import Placement
-from naiad.media.image_options import ImageOptions, image_options
+from naiad.media.image_options import image_options
 from naiad.media.keys import KeyedBatchTransform, sample_uniforms
 from naiad.media.rows import default_threads, encoded, raise_failures, run_rows
 from naiad.trust.bounds import PixelBudget, video_budget
 
-__all__ = ["CLIPS", "DecodeVideo", "VideoOptions", "clip_starts", "decode_video"]
+# CLIPS, SHORTS, VideoOptions and clip_starts live in media/clips.py (the clip plan) and are kept here too.
+__all__ = ["CLIPS", "SHORTS", "DecodeVideo", "VideoOptions", "clip_starts", "decode_video"]
 
-CLIPS = ("random", "center", "uniform")
 _INSTALL = "pip install 'naiad[video]'"
-_FLIP = geometry.RRC_DRAWS  # the draws: the crop's, the flip's, then one per clip's start
 
 
 def pyav() -> Any:
@@ -72,40 +88,6 @@ def pyav() -> Any:
     except ImportError as exc:
         raise ConfigError(f"decode_video needs PyAV, which is not installed: {_INSTALL}.") from exc
     return av
-
-
-@dataclass(frozen=True)
-class VideoOptions:
-    """What :func:`decode_video` does to each video (see its arguments); ``image`` holds the
-    geometry, as :func:`naiad.decode_images` would place each frame."""
-
-    frames: int = 16
-    stride: int = 2
-    clip: str = "random"
-    clips_per_video: int = 1
-    image: ImageOptions = dataclasses.field(default_factory=ImageOptions)
-
-    @property
-    def random(self) -> bool:
-        """Whether samples draw random numbers (a random clip, crop or flip)."""
-        return self.clip == "random" or self.image.random
-
-    @property
-    def span(self) -> int:
-        """Frames from a clip's first to its last, both included."""
-        return (self.frames - 1) * self.stride + 1
-
-
-def clip_starts(count: int, options: VideoOptions, draws: np.ndarray | None) -> list[int]:
-    """The first frame of each clip of a video of ``count`` frames (NOTE [ Clip decoding ])."""
-    room = max(count - options.span, 0)
-    k = options.clips_per_video
-    if options.clip == "random":
-        assert draws is not None  # drawn whenever the options are random
-        return [min(int(u * (room + 1)), room) for u in draws[_FLIP + 1 : _FLIP + 1 + k]]
-    if options.clip == "uniform" and k > 1:
-        return [int(round(j * room / (k - 1))) for j in range(k)]
-    return [room // 2] * k
 
 
 class DecodeVideo(KeyedBatchTransform):
@@ -162,7 +144,7 @@ class DecodeVideo(KeyedBatchTransform):
             draws = None
             if drawn is not None:
                 keys, seed, epoch = drawn
-                draws = sample_uniforms(seed, epoch, int(keys[i]), _FLIP + 1 + k)
+                draws = sample_uniforms(seed, epoch, int(keys[i]), clip_draws(o))
             canvas = canvases[i] if out is not None else None
             clips, numbers[i] = _decode(av, encoded(values[i]), o, draws, budget, canvas)
             if out is None:
@@ -222,37 +204,29 @@ def _decode(av: Any, data: bytes | memoryview, o: VideoOptions, draws: np.ndarra
         count = _frame_count(stream)
         if count <= 0:
             raise ValueError("the video stream has no frames")
-        starts = clip_starts(count, o, draws)
-        wanted = np.minimum(np.array(starts)[:, None] + o.stride * np.arange(o.frames), count - 1)
-        frames = _frames_at(av, container, stream, raw, _runs(wanted, o.span))
+        rate = stream.average_rate or stream.guessed_rate
+        # Before any frame is decoded: a short video that short="skip" refuses costs its header only.
+        wanted = wanted_frames(count, None if rate is None else Fraction(rate), o, draws)
+        frames = _frames_at(av, container, stream, raw, decode_runs(wanted))
     if not frames:
         raise ValueError(f"no frame decoded (the container says {count} frames)")
-    flip = draws is not None and o.image.flip and bool(draws[_FLIP] < 0.5)
+    flip = draws is not None and o.image.flip and bool(draws[FLIP_DRAW] < 0.5)
     if canvas is None:
         canvas = np.empty((o.clips_per_video, o.frames, 3, out_h, out_w), np.uint8)
     have = np.array(sorted(frames))
-    # Each wanted frame, or the last before it that decoded: past the end of a short video (or
-    # of an overstated count) that is the video's last frame ("pad").
+    # Each wanted frame, or the last before it that decoded: past the end of an overstated count
+    # (a truncated file) that is the video's last frame, whatever `short` says, but "skip".
     delivered = have[np.maximum(np.searchsorted(have, wanted, side="right") - 1, 0)]
+    if o.short == "skip" and not np.array_equal(delivered, wanted):
+        missing = sorted(set(wanted.ravel().tolist()) - set(frames))
+        raise ValueError(f"the container says {count} frames, but frames {missing[:5]} did not decode (a truncated "
+                         "file?); short='skip' skips it")
     placed: dict[int, np.ndarray] = {}
     for (c, t), number in np.ndenumerate(delivered):
         if number not in placed:
             placed[number] = _place(av, frames[number], placement, (width, height), flip, budget)
         _paste(canvas[c, t], placed[number], placement, flip)
     return canvas, delivered.astype(np.int64)
-
-
-def _runs(wanted: np.ndarray, span: int) -> list[list[int]]:
-    """The wanted frame numbers (``[K, T]``) as sorted runs, one per group of clips that overlap
-    or lie within a clip's span of each other: each run is one seek and one forward decode, so
-    K clips spread over a long video do not decode all of it."""
-    runs: list[list[int]] = []
-    for number in sorted(set(wanted.ravel().tolist())):
-        if runs and number - runs[-1][-1] <= span:
-            runs[-1].append(number)
-        else:
-            runs.append([number])
-    return runs
 
 
 def _frames_at(av: Any, container: Any, stream: Any, raw: bytes, runs: list[list[int]]) -> dict[int, Any]:
@@ -345,6 +319,8 @@ def decode_video(
     flip: bool = False,
     clip: str = "random",
     clips_per_video: int = 1,
+    short: str = "pad",
+    fps: float | None = None,
     seed: int | None = None,
     key: str = "__index__",
     epoch_key: str | None = "__epoch__",
@@ -357,14 +333,31 @@ def decode_video(
         column: the batch column holding each sample's encoded video (bytes, as
             ``naiad.read_videos`` gives them; a uint8 array or a ``{"bytes": ...}`` dict also).
         frames: frames per clip (T).
-        stride: a clip takes every ``stride``-th frame.
+        stride: a clip takes every ``stride``-th frame (of the ``fps`` timeline when given).
         size, resize, crop: each frame's geometry, as :func:`naiad.decode_images`'s (the same
             crop for every frame of a video's clips). With a ``size`` the clips come out in one
             uint8 tensor; None: each video's own size (after ``resize=N``), in a list.
+            ``crop="center"``: the centre ``size`` of the frame resized (``resize=N``: shorter
+            side N; ``"shorter"``: the smallest size covering ``size``), zero padding where it
+            is smaller. ``crop="random"`` with ``resize="shorter"``: ``RandomResizedCrop(size)``
+            of the whole frame (scale 0.08-1, ratio 3/4-4/3); with ``resize=N``: the shorter
+            side resized to N, then a random ``size`` crop of it (``Resize(N)`` +
+            ``RandomCrop(size)``, VideoMAE's and SlowFast's training crop; centred with zero
+            padding along a side shorter than ``size``). One draw per video: every frame of
+            its clips gets the same crop.
         flip: a random horizontal flip of half the videos (the whole clip).
         clip: where a clip starts: ``"random"`` (keyed per sample), ``"center"`` or
             ``"uniform"`` (NOTE [ Clip decoding ]).
         clips_per_video: clips per video (K); more than one adds a K axis after the batch's.
+        short: a video shorter than a clip: ``"pad"`` repeats its last frame, ``"loop"`` wraps
+            to frame 0 and keeps the stride going (a 5-frame video, 4 frames every 2: frames
+            0, 2, 4, 1), ``"skip"`` makes it a failed sample (a ``DecodeError`` naming it, or
+            ledgered with the reader's ``on_bad_rows="skip"``), refused before it is decoded.
+        fps: None: a clip takes the video's own frames. A frame rate: the clip's frames are
+            taken from the video resampled to ``fps`` by timestamps (timeline frame ``i`` is the
+            source frame nearest ``i / fps`` seconds; NOTE [ Clip timelines ] in
+            ``media/clips.py``), so a clip lasts ``(frames - 1) * stride / fps`` seconds
+            whatever the video's rate; ``_frames`` still gives source frame numbers.
         seed: the seed of random clips, crops and flips (None: the loader's seed inside naiad's
             workers, else 0).
         key: the batch's int64 column of per-sample keys the draws are keyed by (NOTE [ Keyed
@@ -377,7 +370,7 @@ def decode_video(
 
     Example::
 
-        train = naiad.decode_video("video", frames=16, stride=2, size=112, resize=128, crop="center")
+        train = naiad.decode_video("video", frames=16, stride=2, size=112, resize=128, crop="random", flip=True)
         loader = naiad.DataLoader(naiad.read_videos("ucf101/train"), batch_size=8, transform=train)
         batch["video"].shape         # torch.Size([8, 16, 3, 112, 112]), uint8
         batch["video_frames"][0]     # tensor([10, 12, ..., 40]): the frames delivered
@@ -392,9 +385,13 @@ def decode_video(
             raise ConfigError(f"`{name}` must be an int >= 1, got {value!r}.")
     if clip not in CLIPS:
         raise ConfigError(f"`clip` must be one of {list(CLIPS)}, got {clip!r}.")
+    if short not in SHORTS:
+        raise ConfigError(f"`short` must be one of {list(SHORTS)}, got {short!r}.")
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 1e-6 <= fps < float("inf")):
+        raise ConfigError(f"`fps` must be None (the video's own frames) or a frame rate >= 1e-6, got {fps!r}.")
     geometry_options = image_options(size=size, resize=resize, crop=crop, flip=flip, mode="RGB", scale=(0.08, 1.0),
                                      ratio=(3 / 4, 4 / 3), interpolation="bilinear", max_pixels=max_pixels)
-    options = VideoOptions(frames=frames, stride=stride, clip=clip, clips_per_video=clips_per_video,
-                           image=geometry_options)
+    options = VideoOptions(frames=frames, stride=stride, clip=clip, clips_per_video=clips_per_video, short=short,
+                           fps=None if fps is None else float(fps), image=geometry_options)
     pyav()  # fail here, not in a worker, when the extra is missing
     return DecodeVideo(column, options, seed=seed, key=key, epoch_key=epoch_key, threads=threads)
