@@ -7,11 +7,14 @@ Parquet that Hugging Face ``datasets`` reads.
     naiad convert photos/ shards/train.tar --rows-per-shard 5000 --max-size 512 --shuffle
     naiad convert fashion/ data/fashion.parquet --decode
     naiad convert "corpus/*.jsonl" tokens/ --tokenize tokenizer.json --tokens-per-shard 100000000
+    naiad convert ucf101/train/ shards/train.tar --keyframe-interval 16 --max-size 256 --shuffle
 
 Row groups sized for block shuffling, float columns without dictionary pages, an optional
 seeded global permutation in bounded memory, a manifest of row counts and SHA-256 checksums;
 every shard appears only once whole. With ``--tokenize``, text becomes token shards that
-``naiad.read_tokens`` reads (NOTE [ Token shards ] in tools/convert_tokens.py). docs/CONVERT.md.
+``naiad.read_tokens`` reads (NOTE [ Token shards ] in tools/convert_tokens.py). A video folder
+becomes WebDataset tar shards of ``.mp4`` and ``.cls`` members, optionally re-encoded (NOTE [
+Video shards ] in tools/convert_video.py; docs/VIDEO.md). docs/CONVERT.md.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from naiad.cli.argtypes import at_least
 
 NAME = "convert"
 HELP = ("Convert CSV, JSONL, text, Parquet, Arrow or .npy files (local or URLs) to Parquet or Arrow shards; "
-        "image folders, tar shards or Parquet with images to WebDataset tar shards or Parquet.")
+        "image folders, tar shards or Parquet with images to WebDataset tar shards or Parquet; video folders to "
+        "WebDataset tar shards, optionally re-encoded.")
 
 _SIZE_RE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -65,8 +69,8 @@ def parse_json_object(text: str) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``naiad convert`` options to ``parser``."""
-    parser.add_argument("src", help="a file, glob or URL (s3://..., gs://...) of one format naiad reads, or a folder "
-                        "of images")
+    parser.add_argument("src", help="a file, glob or URL (s3://..., gs://...) of one format naiad reads, a folder "
+                        "of images, or a folder (or glob) of videos")
     parser.add_argument("dst", help="an output file (out/train.parquet, out/train.tar) or folder (out/, s3://bucket/train/)")
     parser.add_argument("--format", choices=("parquet", "arrow", "webdataset"), default=None,
                         help="output format (default: from DST's suffix, .tar is webdataset; else parquet)")
@@ -91,7 +95,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="codec: snappy (Parquet's default), zstd, gzip, lz4, none (Arrow's default)")
     parser.add_argument("--max-size", type=at_least(1), default=None, metavar="PIXELS",
                         help="samples: images whose longer side exceeds PIXELS are made smaller and encoded again "
-                        "(JPEG stays JPEG at --quality; others become PNG)")
+                        "(JPEG stays JPEG at --quality; others become PNG); videos: those whose SHORTER side exceeds "
+                        "PIXELS are re-encoded to H.264 that small")
+    parser.add_argument("--keyframe-interval", type=at_least(1), default=None, metavar="FRAMES",
+                        help="videos: re-encode every video to H.264 with a keyframe every FRAMES frames (about a "
+                        "clip's span or a second: a clip then decodes few frames it drops)")
+    parser.add_argument("--crf", type=at_least(0), default=23,
+                        help="videos: the H.264 quality of a re-encode, x264's CRF (default 23; lower is better, larger)")
+    parser.add_argument("--shard-size", type=parse_size, default=None, metavar="SIZE",
+                        help="videos: the most bytes a tar shard holds, e.g. 512MiB (default 1GiB); shards are "
+                        "numbered NAME-00000.tar")
     parser.add_argument("--quality", type=at_least(1), default=90, help="JPEG quality of images made smaller (default 90)")
     parser.add_argument("--decode", action="store_true",
                         help="samples: store images decoded, uint8 pixels naiad reads back as [B, C, H, W] "
@@ -120,7 +133,11 @@ def run(args: argparse.Namespace) -> int:
     """Run ``naiad convert``; prints one summary line."""
     from naiad.tools.convert import ConvertOptions, convert
     from naiad.tools.progress import Progress, human_bytes
+    from naiad.tools.video_files import is_video_source
 
+    if is_video_source(args.src):
+        return _run_videos(args)
+    _refuse_video_options(args)
     if args.tokenize is not None:
         return _run_tokenize(args)
 
@@ -168,4 +185,55 @@ def _run_tokenize(args: argparse.Namespace) -> int:
         print(f"naiad convert: {manifest['documents']:,} documents -> {manifest['tokens']:,} {manifest['dtype']} tokens "
               f"in {len(manifest['shards'])} shard(s), {human_bytes(size)}, in {manifest['seconds']:.1f} s "
               f"({rate:,.0f} tokens/s); manifest {args.dst.rstrip('/')}/manifest.json")
+    return 0
+
+
+# Options of the table and image converts that a video convert does not take, and their flags.
+_NOT_FOR_VIDEOS = {"row_group_rows": "--row-group-rows", "columns": "--columns", "dtypes": "--dtypes",
+                   "compression": "--compression", "tokenize": "--tokenize", "mode": "--mode", "tmp_dir": "--tmp-dir"}
+
+
+def _refuse_video_options(args: argparse.Namespace) -> None:
+    """A video option given for a source that is not videos is a mistake: say so."""
+    from naiad.errors import ConfigError
+
+    given = [flag for name, flag in (("keyframe_interval", "--keyframe-interval"), ("shard_size", "--shard-size"))
+             if getattr(args, name) is not None]
+    if args.crf != 23:
+        given.append("--crf")
+    if given:
+        raise ConfigError(f"{', '.join(given)} apply to videos, and {args.src!r} is not a video folder, glob or file "
+                          "(extensions .mp4, .avi, .mkv, .webm, ...).")
+
+
+def _run_videos(args: argparse.Namespace) -> int:
+    """``naiad convert`` of a video folder to tar shards (tools/convert_video.py)."""
+    from naiad.errors import ConfigError
+    from naiad.tools.convert_video import VideoConvertOptions, convert_videos
+    from naiad.tools.progress import Progress, human_bytes
+
+    given = [flag for name, flag in _NOT_FOR_VIDEOS.items() if getattr(args, name) not in (None, False)]
+    given += ["--decode"] if args.decode else []
+    if args.format not in (None, "webdataset"):
+        given.append(f"--format {args.format}")
+    if given:
+        raise ConfigError(f"{', '.join(given)} do(es) not apply to videos, which convert to WebDataset tar shards "
+                          "(--keyframe-interval, --max-size, --crf, --shard-size, --samples-per-shard, --shuffle).")
+    options = VideoConvertOptions(
+        keyframe_interval=args.keyframe_interval, max_size=args.max_size, crf=args.crf,
+        shard_bytes=args.shard_size if args.shard_size is not None else 1 << 30, samples_per_shard=args.rows_per_shard,
+        shuffle=args.shuffle, seed=args.seed, on_bad_rows=args.on_bad_rows, overwrite=args.overwrite,
+        storage_options=args.output_storage_options if args.output_storage_options is not None else args.storage_options)
+    progress = Progress(enabled=False if args.quiet else None, labels={"convert": "converting videos"})
+    try:
+        result = convert_videos(args.src, args.dst, options, progress=progress)
+    finally:
+        progress.close()
+    if not args.quiet:
+        size = sum(s.bytes for s in result.shards)
+        s = result.manifest["samples"]
+        skipped = f"; {result.bad_rows:,} bad video(s) skipped" if result.bad_rows else ""
+        print(f"naiad convert: {result.rows:,} videos ({s['reencoded']:,} re-encoded, {s['copied']:,} copied) -> "
+              f"{len(result.shards)} shard(s), {human_bytes(size)}, in {result.seconds:.1f} s{skipped}; manifest "
+              f"{result.manifest_path}")
     return 0

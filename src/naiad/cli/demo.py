@@ -6,7 +6,8 @@ few epochs with each loader over the same ``TensorDataset``, the same seed and t
 initialisation. The only difference between the two runs is the loader class.
 
 ``naiad demo images`` trains the FashionMNIST tutorial's network from an image folder instead
-(``cli/demo_images.py``).
+(``cli/demo_images.py``), and ``naiad demo video`` a small action recogniser from a folder of
+videos (``cli/demo_video.py``).
 """
 
 from __future__ import annotations
@@ -24,18 +25,20 @@ from naiad.cli.argtypes import at_least
 from naiad.cli.steps import RunResult, speed_ups
 
 NAME = "demo"
-HELP = ("Train the diabetes tutorial's model (or, with `images`, the FashionMNIST tutorial's) with torch's "
-        "DataLoader and with naiad's; compare.")
+HELP = ("Train the diabetes tutorial's model (or, with `images`, the FashionMNIST tutorial's; with `video`, a "
+        "small action recogniser) with torch's DataLoader and with naiad's; compare.")
 
-# The CSV mode's defaults; `naiad demo images` has its own (cli/demo_images.py, DEFAULTS).
+# The CSV mode's defaults; `naiad demo images` and `naiad demo video` have their own (DEFAULTS in
+# cli/demo_images.py and cli/demo_video.py).
 _CSV_DEFAULTS = {"rows": 1_000_000, "epochs": 2, "batch_size": 128, "num_workers": 0, "lr": 0.1}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``naiad demo [images]`` options to ``parser``."""
-    parser.add_argument("mode", nargs="?", choices=("images",), default=None,
+    """Add the ``naiad demo [images|video]`` options to ``parser``."""
+    parser.add_argument("mode", nargs="?", choices=("images", "video"), default=None,
                         help="images: the FashionMNIST tutorial from an image folder, tar shards and decoded "
-                        "Parquet (default: the diabetes tutorial from a CSV)")
+                        "Parquet; video: an action recogniser from a folder of videos and tar shards (needs "
+                        "naiad[video]) (default: the diabetes tutorial from a CSV)")
     parser.add_argument("--csv", help="your own CSV file (default: the built-in diabetes-shaped data)")
     parser.add_argument(
         "--features",
@@ -45,9 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=None, help="rows of built-in data (default 1M)")
     parser.add_argument("--images", type=at_least(10), default=None,
                         help="images: training images of the built-in data (default 6,000)")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs per loader (default 2)")
+    parser.add_argument("--videos", type=at_least(8), default=None,
+                        help="video: training videos of the built-in data (default 96)")
+    parser.add_argument("--epochs", type=int, default=None, help="training epochs per loader (default 2; video: 3)")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="batch size (default 128; images: 64)")
+                        help="batch size (default 128; images: 64; video: 8)")
     parser.add_argument("--num-workers", "--workers", type=int, default=None, help="loader workers (default 0)")
     parser.add_argument("--lr", type=float, default=None, help="SGD learning rate (default 0.1; images: 0.05)")
     parser.add_argument("--seed", type=int, default=0, help="model and shuffle seed (default 0)")
@@ -169,18 +174,30 @@ def resolve_mode(args: argparse.Namespace) -> None:
     """Fill the options left unset with the mode's defaults; refuse options of the other mode."""
     from naiad.errors import ConfigError
 
-    if args.mode == "images":
-        from naiad.cli.demo_images import DEFAULTS
+    counts = {"images": args.images, "videos": args.videos}  # each mode's own size option
+    if args.mode in ("images", "video"):
+        if args.mode == "images":
+            from naiad.cli.demo_images import DEFAULTS
+        else:
+            from naiad.cli.demo_video import DEFAULTS
 
         for option in ("csv", "features", "label", "rows"):
             if getattr(args, option) is not None:
-                raise ConfigError(f"`--{option}` is an option of the CSV demo, not of `naiad demo images`; "
-                                  "drop it, or run `naiad demo` without `images`.")
+                raise ConfigError(f"`--{option}` is an option of the CSV demo, not of `naiad demo {args.mode}`; "
+                                  f"drop it, or run `naiad demo` without `{args.mode}`.")
+        own = "images" if args.mode == "images" else "videos"
+        for option, value in counts.items():
+            if option != own and value is not None:
+                mode = "images" if option == "images" else "video"
+                raise ConfigError(f"`--{option}` sets the {option} of `naiad demo {mode}`, not of `naiad demo "
+                                  f"{args.mode}`; drop it, or run `naiad demo {mode} --{option} {value}`.")
         defaults = DEFAULTS
     else:
-        if args.images is not None:
-            raise ConfigError(f"`--images` sets the images of `naiad demo images`, got {args.images} without "
-                              "`images`; run `naiad demo images --images N`, or give `--rows` for the CSV demo.")
+        for option, value in counts.items():
+            if value is not None:
+                mode = "images" if option == "images" else "video"
+                raise ConfigError(f"`--{option}` sets the {option} of `naiad demo {mode}`, got {value} without "
+                                  f"`{mode}`; run `naiad demo {mode} --{option} N`, or give `--rows` for the CSV demo.")
         defaults = _CSV_DEFAULTS
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -188,7 +205,7 @@ def resolve_mode(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo (``images``: the image demo); returns the exit status."""
+    """Run the demo (``images``: the image demo; ``video``: the video demo); returns the exit status."""
     import torch.utils.data as tud
 
     resolve_mode(args)
@@ -196,6 +213,10 @@ def run(args: argparse.Namespace) -> int:
         from naiad.cli.demo_images import run_images
 
         return run_images(args)
+    if args.mode == "video":
+        from naiad.cli.demo_video import run_video
+
+        return run_video(args)
 
     import naiad
     from naiad.cli.demo_data import diabetes_csv

@@ -1,0 +1,334 @@
+"""``naiad convert`` for videos: a video folder (``naiad.read_videos``' layouts: class folders, a
+flat folder, a glob) to WebDataset tar shards, each video copied as it is or re-encoded to H.264
+with a given keyframe interval and a largest shorter side. docs/VIDEO.md, "Convert".
+
+NOTE [ Video shards ]
+A sample is two members, as WebDataset writes a labelled video: ``<key>.mp4`` (the video's
+bytes; a video copied keeps its own extension, ``.avi``, ``.mkv``...) and ``<key>.cls`` (its
+class number in decimal, from the class folder as ``read_videos`` numbers it; none without
+class folders). The key is the file's path under the root without its extension
+(``archery/v_001``), a dot in its last part made ``_`` (WebDataset cuts a key at the first dot of
+its base name) and, where two files would share one (``a.mp4`` and ``a.avi``), the later given
+``_<ext>``. ``naiad.read_webdataset`` + ``naiad.decode_video("mp4")`` and the ``webdataset``
+library read them. A shard is closed before the sample that would take it past ``shard_bytes``
+(tar headers, padding and the end-of-archive record counted), so no shard is larger unless one
+video alone is; ``samples_per_shard`` also bounds it. Shards are numbered (``train-00000.tar``)
+and written as every convert writes them (NOTE [ Atomic shards ] in convert_write.py), with a
+manifest that also lists the classes.
+
+Re-encoding (``keyframe_interval`` or ``max_size``): every frame is decoded in presentation order
+and encoded again with libx264 (yuv420p) at the video's average frame rate, frame ``i`` stamped
+``i / fps``, so the frame count and each frame's number (``decode_video``'s ``_frames``) are
+kept, and the keyframes fall every ``keyframe_interval`` frames exactly (x264's scene cuts off).
+Audio is dropped. ``max_size`` bounds the shorter side (the aspect kept, sides even, as
+yuv420p needs); a video no larger is copied as it is unless a keyframe interval is asked for.
+Videos re-encode in parallel on the decode threads (NOTE [ Decode threads ] in media/rows.py),
+each encoder on one thread; a video that fails is a bad row, raised naming its file or, with
+``on_bad_rows="skip"``, skipped and counted in the manifest.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+
+from naiad.errors import ConfigError, SourceError
+from naiad.media.rows import default_threads, run_rows
+from naiad.sources.storage import Storage
+from naiad.tools.convert import ConvertResult
+from naiad.tools.convert_samples import _safe_key, _utf8
+from naiad.tools.convert_tar import TarShardSet
+from naiad.tools.convert_write import Destination, format_of
+from naiad.tools.video_files import VideoFiles, list_videos, pyav_for
+from naiad.trust.paths import DEFAULT_MAX_MEDIA_BYTES, read_local_file
+
+__all__ = ["VideoConvertOptions", "convert_videos", "reencode"]
+
+MANIFEST_VERSION = 1
+MIN_SHARD_BYTES = 16 << 10  # a tar holds at least its end-of-archive record (10 KiB)
+_BLOCK = tarfile.BLOCKSIZE
+_END = 2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE  # the end-of-archive blocks, then padding to a record
+_BAD_EXAMPLES = 20
+_PRESET = "veryfast"  # x264: within ~10% of "medium"'s size at these rates, several times faster
+
+ProgressFn = Callable[[str, int, int, int], None]
+
+
+@dataclass(frozen=True)
+class VideoConvertOptions:
+    """How :func:`convert_videos` writes (NOTE [ Video shards ]).
+
+    Attributes:
+        keyframe_interval: re-encode every video with a keyframe every this many frames (None:
+            copy, unless ``max_size`` makes it smaller).
+        max_size: re-encode videos whose shorter side is larger to this shorter side.
+        crf: the H.264 quality of a re-encode (x264's constant rate factor: 0 lossless, 23 its
+            default, lower is better and larger).
+        shard_bytes: the most bytes a shard holds (a video larger alone gets its own shard).
+        samples_per_shard: the most videos a shard holds (None: bytes alone bound it).
+        shuffle, seed: write the videos in a seeded permutation (so a shard mixes the classes).
+        on_bad_rows: "raise" (a SourceError naming the file) or "skip" (counted in the manifest).
+        overwrite: replace shards and a manifest already at the destination.
+        threads: videos re-encoded at once (None: the usable cores).
+        storage_options: fsspec options for a URL destination.
+    """
+
+    keyframe_interval: int | None = None
+    max_size: int | None = None
+    crf: int = 23
+    shard_bytes: int = 1 << 30
+    samples_per_shard: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    on_bad_rows: Literal["raise", "skip"] = "raise"
+    overwrite: bool = False
+    threads: int | None = None
+    storage_options: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("keyframe_interval", "max_size", "samples_per_shard", "threads"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"`{name}` must be an int >= 1 or None, got {value!r}.")
+        if isinstance(self.crf, bool) or not isinstance(self.crf, int) or not 0 <= self.crf <= 51:
+            raise ConfigError(f"`crf` must be an int from 0 to 51 (x264's quality scale), got {self.crf!r}.")
+        if not isinstance(self.shard_bytes, int) or self.shard_bytes < MIN_SHARD_BYTES:
+            raise ConfigError(f"`shard_bytes` must be at least {MIN_SHARD_BYTES:,} (16 KiB), got {self.shard_bytes!r}.")
+        if self.on_bad_rows not in ("raise", "skip"):
+            raise ConfigError(f"`on_bad_rows` must be 'raise' or 'skip', got {self.on_bad_rows!r}.")
+
+    @property
+    def reencodes(self) -> bool:
+        """Whether videos may be re-encoded (a keyframe interval or a size was asked for)."""
+        return self.keyframe_interval is not None or self.max_size is not None
+
+
+def reencode(data: bytes, *, keyframe_interval: int | None = None, max_size: int | None = None, crf: int = 23) -> bytes | None:
+    """One video re-encoded to H.264 in MP4 (NOTE [ Video shards ]), or None when nothing asks
+    for it (no ``keyframe_interval``, and the shorter side is at most ``max_size``).
+
+    Raises:
+        ValueError: the bytes are not a video FFmpeg reads, or hold no frame.
+        ConfigError: PyAV is missing, or its FFmpeg has no libx264.
+    """
+    av = pyav_for("re-encoding videos (`naiad convert --keyframe-interval/--max-size`)")
+    if "libx264" not in av.codecs_available:
+        raise ConfigError("re-encoding videos needs FFmpeg's libx264, which this PyAV lacks; install PyAV's wheel "
+                          "(pip install 'naiad[video]'), which bundles it.")
+    try:
+        source = av.open(io.BytesIO(data), mode="r")
+    except av.FFmpegError as exc:
+        raise ValueError(f"not a video FFmpeg can read ({len(data)} bytes beginning {data[:8]!r}): {exc}") from None
+    with source:
+        if not source.streams.video:
+            raise ValueError("the file has no video stream (audio only?)")
+        stream = source.streams.video[0]
+        stream.thread_type = "NONE"  # one thread a video: videos re-encode in parallel instead
+        width, height = int(stream.codec_context.width), int(stream.codec_context.height)
+        if width <= 0 or height <= 0:
+            raise ValueError(f"the video stream has no frame size ({width}x{height})")
+        shorter = min(width, height)
+        if keyframe_interval is None and (max_size is None or shorter <= max_size):
+            return None
+        scale = min(1.0, max_size / shorter) if max_size is not None else 1.0
+        # yuv420p halves the chroma planes: both sides must be even.
+        out_w, out_h = max(2, int(round(width * scale / 2)) * 2), max(2, int(round(height * scale / 2)) * 2)
+        rate = stream.average_rate or stream.guessed_rate or Fraction(25)
+        out = io.BytesIO()
+        with av.open(out, mode="w", format="mp4") as sink:
+            encoder = sink.add_stream("libx264", rate=rate)
+            encoder.width, encoder.height, encoder.pix_fmt = out_w, out_h, "yuv420p"
+            encoder.codec_context.thread_count = 1
+            params = "scenecut=0"
+            if keyframe_interval is not None:
+                encoder.codec_context.gop_size = keyframe_interval
+                params = f"keyint={keyframe_interval}:min-keyint={keyframe_interval}:scenecut=0"
+            encoder.options = {"crf": str(crf), "preset": _PRESET, "x264-params": params}
+            base = 1 / Fraction(rate)
+            count = 0
+            for frame in source.decode(stream):
+                picture = frame.reformat(width=out_w, height=out_h, format="yuv420p")
+                picture.pts, picture.time_base = count, base  # frame i shown at i / fps (NOTE [ Video shards ])
+                sink.mux(encoder.encode(picture))
+                count += 1
+            if count == 0:
+                raise ValueError("the video stream has no frames")
+            sink.mux(encoder.encode(None))
+    return out.getvalue()
+
+
+class VideoShardSet(TarShardSet):
+    """Tar shards of whole samples, each closed before the sample that would take it past
+    ``shard_bytes`` or ``samples_per_shard`` (NOTE [ Video shards ])."""
+
+    def __init__(self, dest: Destination, *, shard_bytes: int, samples_per_shard: int | None) -> None:
+        import pyarrow as pa
+
+        super().__init__(dest, pa.schema([]), rows_per_shard=samples_per_shard)
+        self.shard_bytes = shard_bytes
+        self._estimate = 0  # the open shard's bytes as the tar will hold them (the stream buffers)
+
+    def add_sample(self, key: str, members: Sequence[tuple[str, bytes]]) -> None:
+        """Write one sample's members (``(extension, bytes)``) under ``key``."""
+        names = [(f"{key}.{ext}", data) for ext, data in members]
+        size = sum(_member_bytes(name, len(data)) for name, data in names)
+        if self._writer is not None and self._rows and self._estimate + size + _END > self.shard_bytes:
+            self._close_shard()
+        if self._writer is None:
+            self._open()
+            self._estimate = 0
+        for name, data in names:
+            self._member(name, data)
+        self._estimate += size
+        self._rows += 1
+        if self.rows_per_shard is not None and self._rows >= self.rows_per_shard:
+            self._close_shard()
+
+
+def _member_bytes(name: str, size: int) -> int:
+    """A member's bytes in a PAX tar: its header, a PAX header first for a long or non-ASCII name,
+    and its data padded to a block."""
+    raw = name.encode("utf-8", "surrogateescape")
+    pax = _BLOCK + -(-(len(raw) + 32) // _BLOCK) * _BLOCK if len(raw) > 100 or not name.isascii() else 0
+    return pax + _BLOCK + -(-size // _BLOCK) * _BLOCK
+
+
+def video_keys(files: VideoFiles) -> list[str]:
+    """Each file's sample key (NOTE [ Video shards ]): unique, in the listing's order."""
+    keys: list[str] = []
+    seen: set[str] = set()
+    for path in files.paths:
+        rel = os.path.relpath(path, files.root).replace(os.sep, "/")
+        stem, ext = os.path.splitext(rel)
+        key = _safe_key(stem)
+        if key in seen:
+            key = f"{key}_{ext.lstrip('.').lower()}"
+        while key in seen:
+            key += "_"
+        seen.add(key)
+        keys.append(key)
+    return keys
+
+
+def convert_videos(src: str | Sequence[str], dst: str, options: VideoConvertOptions | None = None, *,
+                   progress: ProgressFn | None = None) -> ConvertResult:
+    """Convert a video folder, glob or list of files to WebDataset tar shards at ``dst`` (NOTE
+    [ Video shards ]): ``dst`` is a file name (``out/train.tar``: ``train-00000.tar``, ...) or a
+    folder (``out/``: ``part-00000.tar``, ...); a manifest is written last.
+
+    Raises:
+        SourceError: a video that cannot be read or re-encoded, naming it (unless
+            ``on_bad_rows="skip"``); the destination cannot be written.
+        ConfigError: bad options, a destination that is not tar shards, or files already at
+            ``dst`` without ``overwrite``.
+
+    Example:
+        >>> convert_videos("ucf101/train", "shards/train.tar", VideoConvertOptions(keyframe_interval=16))  # doctest: +SKIP
+    """
+    opts = options or VideoConvertOptions()
+    began = time.monotonic()
+    if format_of(dst, None) != "webdataset" and not dst.endswith("/") and os.path.splitext(dst)[1]:
+        raise ConfigError(f"videos convert to WebDataset tar shards: give DST as out/train.tar or a folder, got {dst!r}.")
+    if opts.reencodes:  # a missing PyAV fails here, before any shard is opened
+        pyav_for("re-encoding videos (`naiad convert --keyframe-interval/--max-size`)")
+    files = list_videos(src)
+    keys = video_keys(files)
+    order = np.random.default_rng(opts.seed).permutation(len(files)) if opts.shuffle else np.arange(len(files))
+    dest = Destination(dst, "webdataset", sharded=True, storage=Storage(opts.storage_options))
+    existing = dest.existing()
+    if existing and not opts.overwrite:
+        raise ConfigError(f"{dest.join(existing[0])} exists; pass --overwrite (overwrite=True) to replace "
+                          f"{'it' if len(existing) == 1 else f'it and {len(existing) - 1} other file(s)'}.")
+    shards = VideoShardSet(dest, shard_bytes=opts.shard_bytes, samples_per_shard=opts.samples_per_shard)
+    bad: list[dict[str, Any]] = []
+    counts = {"reencoded": 0, "copied": 0, "bad": 0}
+    extensions: set[str] = set()
+    try:
+        threads = opts.threads or default_threads()
+        for lo in range(0, len(order), 2 * threads):  # a few videos in memory at a time
+            rows = order[lo: lo + 2 * threads].tolist()
+            outputs = _convert_some(files, keys, rows, opts, threads)
+            for i, (ext, data, status) in zip(rows, outputs, strict=True):
+                if data is None:
+                    counts["bad"] += 1
+                    if opts.on_bad_rows == "raise":
+                        raise SourceError(f"video {keys[i]!r}: {status}; pass --on-bad-rows skip (on_bad_rows='skip') to "
+                                          "leave such videos out.", path=files.paths[i])
+                    if len(bad) < _BAD_EXAMPLES:
+                        bad.append({"file": files.paths[i], "key": keys[i], "reason": status})
+                    continue
+                counts[status] += 1  # "reencoded" or "copied"
+                members = [(ext, data)]
+                if files.classes:
+                    members.append(("cls", str(int(files.labels[i])).encode()))
+                shards.add_sample(keys[i], members)
+                extensions.add(ext)
+            if progress:
+                progress("convert", min(lo + 2 * threads, len(order)), len(order), shards.bytes_written)
+        written = shards.finish()
+    except BaseException as exc:
+        shards.abort()
+        if isinstance(exc, OSError):
+            raise SourceError(f"cannot write the shards: {type(exc).__name__}: {exc}", path=dst) from exc
+        raise
+    for name in existing:  # stale shards of an earlier, larger convert
+        if name not in {s.file for s in written} and name != dest.manifest_name:
+            dest.remove(dest.join(name))
+    rows_written = sum(s.rows for s in written)
+    manifest = {
+        "version": MANIFEST_VERSION, "format": "webdataset", "rows": rows_written, "bad_rows": counts["bad"],
+        "bad_row_examples": bad, "shards": [s.as_dict() for s in written],
+        "source": {"paths": [files.root], "rows": len(files)},
+        "options": {k: v for k, v in asdict(opts).items() if k != "storage_options"},
+        "samples": {"key": "__key__", "videos": sorted(extensions), "classes": files.classes,
+                    "reencoded": counts["reencoded"], "copied": counts["copied"]},
+        "naiad": _version(),
+    }
+    dest.write_json(dest.manifest_name, manifest)
+    return ConvertResult(written, rows_written, counts["bad"], time.monotonic() - began,
+                         dest.join(dest.manifest_name), manifest)
+
+
+def _convert_some(files: VideoFiles, keys: list[str], rows: list[int], opts: VideoConvertOptions,
+                  threads: int) -> list[tuple[str, bytes | None, str]]:
+    """Videos ``rows`` read and, where asked, re-encoded, on ``threads`` threads: for each,
+    ``(extension, bytes, "reencoded" or "copied")``, or ``("", None, why it failed)``."""
+    out: list[tuple[str, bytes | None, str]] = [("", None, "")] * len(rows)
+
+    def work(j: int) -> None:
+        i = rows[j]
+        path = files.paths[i]
+        if not _utf8(keys[i]):
+            raise ValueError(f"its name {keys[i]!r} is not UTF-8, which a tar member's must be; rename the file")
+        try:
+            data = read_local_file(path, DEFAULT_MAX_MEDIA_BYTES)
+        except OSError as exc:
+            raise ValueError(f"cannot read the video ({exc.strerror or exc})") from None
+        ext = os.path.splitext(path)[1].lstrip(".").lower()
+        if opts.reencodes:
+            again = reencode(data, keyframe_interval=opts.keyframe_interval, max_size=opts.max_size, crf=opts.crf)
+            if again is not None:
+                out[j] = ("mp4", again, "reencoded")
+                return
+        out[j] = (ext, data, "copied")
+
+    for j, exc in run_rows(work, len(rows), threads).items():
+        if isinstance(exc, ConfigError):
+            raise exc
+        out[j] = ("", None, str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}")
+    return out
+
+
+def _version() -> str:
+    from naiad._version import __version__
+
+    return __version__
+

@@ -1,0 +1,384 @@
+"""``naiad inspect`` for videos: a video file, a glob or a folder of them (``naiad.read_videos``'
+layouts). For each video looked at (all of a few; a sample spread over a large folder): its
+codec, size, frame rate, frame count, duration, keyframe interval and the time one clip takes to
+decode with ``naiad.decode_video``; over them, totals and what would stream faster. docs/VIDEO.md.
+
+NOTE [ Video inspection ]
+The keyframe interval is measured without decoding: the container is demuxed (PyAV's
+``demux``: packets read, none decoded) and the keyframe flag of each video packet gives the
+keyframes' frame numbers (a packet's presentation timestamp times the average frame rate, as
+``decode_video`` numbers frames). The clip time is ``decode_video``'s own, on one thread, for a
+few random clips keyed as a loader keys them (the median, so the first call's set-up does not
+count); the frames a clip decodes are counted from the keyframe before its first frame to its
+last, which is what the decode does (NOTE [ Clip decoding ] in ``media/video.py``). A clip that
+starts deep in a long keyframe interval decodes many frames it drops: that is the advice to
+re-encode with a shorter interval (``naiad convert --keyframe-interval``).
+
+A file that does not open, demux or decode is reported by name with the problem (never a
+traceback): in a loader it would be a bad row.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from naiad.errors import DecodeError, NaiadError
+from naiad.tools.video_files import list_videos, pyav_for
+from naiad.trust.paths import read_local_file
+
+__all__ = ["VideoProbe", "VideoReport", "inspect_videos", "probe_video"]
+
+_MAX_READ_BYTES = 4 << 30  # a video inspected is read whole (the clip decode takes bytes)
+_CODECS_SLOWER_THAN_H264 = {"hevc", "av1", "vp9"}  # decoded on CPUs at a fraction of H.264's rate
+
+
+@dataclass
+class VideoProbe:
+    """What :func:`probe_video` found in one video (``error`` set: it did not open or decode).
+
+    Attributes:
+        path: the file; ``bytes`` its size; ``label`` its class name (None without classes).
+        codec, width, height, fps, frames, duration_s: the video stream's, ``frames`` counted
+            from its packets (one a frame), ``duration_s`` frames over fps.
+        keyframes: how many keyframes; ``keyframe_interval``: ``{"mean", "max"}`` frames between
+            consecutive ones (a video with one keyframe: its frame count).
+        b_frames: whether frames are stored out of presentation order.
+        clip_ms: the median time of one clip's decode with ``decode_video`` on one thread.
+        decoded_per_clip: the mean frames a clip decodes (from the keyframe before its first
+            frame to its last), of which ``frames`` (T) are kept.
+        error: why the video cannot be read, else None.
+    """
+
+    path: str
+    bytes: int
+    label: str | None = None
+    codec: str = ""
+    width: int = 0
+    height: int = 0
+    fps: float = 0.0
+    frames: int = 0
+    duration_s: float = 0.0
+    keyframes: int = 0
+    keyframe_interval: dict[str, float] = field(default_factory=dict)
+    b_frames: bool = False
+    clip_ms: float = float("nan")
+    decoded_per_clip: float = float("nan")
+    error: str | None = None
+
+
+def probe_video(path: str, *, frames: int = 16, stride: int = 2, clips: int = 3, seed: int = 0,
+                label: str | None = None, warm_up: bool = False) -> VideoProbe:
+    """Probe one video file (NOTE [ Video inspection ]); never raises for a bad video: the
+    problem is in the result's ``error``. ``warm_up``: decode one clip untimed first (the
+    process's first decode pays for FFmpeg's and PyAV's set-up).
+
+    Raises:
+        ConfigError: PyAV is not installed, or ``frames``/``stride`` are out of range.
+    """
+    import naiad
+
+    av = pyav_for("`naiad inspect` on videos")
+    decode = naiad.decode_video("video", frames=frames, stride=stride, seed=seed, threads=1)
+    probe = VideoProbe(path=path, bytes=_size(path), label=label)
+    try:
+        data = read_local_file(path, _MAX_READ_BYTES)
+    except OSError as exc:
+        probe.error = f"cannot read the file ({exc.strerror or exc})"
+        return probe
+    try:
+        keyframes = _demux(av, data, probe)
+    except Exception as exc:  # noqa: BLE001 - any failure of FFmpeg's is the file's problem, reported
+        probe.error = _problem(exc)
+        return probe
+    try:
+        _time_clips(decode, data, probe, keyframes, clips, warm_up)
+    except DecodeError as exc:
+        probe.error = exc.reasons[0] if exc.reasons else str(exc)
+    except NaiadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - as above: reported, not raised
+        probe.error = _problem(exc)
+    return probe
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _problem(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if isinstance(exc, ValueError) else f"{type(exc).__name__}: {text}"
+
+
+def _demux(av: Any, data: bytes, probe: VideoProbe) -> np.ndarray:
+    """Fill ``probe`` with the stream's facts and keyframe interval from its packets alone; the
+    keyframes' frame numbers, sorted."""
+    try:
+        container = av.open(io.BytesIO(data), mode="r")
+    except av.FFmpegError as exc:
+        raise ValueError(f"not a video FFmpeg can read ({len(data)} bytes beginning {data[:8]!r}): {exc}") from None
+    with container:
+        if not container.streams.video:
+            raise ValueError("the file has no video stream (audio only?)")
+        stream = container.streams.video[0]
+        ctx = stream.codec_context
+        probe.codec = str(ctx.name)
+        probe.width, probe.height = int(ctx.width), int(ctx.height)
+        rate = stream.average_rate or stream.guessed_rate
+        base = stream.time_base
+        probe.fps = float(rate) if rate else 0.0
+        start = stream.start_time or 0
+        numbers: list[int] = []
+        keys: list[int] = []
+        last_pts = None
+        count = 0
+        for packet in container.demux(stream):
+            if packet.size == 0:
+                continue  # the demuxer's empty packet at the end
+            pts = packet.pts if packet.pts is not None else packet.dts
+            # Without a timestamp a packet is the next frame; B-frames make stored order differ.
+            number = int(round(float((pts - start) * base * rate))) if pts is not None and rate and base else count
+            if last_pts is not None and pts is not None and pts < last_pts:
+                probe.b_frames = True
+            last_pts = pts
+            numbers.append(number)
+            if packet.is_keyframe:
+                keys.append(number)
+            count += 1
+    if count == 0:
+        raise ValueError("the video stream has no frames")
+    probe.frames = count
+    probe.duration_s = count / probe.fps if probe.fps else 0.0
+    marks = np.unique(np.array(keys, np.int64))
+    probe.keyframes = int(marks.size)
+    # The interval is between keyframes; the frames after the last one are a run cut short by the
+    # video's end, so they count only in the max, and only a video with one keyframe is measured
+    # by its length (the interval is at least that).
+    tail = max(numbers) + 1 - int(marks[-1]) if marks.size else count
+    gaps = np.diff(marks) if marks.size > 1 else np.array([tail])
+    probe.keyframe_interval = {"mean": round(float(gaps.mean()), 1), "max": float(max(gaps.max(), tail))}
+    return marks
+
+
+def _time_clips(decode: Any, data: bytes, probe: VideoProbe, keyframes: np.ndarray, clips: int, warm_up: bool) -> None:
+    """Decode ``clips`` random clips one at a time, as a loader's samples ``0..clips-1`` would be
+    drawn; keep the median time and the frames each decoded."""
+    if warm_up:
+        decode({"video": [data], "__index__": np.array([clips], np.int64)})
+    times: list[float] = []
+    decoded: list[int] = []
+    for key in range(max(1, clips)):
+        t0 = time.perf_counter()
+        out = decode({"video": [data], "__index__": np.array([key], np.int64)})
+        times.append(time.perf_counter() - t0)
+        numbers = out["video_frames"][0].numpy()
+        first, last = int(numbers.min()), int(numbers.max())
+        before = keyframes[keyframes <= first]
+        decoded.append(last - int(before[-1] if before.size else 0) + 1)
+    probe.clip_ms = 1e3 * statistics.median(times)
+    probe.decoded_per_clip = float(np.mean(decoded))
+
+
+@dataclass
+class VideoReport:
+    """What :func:`inspect_videos` found (``as_dict()`` is ``naiad inspect --json``'s output).
+
+    Attributes:
+        source: what was asked for; ``root``: the folder the videos are listed under.
+        videos, total_bytes, classes: the whole listing's count, bytes and class names, with
+            ``class_counts`` (videos per class).
+        clip: ``{"frames", "stride", "span"}`` of the clip timed.
+        probes: one :class:`VideoProbe` (as a dict) per video looked at.
+        totals: over the videos looked at that decode: medians of size, fps, frames, keyframe
+            interval; the mean clip time and clips per second on one thread; ``epoch_s``, the
+            decode time on one thread of one clip of every video of the listing.
+        notes: what would stream faster, and the videos that do not decode.
+    """
+
+    source: str
+    root: str
+    videos: int
+    total_bytes: int
+    classes: list[str]
+    class_counts: list[int]
+    clip: dict[str, int]
+    probes: list[dict[str, Any]]
+    totals: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-able data."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """The report as JSON (NaN written as null)."""
+        return json.dumps(_no_nan(self.as_dict()), indent=2)
+
+    def summary(self) -> str:
+        """The report in words, for a terminal."""
+        from naiad.tools.progress import human_bytes
+
+        kinds = f" in {len(self.classes)} classes" if self.classes else ""
+        looked = len(self.probes)
+        lines = [f"{self.source}: {self.videos:,} video(s){kinds}, {human_bytes(self.total_bytes)} (naiad.read_videos); "
+                 + (f"{looked} looked at, spread over the listing" if looked < self.videos else f"{looked} looked at")]
+        if self.classes:
+            shown = ", ".join(f"{c} {n}" for c, n in zip(self.classes[:8], self.class_counts[:8], strict=False))
+            lines.append(f"classes: {shown}" + (f", ... ({len(self.classes) - 8} more)" if len(self.classes) > 8 else ""))
+        c = self.clip
+        lines.append(f"a clip: {c['frames']} frames every {c['stride']} ({c['span']} frames from first to last), "
+                     "decoded with naiad.decode_video on one thread")
+        width = min(48, max([len(_name(p["path"], self.root)) for p in self.probes] + [4]))
+        lines.append(f"  {'file':<{width}} {'codec':<6} {'size':>9} {'fps':>6} {'frames':>7} {'duration':>9} "
+                     f"{'keyframe every':>15} {'ms/clip':>8} {'decoded/clip':>13}")
+        for p in self.probes:
+            name = _name(p["path"], self.root)[-width:]
+            if p["error"] is not None:
+                lines.append(f"  {name:<{width}} does not decode: {p['error']}")
+                continue
+            every = f"{p['keyframe_interval']['mean']:g}" + (f" ({p['keyframe_interval']['mean'] / p['fps']:.1f} s)"
+                                                            if p["fps"] else "")
+            lines.append(f"  {name:<{width}} {p['codec']:<6} {p['width']:>4}x{p['height']:<4} {p['fps']:>6.2f} "
+                         f"{p['frames']:>7,} {p['duration_s']:>8.1f}s {every:>15} {p['clip_ms']:>8.1f} "
+                         f"{p['decoded_per_clip']:>13.0f}")
+        t = self.totals
+        if t.get("decoded"):
+            lines.append(
+                f"over the {t['decoded']} that decode: median {t['width']}x{t['height']}, {t['fps']:g} fps, "
+                f"{t['frames']:,} frames, a keyframe every {t['keyframe_interval']:g} frames; a clip decodes in "
+                f"{t['clip_ms']:.1f} ms ({t['clips_per_s']:,.0f} clips/s on one thread), one clip of every video "
+                f"in about {_duration(t['epoch_s'])} on one thread (workers divide it)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def inspect_videos(src: str | Sequence[str], *, videos: int = 8, frames: int = 16, stride: int = 2, max_size: int = 256,
+                   clips: int = 3, seed: int = 0) -> VideoReport:
+    """Inspect a video file, a glob or a folder of videos (``naiad.read_videos``' layouts): see
+    :class:`VideoReport` and NOTE [ Video inspection ]. ``videos`` files are looked at, spread
+    evenly over the listing (so every class is seen); each has ``clips`` clips of ``frames``
+    frames every ``stride`` decoded and timed. A video whose shorter side is at least twice
+    ``max_size`` gets the advice to make it smaller (``naiad convert --max-size``).
+
+    Raises:
+        SourceError: no such file or folder, or a folder without videos, naming it.
+        ConfigError: PyAV is not installed (``pip install 'naiad[video]'``).
+    """
+    pyav_for("`naiad inspect` on videos")
+    listing = list_videos(src)
+    n = len(listing)
+    picked = sorted({int(i) for i in np.linspace(0, n - 1, min(max(1, videos), n)).round()}) if n else []
+    probes = [probe_video(listing.paths[i], frames=frames, stride=stride, clips=clips, seed=seed, warm_up=not k,
+                          label=listing.classes[listing.labels[i]] if listing.classes else None)
+              for k, i in enumerate(picked)]
+    counts: list[int] = []
+    if listing.classes:
+        counts = np.bincount(listing.labels[listing.labels >= 0], minlength=len(listing.classes)).tolist()
+    span = (frames - 1) * stride + 1
+    report = VideoReport(
+        source=src if isinstance(src, str) else ", ".join(map(str, src)), root=listing.root, videos=n,
+        total_bytes=int(listing.sizes.sum()), classes=listing.classes, class_counts=[int(c) for c in counts],
+        clip={"frames": frames, "stride": stride, "span": span}, probes=[asdict(p) for p in probes],
+        totals=_totals(probes, n))
+    report.notes = video_notes(report, max_size)
+    return report
+
+
+def _totals(probes: list[VideoProbe], videos: int) -> dict[str, Any]:
+    good = [p for p in probes if p.error is None]
+    if not good:
+        return {"decoded": 0, "failed": len(probes)}
+    clip_ms = float(np.mean([p.clip_ms for p in good]))
+    return {
+        "decoded": len(good), "failed": len(probes) - len(good),
+        "width": int(statistics.median(p.width for p in good)), "height": int(statistics.median(p.height for p in good)),
+        "fps": round(float(statistics.median(p.fps for p in good)), 2),
+        "frames": int(statistics.median(p.frames for p in good)),
+        "duration_s": round(float(statistics.median(p.duration_s for p in good)), 2),
+        "keyframe_interval": round(float(statistics.median(p.keyframe_interval["mean"] for p in good)), 1),
+        "decoded_per_clip": round(float(np.mean([p.decoded_per_clip for p in good])), 1),
+        "clip_ms": round(clip_ms, 3), "clips_per_s": 1e3 / clip_ms if clip_ms > 0 else float("nan"),
+        "epoch_s": videos * clip_ms / 1e3,
+    }
+
+
+def video_notes(report: VideoReport, max_size: int) -> list[str]:
+    """What would stream faster, from the report's totals (NOTE [ Video inspection ])."""
+    t, c = report.totals, report.clip
+    notes: list[str] = []
+    failed = [p for p in report.probes if p["error"] is not None]
+    if failed:
+        notes.append(f"{len(failed)} of the {len(report.probes)} videos looked at do not decode (named above); in a "
+                     "loader each is a bad row: a DecodeError naming it, or skipped into the ledger with "
+                     "on_bad_rows='skip'.")
+    if not t.get("decoded"):
+        return notes
+    span, kept, target = c["span"], c["frames"], os.path.join(".", "shards", "train.tar")
+    interval, decoded = t["keyframe_interval"], t["decoded_per_clip"]
+    suggested = max(1, min(span, round(t["fps"]))) if t["fps"] else span
+    if interval > 2 * span and decoded > 1.5 * span:
+        better = suggested / 2 + span  # a random start lands, on average, half an interval past a keyframe
+        notes.append(
+            f"a keyframe every {interval:g} frames is much longer than a clip ({span} frames): each clip decodes "
+            f"about {decoded:.0f} frames to keep {kept}. Re-encoding with a keyframe about every second, "
+            f"`naiad convert {report.source} {target} --keyframe-interval {suggested}`, would make that about "
+            f"{better:.0f} ({decoded / better:.1f}x fewer frames decoded; the files grow somewhat).")
+    short_side = min(t["width"], t["height"])
+    if short_side >= 2 * max_size:
+        notes.append(
+            f"the videos are {t['width']}x{t['height']}: every frame a clip decodes is {short_side}p, and a training "
+            f"clip is usually resized to a shorter side near {max_size}. `naiad convert ... --max-size {max_size}` "
+            f"(the shorter side) would decode about {(short_side / max_size) ** 2:.1f}x fewer pixels a frame.")
+    codecs = sorted({p["codec"] for p in report.probes if p["error"] is None} & _CODECS_SLOWER_THAN_H264)
+    if codecs:
+        notes.append(f"codec {', '.join(codecs)}: CPUs decode it at a fraction of H.264's rate; `naiad convert` with "
+                     "--keyframe-interval or --max-size re-encodes to H.264.")
+    short = [p for p in report.probes if p["error"] is None and p["frames"] < span]
+    if short:
+        notes.append(f"{len(short)} of the {len(report.probes)} videos looked at are shorter than a clip ({span} frames): decode_video "
+                     "repeats their last frame to fill it (fewer `frames` or a smaller `stride` would fit them).")
+    if len(notes) == len(failed):
+        notes.append(f"nothing to change: a clip decodes {decoded:.0f} frames to keep {kept}, in {t['clip_ms']:.1f} ms "
+                     "on one thread.")
+    return notes
+
+
+def _name(path: str, root: str) -> str:
+    try:
+        rel = os.path.relpath(path, root)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _no_nan(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
