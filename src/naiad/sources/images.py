@@ -194,7 +194,7 @@ class MediaFolderSource(Source):
     def _read_files(self, rows: np.ndarray) -> BlockData:
         """Files ``rows`` (numbers in the listing): their bytes, labels and paths."""
         listing = self.listing()
-        paths = _paths(listing, rows, self.root)
+        paths = listing_paths(listing, rows, self.root)
         images: list[bytes | None] = []
         bad: list[dict[str, Any]] = []
         for i, p in enumerate(paths.tolist()):  # one open and read per file: the format's unit
@@ -259,7 +259,7 @@ class ImageFolderSource(MediaFolderSource):
         return _list_folder(self.root)  # the module's function, as tests count its calls
 
 
-def _paths(listing: Mapping[str, np.ndarray], rows: np.ndarray, root: str) -> np.ndarray:
+def listing_paths(listing: Mapping[str, np.ndarray], rows: np.ndarray, root: str) -> np.ndarray:
     """The full paths of files ``rows`` as an object array of str (Arrow slices the blob)."""
     import pyarrow.compute as pc  # on first use: its import is a third of naiad's
     ends = listing["path_ends"]

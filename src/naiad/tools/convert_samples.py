@@ -255,7 +255,7 @@ class SampleBatches:
                  else np.full(rows, where, dtype=object))
         bad: dict[int, tuple[str, str]] = {}
         for i, key in enumerate(keys.tolist()):
-            if not _utf8(key):  # a name kept with surrogate escapes (NOTE [ Names as bytes ])
+            if not utf8_name(key):  # a name kept with surrogate escapes (NOTE [ Names as bytes ])
                 bad[i] = (KEY, f"its name {key!r} is not UTF-8, which the output's names must be; rename the file")
         values: dict[str, Any] = {f.name: columns[f.name] for f in self.fields}
         for name in self.images:
@@ -313,7 +313,7 @@ class SampleBatches:
             raw = [os.path.splitext(os.path.relpath(p, root))[0].replace(os.sep, "/") for p in columns["path"]]
         else:
             raw = [f"{p:0{self.key_width}d}" for p in positions.tolist()]
-        return np.array([_safe_key(k) for k in raw], dtype=object)
+        return np.array([safe_key(k) for k in raw], dtype=object)
 
     def _shrink(self, images: Any, bad: dict[int, tuple[str, str]], name: str) -> np.ndarray:
         out = np.empty(len(images), dtype=object)
@@ -392,7 +392,7 @@ def _same_size(data: Any, width: int, height: int) -> None:
                          "--decode stores one size (give --max-size so that they agree, or leave --decode out)")
 
 
-def _utf8(name: str) -> bool:
+def utf8_name(name: str) -> bool:
     """Whether ``name`` is text an output can hold (not one read with surrogate escapes)."""
     if name.isascii():
         return True
@@ -403,7 +403,8 @@ def _utf8(name: str) -> bool:
     return True
 
 
-def _safe_key(key: str) -> str:
+def safe_key(key: str) -> str:
+    """``key`` with the dots of its last part turned into ``_`` (a tar member's key ends at its first dot)."""
     head, sep, last = key.rpartition("/")
     return f"{head}{sep}{last.replace('.', '_')}" if "." in last else key
 

@@ -44,7 +44,7 @@ from naiad.errors import ConfigError, SourceError
 from naiad.media.rows import default_threads, run_rows
 from naiad.sources.storage import Storage
 from naiad.tools.convert import ConvertResult
-from naiad.tools.convert_samples import _safe_key, _utf8
+from naiad.tools.convert_samples import safe_key, utf8_name
 from naiad.tools.convert_tar import TarShardSet
 from naiad.tools.convert_write import Destination, format_of
 from naiad.tools.video_files import VideoFiles, list_videos, pyav_for
@@ -208,7 +208,7 @@ def video_keys(files: VideoFiles) -> list[str]:
     for path in files.paths:
         rel = os.path.relpath(path, files.root).replace(os.sep, "/")
         stem, ext = os.path.splitext(rel)
-        key = _safe_key(stem)
+        key = safe_key(stem)
         if key in seen:
             key = f"{key}_{ext.lstrip('.').lower()}"
         while key in seen:
@@ -306,7 +306,7 @@ def _convert_some(files: VideoFiles, keys: list[str], rows: list[int], opts: Vid
     def work(j: int) -> None:
         i = rows[j]
         path = files.paths[i]
-        if not _utf8(keys[i]):
+        if not utf8_name(keys[i]):
             raise ValueError(f"its name {keys[i]!r} is not UTF-8, which a tar member's must be; rename the file")
         try:
             data = read_local_file(path, DEFAULT_MAX_MEDIA_BYTES)

@@ -85,10 +85,10 @@ def probe_video(path: str, *, frames: int = 16, stride: int = 2, clips: int = 3,
     Raises:
         ConfigError: PyAV is not installed, or ``frames``/``stride`` are out of range.
     """
-    import naiad
+    from naiad.media.video import decode_video
 
     av = pyav_for("`naiad inspect` on videos")
-    decode = naiad.decode_video("video", frames=frames, stride=stride, seed=seed, threads=1)
+    decode = decode_video("video", frames=frames, stride=stride, seed=seed, threads=1)
     probe = VideoProbe(path=path, bytes=_size(path), label=label)
     try:
         data = read_local_file(path, _MAX_READ_BYTES)

@@ -107,7 +107,7 @@ def list_videos(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) 
         SourceError: no such file or folder, a glob that matches nothing, a class folder without
             videos: naming it, as ``read_videos`` does.
     """
-    from naiad.sources.images import _paths
+    from naiad.sources.images import listing_paths
     from naiad.sources.videos import read_videos
 
     if isinstance(src, (str, os.PathLike)):
@@ -117,7 +117,7 @@ def list_videos(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) 
     source = read_videos(src)
     listing = source.listing()
     count = len(listing["labels"])
-    paths = _paths(listing, np.arange(count, dtype=np.int64), source.root).tolist() if count else []
+    paths = listing_paths(listing, np.arange(count, dtype=np.int64), source.root).tolist() if count else []
     return VideoFiles(root=source.root, paths=[str(p) for p in paths], labels=listing["labels"].copy(),
                       sizes=listing["sizes"].copy(), classes=list(source.classes))
 
