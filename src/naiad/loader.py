@@ -47,7 +47,7 @@ from naiad.dataset.pipeline import MapPipeline
 from naiad.dataset.sampling import SeededRandomSampler
 from naiad.device.prefetch import DevicePrefetcher
 from naiad.epoch import EpochIterator, PassProgress, pin_memory_enabled
-from naiad.parallel import AutoTuner, RestartBudget
+from naiad.parallel import AutoTuner, RestartBudget, slots
 from naiad.pipeline import LazyPass, Pipeline, PipelinePass
 from naiad.pools import Pools, PoolSettings
 from naiad.stream.batches import StreamCounters
@@ -258,16 +258,20 @@ class DataLoader(AccelerateHooks, OptionAttributes, TorchDataLoader[T_co]):
         )
 
     def workers_info(self) -> dict[str, Any]:
-        """How many workers run and why (the user's setting, or what ``"auto"`` chose), and
-        ``restarts``, ``max_restarts``, ``restart_log`` (:meth:`RestartBudget.stats`)."""
+        """How many workers run and why (the user's setting, or what ``"auto"`` chose),
+        ``restarts``, ``max_restarts``, ``restart_log`` (:meth:`RestartBudget.stats`), and
+        ``batch_slots``: the shared memory the process workers' batches cross through, mapped
+        in this process for every loader's live workers (``slots``, ``bytes``; NOTE [ Batch
+        transport ])."""
         if self._tuner is not None:
-            return {"setting": "auto", **self._tuner.stats(), **self._restarts.stats()}
+            return {"setting": "auto", **self._tuner.stats(), **self._restarts.stats(), "batch_slots": slots.memory()}
         info = {
             "setting": self.num_workers,
             "num_workers": self.num_workers,
             "mode": self.worker_mode if self.num_workers else "inline",
             "reason": "set by the user",
             **self._restarts.stats(),
+            "batch_slots": slots.memory(),
         }
         threads = self.read_ahead_threads()
         if threads:

@@ -410,7 +410,7 @@ def test_a_retired_worker_whose_stop_message_fails_is_terminated() -> None:
         backend = pool._workers.backend
         assert backend is not None
         victim = backend.procs[1]  # type: ignore[union-attr]
-        backend.task_queues[1] = RefusingQueue(backend.task_queues[1])
+        backend.channels[1] = RefusingQueue(backend.channels[1])
         pool.resize(1)
         victim.join(5.0)
         assert not victim.is_alive(), "a retired worker that could not be told kept running"
@@ -425,7 +425,7 @@ def test_close_ends_a_worker_whose_stop_message_fails_and_that_ignores_sigterm()
         backend = pool._workers.backend
         assert backend is not None
         victim = backend.procs[0]  # type: ignore[union-attr]
-        backend.task_queues[0] = RefusingQueue(backend.task_queues[0])
+        backend.channels[0] = RefusingQueue(backend.channels[0])
         t0 = time.monotonic()
         pool.close()  # ask (fails), wait, terminate (ignored), kill
         assert time.monotonic() - t0 < 10

@@ -17,6 +17,7 @@ note naming the index (or indices) it came from.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset, default_collate, de
 
 from naiad.errors import ConfigError
 from naiad.parallel.pool import add_note
+from naiad.parallel.slots import batch_array
 
 __all__ = ["ArrayDataset", "FetchStrategy", "choose_fetch", "describe_indices", "make_fetch"]
 
@@ -115,7 +117,7 @@ def _column_gatherer(column: Any) -> Callable[[np.ndarray], torch.Tensor]:
     (bfloat16, requires_grad) take ``index_select``.
     """
     if isinstance(column, np.ndarray):
-        return lambda idx: torch.from_numpy(column.take(idx, axis=0))
+        return functools.partial(_take, column)
     if column.ndim == 0:
         return lambda idx: column
     if column.device.type == "cpu" and not column.requires_grad:
@@ -124,8 +126,21 @@ def _column_gatherer(column: Any) -> Callable[[np.ndarray], torch.Tensor]:
         except (TypeError, RuntimeError):
             view = None
         if view is not None:
-            return lambda idx: torch.from_numpy(view.take(idx, axis=0))
+            return functools.partial(_take, view)
     return lambda idx: column.index_select(0, torch.from_numpy(idx))
+
+
+def _take(column: np.ndarray, idx: np.ndarray) -> torch.Tensor:
+    """``column[idx]`` built where the batch will cross to the training process (in a process
+    worker, its slot: NOTE [ Batch transport ])."""
+    n = len(column)
+    if len(idx) and (int(idx.min()) < -n or int(idx.max()) >= n):
+        bad = idx[(idx < -n) | (idx >= n)][0]
+        raise IndexError(f"index {int(bad)} is out of bounds for axis 0 with size {n}")
+    out = batch_array((len(idx), *column.shape[1:]), column.dtype)
+    # mode="wrap" takes negative indices as Python does and, unlike "raise", writes into ``out``
+    # without a buffer; the bounds are checked above.
+    return torch.from_numpy(column.take(idx, axis=0, out=out, mode="wrap"))
 
 
 def _gatherable(dataset: Any) -> bool:

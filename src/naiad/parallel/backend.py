@@ -12,11 +12,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import math
 import multiprocessing.connection as mpc
 import os
 import pickle
-import queue
+import select
 import signal
+import sys
 import time
 import warnings
 import weakref
@@ -26,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from naiad.parallel import slots
+from naiad.parallel.channel import TaskChannel
 from naiad.parallel.context import WorkerContext
 from naiad.parallel.protocol import (
     ERROR,
@@ -55,6 +59,7 @@ POLL_S = 0.5
 JOIN_TIMEOUT_S = 1.0
 
 _LOG = logging.getLogger("naiad.workers")
+_SLOT = Kind.SLOT.value
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,23 +110,35 @@ def fix_mmap_threshold() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-def _process_worker_main(spec: WorkerSpec, context: WorkerContext, task_queue: Any, result_conn: mpc.Connection) -> None:
+def _process_worker_main(spec: WorkerSpec, context: WorkerContext, conn: mpc.Connection,
+                         inherited: tuple[int, ...]) -> None:
+    # A forked worker holds copies of the training process's ends of the sockets (its own and
+    # the workers' started before it). Held here, they would keep a blocked send of a result
+    # from failing once the training process is gone, and the worker would outlive it.
+    for fd in inherited:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     parent = os.getppid()
     _set_up_process(context)
     # NOTE [ Worker randomness ]: a worker_init_fn owns the global generators from then on.
-    serve(spec, context, _queued_tasks(task_queue, parent), functools.partial(_send, result_conn),
+    held = slots.WorkerSlots(functools.partial(_announce, conn)) if slots.supported() else None
+    slots.use(held)
+    serve(spec, context, _received_tasks(conn, parent), functools.partial(_send, conn, held),
           reseed=spec.worker_init_fn is None)
 
 
-def _queued_tasks(task_queue: Any, parent: int) -> Iterator[Task]:
-    """The tasks sent to this worker, until it is told to stop, its queue closes or its parent is gone."""
+def _received_tasks(conn: mpc.Connection, parent: int) -> Iterator[Task]:
+    """The tasks sent to this worker (NOTE [ Task channel ]), until it is told to stop, its
+    socket closes or its parent is gone."""
     while True:
         try:
-            task = task_queue.get(timeout=POLL_S)
-        except queue.Empty:
-            if os.getppid() != parent:  # orphaned: the training process died
-                return
-            continue
+            if not conn.poll(POLL_S):
+                if os.getppid() != parent:  # orphaned: the training process died
+                    return
+                continue
+            task = conn.recv()
         except (EOFError, OSError):
             return
         if task is STOP:
@@ -129,52 +146,66 @@ def _queued_tasks(task_queue: Any, parent: int) -> Iterator[Task]:
         yield task
 
 
-def _send(result_conn: mpc.Connection, reply: Reply) -> bool:
+def _announce(result_conn: mpc.Connection, token: int, index: int, size: int, fd: int) -> None:
+    """Tell the main process of a new slot, then pass it the slot's descriptor (NOTE [ Batch transport ])."""
+    from multiprocessing.reduction import send_handle
+
+    result_conn.send((Kind.SLOT._value_, NO_TASK, (token, index, size), {}))
+    send_handle(result_conn, fd, os.getppid())
+
+
+def _send(result_conn: mpc.Connection, held: slots.WorkerSlots | None, reply: Reply) -> bool:
     """Send ``reply`` to the main process; False when it is gone (NOTE [ Worker protocol ])."""
     kind, seq, value, stages = reply
     try:
-        result_conn.send(to_wire((kind, seq, pack(value), stages) if kind is OK else reply))
+        if kind is OK:
+            reply = (kind, seq, held.pack(value) if held is not None else pack(value), stages)
+        result_conn.send(to_wire(reply))
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return False  # the main process is gone
     except Exception as exc:  # the result did not pickle (only a result can fail): report that instead
+        if held is not None:
+            held.unsent()
         result_conn.send(to_wire((ERROR, seq, RemoteError(exc), {})))
+    finally:
+        if held is not None:
+            held.end_task()
     return True
 
 
 class ProcessBackend:
-    """Worker processes, each with a task queue and a result pipe; workers start and stop by id."""
+    """Worker processes, each with a socket pair for its tasks and its results; workers start
+    and stop by id."""
 
     def __init__(self, spec: WorkerSpec, context: Any) -> None:
         self._spec = spec
         self._mp = context
-        self.task_queues: list[Any] = []
+        self.channels: list[TaskChannel] = []  # tasks out (NOTE [ Task channel ])
         self.conns: list[Any] = []
         self.procs: list[BaseProcess] = []
         self.dead: set[int] = set()
         self.stopping: set[int] = set()  # asked to return; their exit is not a failure
         self.forced: set[int] = set()  # stopping, but ended by a signal: the message failed
-        self._conn_index: dict[int, int] = {}
+        self._slot_tokens: dict[int, int] = {}  # worker id -> the token naming its slots here
         # The finalizer holds the same lists, so it also sees workers started later; it holds
         # nothing that holds the backend, so dropping the pool stops the workers at once.
         self._finalizer = weakref.finalize(
-            self, _shutdown_processes, os.getpid(), self.procs, self.task_queues, self.conns
+            self, _shutdown_processes, os.getpid(), self.procs, self.channels, self.conns
         )
 
     def start(self, w: int, num_workers: int) -> None:
         """Start worker ``w`` (replacing a stopped worker of that id)."""
         if w < len(self.procs):
             self._release(w)
-        tq = self._mp.Queue()
-        # NOTE [ Exit with tasks in flight ]: multiprocessing joins a queue's feeder thread when
-        # the process exits, and a feeder blocked writing tasks into a full pipe to a worker
-        # that is stopped (or busy) never returns, so a process that raises while it holds a
-        # pass would never exit (pytorch#48666). Tasks unsent at exit are worthless: never join
-        # the feeder, as torch does for its index queues.
-        tq.cancel_join_thread()
-        reader, writer = self._mp.Pipe(duplex=False)
+        # A socket pair: tasks out, results and slot descriptors back (NOTE [ Task channel ]).
+        reader, writer = self._mp.Pipe(duplex=True)
+        inherited: tuple[int, ...] = ()
+        if getattr(self._mp, "get_start_method", lambda: "")() == "fork":  # spawn passes only what it pickles
+            ends = [*self.conns, *self.channels, reader]
+            inherited = tuple(fd for fd in (_fileno(e) for e in ends) if fd is not None)
         p = self._mp.Process(
             target=_process_worker_main,
-            args=(self._spec, self._spec.context(w, num_workers, "process"), tq, writer),
+            args=(self._spec, self._spec.context(w, num_workers, "process"), writer, inherited),
             name=f"naiad-worker-{w}",
             daemon=True,
         )
@@ -185,7 +216,6 @@ class ProcessBackend:
             # opening words (its own tests look for them); the note names the argument.
             reader.close()
             writer.close()
-            tq.close()
             hint = _unpicklable_hint(w, self._mp, self._spec)
             warnings.warn(
                 f"Got pickle error when attempting to start a worker Process. {hint}",
@@ -194,28 +224,28 @@ class ProcessBackend:
             )
             add_note(exc, hint)
             raise
-        writer.close()  # the child holds the only write end: EOF on its death
+        writer.close()  # the child holds the only other end: EOF on its death
+        channel = TaskChannel(reader)
         if w < len(self.procs):
-            self.task_queues[w], self.conns[w], self.procs[w] = tq, reader, p
+            self.channels[w], self.conns[w], self.procs[w] = channel, reader, p
         else:
-            self.task_queues.append(tq)
+            self.channels.append(channel)
             self.conns.append(reader)
             self.procs.append(p)
-        self._conn_index = {id(c): i for i, c in enumerate(self.conns)}
         self.dead.discard(w)
         self.stopping.discard(w)
         self.forced.discard(w)
 
     def _release(self, w: int) -> None:
         # The old worker of this id was asked to return and owes nothing: wait for it briefly.
-        _shutdown_processes(os.getpid(), [self.procs[w]], [self.task_queues[w]], [self.conns[w]])
+        _shutdown_processes(os.getpid(), [self.procs[w]], [self.channels[w]], [self.conns[w]])
 
     def stop(self, w: int) -> None:
         """Ask worker ``w`` to return once its queued tasks are done; one that cannot be asked
         (its stop message fails to send) owes nothing and is terminated, then killed."""
         self.stopping.add(w)
         try:
-            self.task_queues[w].put(STOP)
+            self.channels[w].put(STOP)
         except Exception:  # noqa: BLE001 - whatever failed, the worker is never told: end it
             self.forced.add(w)
             p = self.procs[w]
@@ -224,12 +254,18 @@ class ProcessBackend:
 
     def submit(self, worker_id: int, seq: int, payload: Any, key: TaskKey) -> None:
         """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
-        self.task_queues[worker_id].put((seq, payload, key))
+        self.channels[worker_id].put((seq, payload, key))
 
     def _drain(self, w: int, out: list[Message]) -> None:
         conn = self.conns[w]
         while conn.poll():
-            out.append(from_wire(w, conn.recv()))
+            wire = conn.recv()
+            if wire[0] == _SLOT:
+                token, index, size = wire[2]
+                slots.receive(conn, token, index, size)
+                self._slot_tokens[w] = token
+            else:
+                out.append(from_wire(w, wire))
 
     def _receive(self, w: int, out: list[Message]) -> bool:
         """Take in what worker ``w`` sent; False when its pipe says it has ended."""
@@ -250,6 +286,8 @@ class ProcessBackend:
         proc = self.procs[w]
         proc.join(timeout=POLL_S)
         self.dead.add(w)
+        if w in self._slot_tokens:
+            slots.forget(self._slot_tokens.pop(w))
         stopped = w in self.stopping and (proc.exitcode == 0 or w in self.forced)
         if proc.exitcode != 0 and proc.pid is not None:
             remove_shm_of(proc.pid)
@@ -257,17 +295,27 @@ class ProcessBackend:
 
     def poll(self, timeout_s: float) -> list[Message]:
         """The workers' messages, waiting up to ``timeout_s`` for the first; a worker's end
-        (its sentinel, or EOF on its pipe) comes after what it sent before it."""
+        (its sentinel, or EOF on its socket) comes after what it sent before it. Tasks waiting
+        for room in a worker's socket go out meanwhile (NOTE [ Task channel ])."""
         live = [i for i in range(len(self.procs)) if i not in self.dead]
-        sentinels = {self.procs[i].sentinel: i for i in live}
-        ready = mpc.wait([self.conns[i] for i in live] + list(sentinels), timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            waiting, owner = select.poll(), {}
+            for i in live:
+                fd, channel = self.conns[i].fileno(), self.channels[i]
+                room = select.POLLOUT if channel.pending and not channel.flush() else 0
+                waiting.register(fd, select.POLLIN | room)
+                waiting.register(self.procs[i].sentinel, select.POLLIN)
+                owner[fd], owner[self.procs[i].sentinel] = (i, False), (i, True)
+            left = deadline - time.monotonic()
+            events = [(fd, ev) for fd, ev in waiting.poll(max(0, math.ceil(left * 1000))) if ev != select.POLLOUT]
+            if events or left <= 0:
+                break
         out: list[Message] = []
-        ended = {sentinels[r] for r in ready if isinstance(r, int)}
-        for r in ready:
-            if isinstance(r, int):
-                continue  # a sentinel: its worker is among the ended already
-            w = self._conn_index[id(r)]
-            if not self._receive(w, out):
+        ended = {owner[fd][0] for fd, _ in events if owner[fd][1]}
+        for fd, _ in events:
+            w, sentinel = owner[fd]
+            if not sentinel and not self._receive(w, out):
                 ended.add(w)
         for w in sorted(ended):
             self._report_end(w, out)
@@ -289,6 +337,19 @@ class ProcessBackend:
     def close(self) -> None:
         """Stop the workers: ask, wait, then terminate and kill (see :func:`_shutdown_processes`)."""
         self._finalizer()
+        if sys.is_finalizing():
+            return  # the interpreter is going: nothing is left to forget the slots for
+        for token in self._slot_tokens.values():
+            slots.forget(token)  # batches still held keep their own mappings
+        self._slot_tokens.clear()
+
+
+def _fileno(end: Any) -> int | None:
+    """A connection's or channel's descriptor; None once it is closed."""
+    try:
+        return int(end.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _named_parts(label: str, value: Any) -> list[tuple[str, Any]]:
@@ -349,22 +410,22 @@ def _end_process(p: Any, grace_s: float) -> str:
     return how
 
 
-def _shutdown_processes(owner_pid: int, procs: list[Any], task_queues: list[Any], conns: list[Any]) -> None:
+def _shutdown_processes(owner_pid: int, procs: list[Any], channels: list[Any], conns: list[Any]) -> None:
     """Stop worker processes: ask each to return, wait, then terminate and kill.
 
-    Each worker is asked with a ``STOP`` task; asking can fail (the queue closed, no thread
-    left to start its feeder at interpreter exit), and waiting can be cut short by a worker
-    that never reads its queue: either way the escalation that follows ends it. The Process
-    objects are not closed: they stay usable after teardown (``join``, ``is_alive``,
-    ``exitcode``) for whoever holds them, and release their descriptors when collected.
+    Each worker is asked with a ``STOP`` task; asking can fail (its socket full or closed), and
+    waiting can be cut short by a worker that never reads its tasks: either way the escalation
+    that follows ends it. The Process objects are not closed: they stay usable after teardown
+    (``join``, ``is_alive``, ``exitcode``) for whoever holds them, and release their
+    descriptors when collected.
     """
     if os.getpid() != owner_pid:
         return  # a forked child's copy of the pool: the workers are its parent's to stop
     running = [p.is_alive() for p in procs]
-    for tq, alive in zip(task_queues, running):
+    for channel, alive in zip(channels, running):
         if alive:
             try:
-                tq.put_nowait(STOP)
+                channel.put_nowait(STOP)
             except Exception:  # noqa: BLE001 - not told: the escalation below ends it
                 pass
     deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -373,9 +434,8 @@ def _shutdown_processes(owner_pid: int, procs: list[Any], task_queues: list[Any]
         if alive:  # the routine end is DEBUG; one that had to be forced, INFO
             _LOG.log(logging.DEBUG if how == "returned" else logging.INFO,
                      "%s (pid %s) %s at teardown, exit code %s", p.name, p.pid, how, p.exitcode)
-    for tq in task_queues:
-        tq.cancel_join_thread()  # never block interpreter exit on an unread task
-        tq.close()
+    for channel in channels:
+        channel.close()
     for c in conns:
         c.close()
 

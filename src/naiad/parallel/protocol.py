@@ -103,6 +103,10 @@ class Kind(enum.Enum):
     """The backend's: the worker ended any other way (a death); the value is its exit code."""
     UNREADABLE = 7
     """The backend's: a message from the worker could not be received: the exception saying why."""
+    SLOT = 8
+    """The transport's, about no task: the worker made a shared-memory slot, ``(token, index,
+    size)``; its descriptor follows on the channel. The backend takes it; the pool never sees
+    it (NOTE [ Batch transport ])."""
 
     # Members are singletons (unpickling and from_wire give back the same object), so identity
     # is their equality; Enum's own __hash__ is a Python-level call, and the pool asks per message.

@@ -1,24 +1,36 @@
 """How a batch crosses from a worker process to the training process.
 
 NOTE [ Batch transport ]
-torch's pickler for tensors (registered by ``torch.multiprocessing``) moves a tensor's storage
-into a shared-memory file and passes its file descriptor over a Unix socket: no copy of the
-data, but a fixed cost of about a millisecond per tensor on the receiving side (a socket
-connection to the sender's resource sharer, ``recvmsg``, ``mmap``). For the small batches most
-training loops use, copying the bytes through the result pipe is several times cheaper, so
-:func:`pack` sends arrays and tensors below :data:`SHM_MIN_BYTES` inline (pickled bytes) and only
-large ones through shared memory. ``bench/bench_workers.py --transport`` measures the crossover
-(about 4 MiB per array on a 2-core machine: below it inline wins by 3-10x, above it shared memory
-wins and keeps winning as batches grow).
+Each process worker owns a few shared-memory *slots* (:mod:`naiad.parallel.slots`): memory files
+without a name (``memfd_create``), each mapped once in the worker and once in the training
+process, its descriptor passed once over the worker's socket. A worker copies a batch's arrays
+and tensors into a free slot (one copy, into pages already faulted in) and sends small records
+of where each lies; the training process rebuilds them as arrays and tensors over its own
+mapping of the slot, without a copy. Pickling the bytes through the socket (what naiad did below
+4 MiB) copied them twice more and ran at 2-6% of one core's memcpy; torch's pickler makes a new
+shared-memory file per tensor, passes its descriptor over a fresh socket connection and faults
+every page in again, about a millisecond per tensor whatever its size.
 
-Shared-memory files never outlive an error: torch creates each one and unlinks it at once, so
-only open descriptors keep it alive and the kernel frees it when the last process holding one
-exits or drops it. Nothing is left under /dev/shm after a kill. One consequence is that a
-descriptor can only be received while the sender lives; a worker that dies with a large
-result still in the pipe loses it (the pool reports the death instead).
+Safe by construction:
 
-Both wrappers rebuild themselves while unpickling (``__reduce__``), so the receiving side makes
-no second pass over the batch.
+* a slot is never written while anything views it: its first byte says who holds it (0 the
+  worker, 1 the training process). The worker sets it before it sends; in the training process
+  every array rebuilt from the slot holds a finalizer, and the last of a batch's to go clears it.
+  A batch the loop keeps (a list of batches, a tensor held across steps) keeps its slot; the
+  worker makes another, up to :data:`~naiad.parallel.slots.MAX_SLOTS`, and past that sends the
+  batch the old way (:func:`pack`), never waits and never overwrites;
+* nothing outlives a kill: a slot has no name in /dev/shm, only descriptors and mappings, which
+  the kernel frees with the last process holding one;
+* memory is bounded: at most ``MAX_SLOTS`` slots per worker, each about the largest batch it
+  carried (a free slot too small is replaced by a bigger one); ``loader.stats().workers
+  ["batch_slots"]`` shows the slots mapped and their bytes;
+* a result that fails to pickle after it took a slot gives it back; a worker that dies takes its
+  slots with it (the training process's arrays keep their own mappings).
+
+What is not an array or tensor of a numeric dtype (strings, Python objects, lists longer than
+256 entries) is pickled as before. Without ``memfd_create`` (not Linux), :func:`pack` is the
+transport: arrays below :data:`SHM_MIN_BYTES` inline, larger ones through torch's shared memory,
+whose files torch unlinks at creation. ``bench/bench_transport.py`` measures both.
 """
 
 from __future__ import annotations
@@ -33,11 +45,11 @@ if TYPE_CHECKING:
 __all__ = ["SHM_MIN_BYTES", "pack"]
 
 SHM_MIN_BYTES = 4 << 20
-"""Arrays and tensors of at least this many bytes cross through shared memory; smaller, inline."""
+"""Without slots, arrays and tensors of at least this many bytes cross through torch's shared memory; smaller, inline."""
 
 # Lists longer than this are pickled as they are instead of walked: a collated list of strings
 # has one entry per row, and walking it would be a per-row loop on every batch.
-_MAX_WALK = 256
+MAX_WALK = 256
 
 
 def _numpy_from_tensor(tensor: torch.Tensor) -> np.ndarray:
@@ -76,7 +88,7 @@ class _InlineTensor:
         import torch
 
         t = self.tensor.contiguous()
-        if t.dtype not in _NOT_IN_NUMPY:  # NumPy pickles dtype and shape; one call rebuilds it
+        if t.dtype not in NOT_IN_NUMPY:  # NumPy pickles dtype and shape; one call rebuilds it
             return (torch.from_numpy, (t.numpy(),))
         raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
         return (_tensor_from_bytes, (raw, t.dtype, tuple(t.shape)))
@@ -89,10 +101,12 @@ def _not_in_numpy() -> frozenset[Any]:
     return frozenset(getattr(torch, n) for n in names if hasattr(torch, n))
 
 
-_NOT_IN_NUMPY = _not_in_numpy()
+NOT_IN_NUMPY = _not_in_numpy()
+"""torch dtypes with no NumPy equivalent: their tensors cross as raw bytes."""
 
 
-def _plain_tensor(obj: Any) -> bool:
+def plain_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a dense CPU tensor of at least one dimension, outside autograd."""
     import torch
 
     return (
@@ -114,14 +128,14 @@ def pack(obj: Any) -> Any:
         if obj.dtype.kind in "biufc" and obj.nbytes >= SHM_MIN_BYTES:
             return _SharedArray(obj)
         return obj
-    if type(obj).__module__ == "torch" and _plain_tensor(obj):
+    if type(obj).__module__ == "torch" and plain_tensor(obj):
         nbytes = obj.numel() * obj.element_size()
         return obj if nbytes >= SHM_MIN_BYTES else _InlineTensor(obj)
     kind = type(obj)
     if kind is dict:
         return {k: pack(v) for k, v in obj.items()}
     if kind is list or kind is tuple:
-        if len(obj) > _MAX_WALK:
+        if len(obj) > MAX_WALK:
             return obj
         return kind(pack(v) for v in obj)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple

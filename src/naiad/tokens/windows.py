@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import Dataset
 
 from naiad.errors import ConfigError
+from naiad.parallel.slots import batch_array
 from naiad.sources.options import StorageLike, old_storage, refuse_unknown
 from naiad.sources.paths import PathLike, expand_paths
 from naiad.sources.storage import Storage
@@ -296,8 +297,12 @@ class TokenWindows(WindowSamples):
 def window_batch(windows: np.ndarray, eos_id: int | None) -> dict[str, torch.Tensor]:
     """``{"input_ids", "labels"}`` (and, with ``eos_id``, ``"position_ids"``, ``"document_ids"``)
     from integer windows ``[B, seq_len + 1]``, as int64."""
-    inputs = windows[:, :-1].astype(np.int64)  # astype of a strided view: a contiguous copy
-    batch = {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(windows[:, 1:].astype(np.int64))}
+    # Built where the batch will cross to the training process (in a process worker, its slot).
+    rows, width = windows.shape[0], windows.shape[1] - 1
+    inputs, labels = batch_array((rows, width), np.int64), batch_array((rows, width), np.int64)
+    np.copyto(inputs, windows[:, :-1], casting="unsafe")  # as astype: the token ids fit int64
+    np.copyto(labels, windows[:, 1:], casting="unsafe")
+    batch = {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
     if eos_id is not None:
         batch["position_ids"] = torch.from_numpy(position_ids(inputs, eos_id))
         batch["document_ids"] = torch.from_numpy(document_ids(inputs, eos_id))

@@ -1,0 +1,248 @@
+"""Batch slots (NOTE [ Batch transport ]): a process worker's batches cross through shared memory
+it reuses, never written while the training process still views it, and nothing outlives a kill.
+
+The task channel (NOTE [ Task channel ]) is tested here too: tasks go out without ever blocking,
+even when a worker's socket is full both ways.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import naiad
+from naiad.parallel import WorkerContext, WorkerPool, slots
+from tests.helpers import child_pids, settle_workers, shm_entries
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def batch(k: int, rows: int = 1) -> dict[str, Any]:
+    return {
+        "x": torch.full((rows, 1000), float(k), dtype=torch.float32),
+        "bf16": torch.full((7,), float(k), dtype=torch.bfloat16),
+        "n": np.full(500, k, np.int64),
+        "strided": np.arange(2000, dtype=np.int32).reshape(40, 50).T + k,
+        "k": k,
+    }
+
+
+def _batches(context: WorkerContext) -> Any:
+    return batch
+
+
+def _growing(context: WorkerContext) -> Any:
+    return lambda k: batch(k, rows=1 + 3 * k)
+
+
+def _unpicklable_every_other(context: WorkerContext) -> Any:
+    def handle(k: int) -> Any:
+        out = batch(k)
+        if k % 2:
+            out["bad"] = lambda: None  # the result does not pickle, after its arrays took a slot
+        return out
+
+    return handle
+
+
+def assert_batch(got: Any, k: int, rows: int = 1) -> None:
+    want = batch(k, rows)
+    assert got["k"] == k
+    for name in ("x", "bf16"):
+        assert torch.equal(got[name], want[name]) and got[name].dtype == want[name].dtype
+    np.testing.assert_array_equal(got["n"], want["n"])
+    np.testing.assert_array_equal(got["strided"], want["strided"])
+
+
+def over_a_slot(array: Any) -> bool:
+    """Whether ``array``'s memory lies in a worker's batch slot mapped here."""
+    ptr = array.data_ptr() if isinstance(array, torch.Tensor) else array.ctypes.data
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "memfd:naiad-batch" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= ptr < hi:
+                    return True
+    return False
+
+
+def slots_since(before: dict[str, int]) -> int:
+    return slots.memory()["slots"] - before["slots"]
+
+
+def test_batches_cross_over_slots_exactly() -> None:
+    shm, before = shm_entries(), slots.memory()
+    with WorkerPool(_batches, num_workers=2) as pool:
+        for k, got in enumerate(pool.imap(range(30))):
+            assert_batch(got, k)
+            assert over_a_slot(got["x"]) and over_a_slot(got["n"]) and over_a_slot(got["strided"])
+            got["x"][0, 0] = -1.0  # a batch is the loop's to write
+        assert slots_since(before) >= 2
+    assert slots.memory() == before  # the pool's close forgets them
+    assert shm_entries() <= shm
+
+
+def test_a_held_batch_is_never_overwritten() -> None:
+    # More batches held than a worker may have slots: the rest cross the old way, and none of
+    # the held ones changes while the workers go on.
+    held, before = [], slots.memory()
+    with WorkerPool(_batches, num_workers=2) as pool:
+        for got in pool.imap(range(4 * slots.MAX_SLOTS), prefetch=4):
+            held.append(got)
+        assert slots_since(before) <= 2 * slots.MAX_SLOTS
+        for k, got in enumerate(held):
+            assert_batch(got, k)
+        assert sum(over_a_slot(g["x"]) for g in held) >= slots.MAX_SLOTS
+
+
+def test_released_batches_free_their_slots_for_reuse() -> None:
+    before = slots.memory()
+    with WorkerPool(_batches, num_workers=2) as pool:
+        for k, got in enumerate(pool.imap(range(300), prefetch=2)):
+            assert_batch(got, k)
+            assert over_a_slot(got["x"]), f"batch {k} did not come over a slot"
+        # in flight per worker (2), the one the loop holds, the one arriving
+        assert slots_since(before) <= 2 * 5
+
+
+def test_a_bigger_batch_grows_its_slot() -> None:
+    before = slots.memory()
+    with WorkerPool(_growing, num_workers=1) as pool:
+        for k, got in enumerate(pool.imap(range(40))):
+            assert_batch(got, k, rows=1 + 3 * k)
+            assert over_a_slot(got["x"])
+        assert slots_since(before) <= slots.MAX_SLOTS
+
+
+def test_a_result_that_does_not_pickle_gives_its_slot_back() -> None:
+    with WorkerPool(_unpicklable_every_other, num_workers=1) as pool:
+        results = pool.imap(range(60), prefetch=2)
+        for k in range(60):
+            if k % 2:
+                with pytest.raises(Exception, match="pickle"):
+                    next(results)
+                continue
+            got = next(results)
+            assert_batch(got, k)
+            assert over_a_slot(got["x"]), f"batch {k}: the slots were all held by failed results"
+            del got
+
+
+def test_the_owner_check_keeps_a_forked_child_from_freeing_a_slot() -> None:
+    flag = np.ones(1, np.uint8)
+    slots._release([0], flag, os.getpid() + 1)  # another process's copy of a batch died
+    assert flag[0] == 1
+    slots._release([0], flag, os.getpid())
+    assert flag[0] == 0
+
+
+def _big_tasks(context: WorkerContext) -> Any:
+    return lambda payload: bytes(payload[:1]) * (4 << 20)  # bytes: pickled through the socket
+
+
+def test_big_tasks_and_big_results_never_deadlock() -> None:
+    # Both directions of a worker's socket fill: the training process must keep reading
+    # results while its tasks wait for room (NOTE [ Task channel ]).
+    payloads = [bytes([i]) * (6 << 20) for i in range(12)]
+    with WorkerPool(_big_tasks, num_workers=2, timeout_s=60) as pool:
+        for i, got in enumerate(pool.imap(payloads, prefetch=4)):
+            assert len(got) == 4 << 20 and got[:1] == bytes([i])
+
+
+class Tensors(Dataset[Any]):
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"x": torch.full((3, 32, 32), i % 251, dtype=torch.uint8), "i": i}
+
+
+def test_a_loader_reports_its_slots_and_every_row_comes_once() -> None:
+    loader = naiad.DataLoader(Tensors(), batch_size=16, shuffle=True, num_workers=2, persistent_workers=True)
+    seen = []
+    for b in loader:
+        seen += b["i"].tolist()
+        assert torch.equal(b["x"][:, 0, 0, 0], (b["i"] % 251).to(torch.uint8))
+    assert sorted(seen) == list(range(400))
+    info = loader.stats().workers["batch_slots"]
+    assert info["slots"] >= 2 and info["bytes"] >= 2 * 16 * 3 * 32 * 32
+
+
+_KILLED_LOOP = textwrap.dedent("""
+    import sys, torch, naiad
+    from torch.utils.data import Dataset
+    class D(Dataset):
+        def __len__(self): return 10_000
+        def __getitem__(self, i): return torch.full((64, 1024), i % 100, dtype=torch.uint8)
+    held = []
+    for b in naiad.DataLoader(D(), batch_size=8, num_workers=2):
+        held.append(b)
+        if len(held) == 20:
+            print("holding", flush=True)
+            sys.stdin.readline()
+""")
+
+
+def test_nothing_outlives_a_killed_training_process() -> None:
+    shm = shm_entries()
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, "workers outlived the training process"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for p in psutil.Process().children(recursive=True):
+            if p.pid != proc.pid and p.ppid() == 1:
+                p.kill()
+    assert shm_entries() <= shm
+
+
+class KilledOnce(Dataset[Any]):
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __len__(self) -> int:
+        return 200
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 77 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.full((256,), i, dtype=torch.int64)
+
+
+def test_a_killed_worker_is_replaced_and_every_batch_is_exact(tmp_path: Any) -> None:
+    before, shm = child_pids(), shm_entries()
+    loader = naiad.DataLoader(KilledOnce(str(tmp_path / "killed")), batch_size=10, num_workers=2,
+                              max_worker_restarts=1)
+    rows = []
+    held = []
+    for b in loader:
+        held.append(b)
+        rows += b[:, 0].tolist()
+        assert torch.equal(b, b[:, :1].expand(-1, 256))
+    assert rows == list(range(200))
+    assert [int(b[0, 0]) for b in held] == list(range(0, 200, 10))  # held ones unchanged
+    assert loader.stats().workers["restarts"] == 1
+    del loader, held
+    time.sleep(0.1)
+    settle_workers(before, shm)
