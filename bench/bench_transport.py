@@ -166,7 +166,7 @@ class PILImages(Dataset[Any]):
         from PIL import Image
 
         img = Image.open(io.BytesIO(self.blobs[i])).convert("RGB").resize((224, 224))
-        return torch.from_numpy(np.asarray(img)).permute(2, 0, 1), i % 1000
+        return torch.from_numpy(np.array(img)).permute(2, 0, 1), i % 1000
 
 
 def pil_section(repeats: int) -> list[list[str]]:

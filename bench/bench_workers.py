@@ -1,6 +1,6 @@
 """Workers: how fast do they start, how well do they scale, what does a batch's trip cost?
 
-Three questions, naiad's DataLoader beside torch's in the same run (fork, the Linux default):
+Two questions, naiad's DataLoader beside torch's in the same run (fork, the Linux default):
 
 1. Time to first batch with ``num_workers=2``: construct the loader, ``next(iter(loader))``.
    Target: naiad <= 0.3 s. On an in-memory ``TensorDataset`` (the tutorial's data) and on a
@@ -9,10 +9,7 @@ Three questions, naiad's DataLoader beside torch's in the same run (fork, the Li
    one epoch with 0 and with 2 workers (a fresh loader: start-up included), and a second epoch
    of persistent workers (steady state); the speed-up of 2 over 0, naiad against torch (and
    naiad's thread workers), and the CPU the training process itself spent on loading.
-3. Transport: steady-state batches per second the training process receives from 2 workers, by
-   batch size: naiad (small batches inline, large through shared memory, NOTE [ Batch
-   transport ]), naiad forced through shared memory for every batch, and torch (always shared
-   memory). The crossover sets ``SHM_MIN_BYTES``.
+(How fast batches cross from the workers, by size, is ``bench/bench_transport.py``'s question.)
 
 Times are medians over ``--repeats`` runs; the machine is shared and noisy, so read the ratios.
 
@@ -40,7 +37,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import environment, markdown_table  # noqa: E402
 
 import naiad  # noqa: E402
-from naiad.parallel import transport  # noqa: E402
 
 Loader = Callable[..., Any]
 LOADERS: dict[str, Loader] = {"torch": TorchDataLoader, "naiad": naiad.DataLoader}
@@ -230,67 +226,12 @@ def bench_transform(repeats: int, rows: int) -> tuple[str, list[list[Any]], floa
     return title, out, per_row_us
 
 
-# -- 3. transport -------------------------------------------------------------------------------
-
-
-class Ready(Dataset):
-    """Each index is a whole batch: a float32 tensor of ``nbytes`` (the work is only a copy)."""
-
-    def __init__(self, nbytes: int, n: int) -> None:
-        self.template = torch.rand(nbytes // 4)
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.template.clone()
-
-
-def batches_per_s(make: Loader, nbytes: int, batches: int) -> float:
-    loader = make(Ready(nbytes, batches + 1), batch_size=None, num_workers=2, prefetch_factor=4)
-    it = iter(loader)
-    next(it)  # start-up is not transport
-    t0 = time.perf_counter()
-    for _ in it:
-        pass
-    return batches / (time.perf_counter() - t0)
-
-
-def bench_transport(repeats: int) -> tuple[str, list[list[Any]]]:
-    default = transport.SHM_MIN_BYTES
-    out = []
-    for nbytes in (16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20):
-        batches = max(20, min(400, (400 << 20) // nbytes // 4))
-        def forced_shm(batches: int = batches, nbytes: int = nbytes) -> float:
-            transport.SHM_MIN_BYTES = 0  # forked workers inherit the setting
-            try:
-                return batches_per_s(naiad.DataLoader, nbytes, batches)
-            finally:
-                transport.SHM_MIN_BYTES = default
-
-        r = interleaved(
-            {
-                "torch": functools.partial(batches_per_s, TorchDataLoader, nbytes, batches),
-                "shm": forced_shm,
-                "naiad": functools.partial(batches_per_s, naiad.DataLoader, nbytes, batches),
-            },
-            repeats,
-        )
-        size = f"{nbytes >> 10} KiB" if nbytes < 1 << 20 else f"{nbytes >> 20} MiB"
-        out.append([
-            size, f"{r['torch']:,.0f}", f"{r['shm']:,.0f}", f"{r['naiad']:,.0f}",
-            "inline" if nbytes < default else "shared memory", f"{r['naiad'] / r['torch']:.2f}x",
-        ])
-    return "Transport: batches/s received from 2 workers (median)", out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=4096, help="rows of the transform benchmark")
     parser.add_argument("--out", help="write the results as markdown here")
-    parser.add_argument("--only", choices=("first", "transform", "transport"))
+    parser.add_argument("--only", choices=("first", "transform"))
     args = parser.parse_args()
     env = environment()
     print(env, flush=True)
@@ -308,11 +249,6 @@ def main() -> int:
         ]
         sections.append((title, header, rows))
         print(f"\n{title}\n{markdown_table(sections[-1][1], rows)}", flush=True)
-    if args.only in (None, "transport"):
-        title, rows = bench_transport(args.repeats)
-        header = ["batch", "torch", "naiad, all via shm", "naiad", "naiad sends", "naiad / torch"]
-        sections.append((title, header, rows))
-        print(f"\n{title}\n{markdown_table(header, rows)}", flush=True)
     # The machines are shared: a load above the core count means other jobs took the cores.
     load = f"load average (1 min) at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}"
     print(f"\n{load}")

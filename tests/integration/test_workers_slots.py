@@ -246,3 +246,27 @@ def test_a_killed_worker_is_replaced_and_every_batch_is_exact(tmp_path: Any) -> 
     del loader, held
     time.sleep(0.1)
     settle_workers(before, shm)
+
+
+def test_gathered_columns_are_built_in_the_slot_and_equal_the_loops() -> None:
+    # ArrayDataset and token windows build their columns in the slot the batch crosses in
+    # (slots.batch_array): the batches are torch's, bit for bit, and arrive without a copy.
+    rng = np.random.default_rng(0)
+    data = naiad.ArrayDataset({"image": rng.integers(0, 255, (1000, 28, 28), dtype=np.uint8),
+                               "label": np.arange(1000)})
+    kw: dict[str, Any] = {"batch_size": 64, "shuffle": True, "seed": 3}
+    want = list(naiad.DataLoader(data, **kw))
+    got = list(naiad.DataLoader(data, num_workers=2, **kw))
+    assert len(got) == len(want)
+    for w, g in zip(want, got):
+        assert torch.equal(w["image"], g["image"]) and torch.equal(w["label"], g["label"])
+    assert sum(over_a_slot(g["image"]) for g in got) >= len(got) - 2 * slots.MAX_SLOTS
+
+
+def test_an_index_out_of_range_raises_as_numpy_does_in_a_worker() -> None:
+    data = naiad.ArrayDataset(np.arange(10))
+    loader = naiad.DataLoader(data, batch_sampler=[[0, 1], [3, 10]], num_workers=1)
+    it = iter(loader)
+    assert next(it)[0].tolist() == [0, 1]
+    with pytest.raises(IndexError, match="index 10 is out of bounds for axis 0 with size 10"):
+        next(it)

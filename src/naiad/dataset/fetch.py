@@ -26,8 +26,8 @@ import torch
 from torch.utils.data import Dataset, Subset, TensorDataset, default_collate, default_convert
 
 from naiad.errors import ConfigError
+from naiad.parallel import slots
 from naiad.parallel.pool import add_note
-from naiad.parallel.slots import batch_array
 
 __all__ = ["ArrayDataset", "FetchStrategy", "choose_fetch", "describe_indices", "make_fetch"]
 
@@ -131,13 +131,15 @@ def _column_gatherer(column: Any) -> Callable[[np.ndarray], torch.Tensor]:
 
 
 def _take(column: np.ndarray, idx: np.ndarray) -> torch.Tensor:
-    """``column[idx]`` built where the batch will cross to the training process (in a process
-    worker, its slot: NOTE [ Batch transport ])."""
+    """``column[idx]``; in a process worker, built where the batch will cross to the training
+    process (its slot: NOTE [ Batch transport ])."""
+    if not slots.building():
+        return torch.from_numpy(column.take(idx, axis=0))
     n = len(column)
     if len(idx) and (int(idx.min()) < -n or int(idx.max()) >= n):
         bad = idx[(idx < -n) | (idx >= n)][0]
         raise IndexError(f"index {int(bad)} is out of bounds for axis 0 with size {n}")
-    out = batch_array((len(idx), *column.shape[1:]), column.dtype)
+    out = slots.batch_array((len(idx), *column.shape[1:]), column.dtype)
     # mode="wrap" takes negative indices as Python does and, unlike "raise", writes into ``out``
     # without a buffer; the bounds are checked above.
     return torch.from_numpy(column.take(idx, axis=0, out=out, mode="wrap"))

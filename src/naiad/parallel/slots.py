@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_SLOTS", "WorkerSlots", "batch_array", "forget", "memory", "receive", "supported", "use"]
+__all__ = ["MAX_SLOTS", "WorkerSlots", "batch_array", "building", "forget", "memory", "receive", "supported", "use"]
 
 MAX_SLOTS = 8
 """Slots a worker may hold at most: enough for its tasks in flight and the batches the loop
@@ -262,6 +262,11 @@ def use(held: WorkerSlots | None) -> None:
     """Make ``held`` the slots :func:`batch_array` builds in (a process worker, at its start)."""
     global _CURRENT
     _CURRENT = held
+
+
+def building() -> bool:
+    """Whether :func:`batch_array` builds in a slot here (a process worker with slots)."""
+    return _CURRENT is not None
 
 
 def batch_array(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
