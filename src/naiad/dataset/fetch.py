@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset, default_collate, default_convert
 
+from naiad.dataset.slot_collate import slot_collate
 from naiad.errors import ConfigError
 from naiad.parallel import slots
 from naiad.parallel.pool import add_note
@@ -230,6 +231,8 @@ def make_fetch(
         strategy = choose_fetch(dataset, collate_fn, auto_collation)
     if not auto_collation:
         return _fetch_one(dataset, collate_fn)
+    if collate_fn is default_collate:
+        collate_fn = slot_collate  # the same batches; in a process worker, stacked into its slot
     if strategy == "gather":
         return _fetch_gather(dataset)
     if strategy == "getitems":
