@@ -174,34 +174,38 @@ def resolve_mode(args: argparse.Namespace) -> None:
     """Fill the options left unset with the mode's defaults; refuse options of the other mode."""
     from naiad.errors import ConfigError
 
-    counts = {"images": args.images, "videos": args.videos}  # each mode's own size option
     if args.mode in ("images", "video"):
         if args.mode == "images":
-            from naiad.cli.demo_images import DEFAULTS
+            from naiad.cli.demo_images import DEFAULTS as defaults
         else:
-            from naiad.cli.demo_video import DEFAULTS
+            from naiad.cli.demo_video import DEFAULTS as defaults
 
         for option in ("csv", "features", "label", "rows"):
             if getattr(args, option) is not None:
                 raise ConfigError(f"`--{option}` is an option of the CSV demo, not of `naiad demo {args.mode}`; "
                                   f"drop it, or run `naiad demo` without `{args.mode}`.")
-        own = "images" if args.mode == "images" else "videos"
-        for option, value in counts.items():
-            if option != own and value is not None:
-                mode = "images" if option == "images" else "video"
-                raise ConfigError(f"`--{option}` sets the {option} of `naiad demo {mode}`, not of `naiad demo "
-                                  f"{args.mode}`; drop it, or run `naiad demo {mode} --{option} {value}`.")
-        defaults = DEFAULTS
     else:
-        for option, value in counts.items():
-            if value is not None:
-                mode = "images" if option == "images" else "video"
-                raise ConfigError(f"`--{option}` sets the {option} of `naiad demo {mode}`, got {value} without "
-                                  f"`{mode}`; run `naiad demo {mode} --{option} N`, or give `--rows` for the CSV demo.")
         defaults = _CSV_DEFAULTS
+    _refuse_other_sizes(args)
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+
+
+def _refuse_other_sizes(args: argparse.Namespace) -> None:
+    """A size option of another mode than ``args.mode`` (``--images``, ``--videos``) is a ConfigError."""
+    from naiad.errors import ConfigError
+
+    own = {"images": "images", "video": "videos"}.get(args.mode)
+    for option, value in {"images": args.images, "videos": args.videos}.items():
+        if option == own or value is None:
+            continue
+        mode = "images" if option == "images" else "video"
+        if own is None:
+            raise ConfigError(f"`--{option}` sets the {option} of `naiad demo {mode}`, got {value} without "
+                              f"`{mode}`; run `naiad demo {mode} --{option} N`, or give `--rows` for the CSV demo.")
+        raise ConfigError(f"`--{option}` sets the {option} of `naiad demo {mode}`, not of `naiad demo "
+                          f"{args.mode}`; drop it, or run `naiad demo {mode} --{option} {value}`.")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -235,44 +235,13 @@ def convert_videos(src: str | Sequence[str], dst: str, options: VideoConvertOpti
     """
     opts = options or VideoConvertOptions()
     began = time.monotonic()
-    if format_of(dst, None) != "webdataset" and not dst.endswith("/") and os.path.splitext(dst)[1]:
-        raise ConfigError(f"videos convert to WebDataset tar shards: give DST as out/train.tar or a folder, got {dst!r}.")
-    if opts.reencodes:  # a missing PyAV fails here, before any shard is opened
-        pyav_for("re-encoding videos (`naiad convert --keyframe-interval/--max-size`)")
+    dest, existing = _destination(dst, opts)
     files = list_videos(src)
     keys = video_keys(files)
     order = np.random.default_rng(opts.seed).permutation(len(files)) if opts.shuffle else np.arange(len(files))
-    dest = Destination(dst, "webdataset", sharded=True, storage=Storage(opts.storage_options))
-    existing = dest.existing()
-    if existing and not opts.overwrite:
-        raise ConfigError(f"{dest.join(existing[0])} exists; pass --overwrite (overwrite=True) to replace "
-                          f"{'it' if len(existing) == 1 else f'it and {len(existing) - 1} other file(s)'}.")
     shards = VideoShardSet(dest, shard_bytes=opts.shard_bytes, samples_per_shard=opts.samples_per_shard)
-    bad: list[dict[str, Any]] = []
-    counts = {"reencoded": 0, "copied": 0, "bad": 0}
-    extensions: set[str] = set()
     try:
-        threads = opts.threads or default_threads()
-        for lo in range(0, len(order), 2 * threads):  # a few videos in memory at a time
-            rows = order[lo: lo + 2 * threads].tolist()
-            outputs = _convert_some(files, keys, rows, opts, threads)
-            for i, (ext, data, status) in zip(rows, outputs, strict=True):
-                if data is None:
-                    counts["bad"] += 1
-                    if opts.on_bad_rows == "raise":
-                        raise SourceError(f"video {keys[i]!r}: {status}; pass --on-bad-rows skip (on_bad_rows='skip') to "
-                                          "leave such videos out.", path=files.paths[i])
-                    if len(bad) < _BAD_EXAMPLES:
-                        bad.append({"file": files.paths[i], "key": keys[i], "reason": status})
-                    continue
-                counts[status] += 1  # "reencoded" or "copied"
-                members = [(ext, data)]
-                if files.classes:
-                    members.append(("cls", str(int(files.labels[i])).encode()))
-                shards.add_sample(keys[i], members)
-                extensions.add(ext)
-            if progress:
-                progress("convert", min(lo + 2 * threads, len(order)), len(order), shards.bytes_written)
+        counts, bad, extensions = _write_videos(files, keys, order.tolist(), opts, shards, progress)
         written = shards.finish()
     except BaseException as exc:
         shards.abort()
@@ -295,6 +264,52 @@ def convert_videos(src: str | Sequence[str], dst: str, options: VideoConvertOpti
     dest.write_json(dest.manifest_name, manifest)
     return ConvertResult(written, rows_written, counts["bad"], time.monotonic() - began,
                          dest.join(dest.manifest_name), manifest)
+
+
+def _destination(dst: str, opts: VideoConvertOptions) -> tuple[Destination, list[str]]:
+    """Where the shards go and the files already there; ConfigError for a destination that is
+    not tar shards, files there without ``overwrite``, or a re-encode without PyAV."""
+    if format_of(dst, None) != "webdataset" and not dst.endswith("/") and os.path.splitext(dst)[1]:
+        raise ConfigError(f"videos convert to WebDataset tar shards: give DST as out/train.tar or a folder, got {dst!r}.")
+    if opts.reencodes:  # a missing PyAV fails here, before any shard is opened
+        pyav_for("re-encoding videos (`naiad convert --keyframe-interval/--max-size`)")
+    dest = Destination(dst, "webdataset", sharded=True, storage=Storage(opts.storage_options))
+    existing = dest.existing()
+    if existing and not opts.overwrite:
+        raise ConfigError(f"{dest.join(existing[0])} exists; pass --overwrite (overwrite=True) to replace "
+                          f"{'it' if len(existing) == 1 else f'it and {len(existing) - 1} other file(s)'}.")
+    return dest, existing
+
+
+def _write_videos(files: VideoFiles, keys: list[str], order: list[int], opts: VideoConvertOptions,
+                  shards: VideoShardSet, progress: ProgressFn | None
+                  ) -> tuple[dict[str, int], list[dict[str, Any]], set[str]]:
+    """The videos in ``order`` into ``shards``, a few at a time: the counts (``reencoded``,
+    ``copied``, ``bad``), the first bad videos, and the extensions written."""
+    bad: list[dict[str, Any]] = []
+    counts = {"reencoded": 0, "copied": 0, "bad": 0}
+    extensions: set[str] = set()
+    threads = opts.threads or default_threads()
+    for lo in range(0, len(order), 2 * threads):  # a few videos in memory at a time
+        rows = order[lo: lo + 2 * threads]
+        for i, (ext, data, status) in zip(rows, _convert_some(files, keys, rows, opts, threads), strict=True):
+            if data is None:
+                counts["bad"] += 1
+                if opts.on_bad_rows == "raise":
+                    raise SourceError(f"video {keys[i]!r}: {status}; pass --on-bad-rows skip (on_bad_rows='skip') to "
+                                      "leave such videos out.", path=files.paths[i])
+                if len(bad) < _BAD_EXAMPLES:
+                    bad.append({"file": files.paths[i], "key": keys[i], "reason": status})
+                continue
+            counts[status] += 1  # "reencoded" or "copied"
+            members = [(ext, data)]
+            if files.classes:
+                members.append(("cls", str(int(files.labels[i])).encode()))
+            shards.add_sample(keys[i], members)
+            extensions.add(ext)
+        if progress:
+            progress("convert", min(lo + 2 * threads, len(order)), len(order), shards.bytes_written)
+    return counts, bad, extensions
 
 
 def _convert_some(files: VideoFiles, keys: list[str], rows: list[int], opts: VideoConvertOptions,
