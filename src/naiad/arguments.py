@@ -175,9 +175,11 @@ def _checked(dataset: Any, options: LoaderOptions) -> LoaderOptions:
     worker_mode = options.worker_mode
     if worker_mode is None:
         # A stream's reads mostly release the GIL (files, PyArrow's parsers): threads serve them.
-        # A transform in the reads (small images: NOTE [ Small samples decode in the reads ]) runs
-        # Python under the GIL: processes serve it.
-        threads = isinstance(dataset, Source) and place(options.transform, "stream").runs != "reads"
+        # A transform in the reads (small images: NOTE [ Small samples decode in the reads ]), or
+        # one on the decode stage that holds the GIL (video clips: NOTE [ Decode stage in the
+        # worker processes ]), runs Python under the GIL: processes serve it.
+        placed = place(options.transform, "stream") if isinstance(dataset, Source) else None
+        threads = placed is not None and placed.runs != "reads" and not placed.stage_in_processes
         worker_mode = "thread" if threads else "process"
     if worker_mode not in ("process", "thread"):
         raise ConfigError(f"`worker_mode` must be 'process' or 'thread', got {worker_mode!r}.")

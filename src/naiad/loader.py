@@ -84,7 +84,8 @@ class DataLoader(AccelerateHooks, OptionAttributes, TorchDataLoader[T_co]):
             PyArrow, torch ops). Default: processes (torch's behaviour) for datasets, threads for
             streaming sources, whose parsing is PyArrow's and releases the GIL (and results then
             need no copy through shared memory), but processes for a stream whose small images
-            decode in its reads (NOTE [ Small samples decode in the reads ]).
+            decode in its reads (NOTE [ Small samples decode in the reads ]) or whose decode
+            holds the GIL (``naiad.decode_video``: NOTE [ Decode stage in the worker processes ]).
         read_ahead: for a streaming source left at ``num_workers=0``: threads that read and
             parse its blocks ahead of the training loop, in this process (they run no user
             code). None: two on a machine with two or more cores, none on one

@@ -34,7 +34,10 @@ applied as before, in the loop's process by epoch.py.
   so the transform runs on a small ordered stage of threads a few batches ahead of the loop
   (NOTE [ Ordered stage ] in parallel/ahead.py), not in the read pool: decoded pixels would sit
   in the buffer, bigger than the encoded bytes, and the decoders release the GIL, so threads of
-  the loop's process decode in parallel. Measured (bench/bench_images.py, bench/RESULTS.md
+  the loop's process decode in parallel. A transform that holds the GIL (``decode_video``:
+  ``Placement(holds_gil=True)``) has the batches sent from there to the loader's process
+  workers instead, when it has some (NOTE [ Decode stage in the worker processes ] in
+  stream/decode_workers.py). Measured (bench/bench_images.py, bench/RESULTS.md
   "Images end to end"): for JPEGs the stage did as well as decoding in worker processes, with
   less CPU per image (no pixels cross processes); for 28x28 PNGs, where the per-image Python
   under one GIL counts, the reads' worker processes did better, and ``naiad convert --decode``

@@ -16,7 +16,10 @@ instead of reading attributes of the transform. naiad's own ``decode_images``, `
   through a wrapper (``naiad.tokenize``: NOTE [ Tokenizing in the workers ] in tokens/text.py).
 * ``runs="workers"``: map-style, in the workers after the fetch; stream, in the reads when every
   sample decodes to at most :data:`READ_DECODE_MAX_BYTES` (``decoded_row_bytes``: NOTE [ Small
-  samples decode in the reads ] in stream/decode.py), else on the decode stage.
+  samples decode in the reads ] in stream/decode.py), else on the decode stage: threads of the
+  loop's process, or, for a transform that declares ``holds_gil=True`` (``naiad.decode_video``),
+  the loader's worker processes when it has them (NOTE [ Decode stage in the worker processes ]
+  in stream/decode_workers.py), where a stream's default ``worker_mode`` is then ``"process"``.
 * ``runs="reads"``: a stream's reads, whatever the size (the transform then sees a read's rows,
   before the shuffle, not the batches the loop gets); map-style, the workers, where the fetch is
   the read.
@@ -83,10 +86,14 @@ class Placement:
             else None; small ones decode in a stream's reads.
         wrap: called on a streaming :class:`~naiad.Source` to read it through a wrapper that
             does part of the work in the reads (``naiad.tokenize``); None: read as it is.
+        holds_gil: whether its work is mostly Python that holds the GIL (PyAV's per-frame loop),
+            so threads of one process do not run it in parallel: a stream's decode stage then
+            runs it in the loader's worker processes, where it has some. False (the default):
+            it releases the GIL (libjpeg-turbo, torch's kernels), and the stage's threads serve.
 
     Example:
         >>> Placement("workers", column="image", key="__index__")
-        Placement(runs='workers', column='image', key='__index__', decoded_row_bytes=None, wrap=None)
+        Placement(runs='workers', column='image', key='__index__', decoded_row_bytes=None, wrap=None, holds_gil=False)
     """
 
     runs: Where = "loop"
@@ -94,6 +101,7 @@ class Placement:
     key: str | None = None
     decoded_row_bytes: int | None = None
     wrap: Callable[[Any], Any] | None = None
+    holds_gil: bool = False
 
     def __post_init__(self) -> None:
         if self.runs not in _WHERE:
@@ -107,6 +115,8 @@ class Placement:
             raise ConfigError(f"Placement `decoded_row_bytes` must be an int >= 1 or None, got {size!r}.")
         if self.wrap is not None and not callable(self.wrap):
             raise ConfigError(f"Placement `wrap` must be callable or None, got {self.wrap!r}.")
+        if not isinstance(self.holds_gil, bool):
+            raise ConfigError(f"Placement `holds_gil` must be True or False, got {self.holds_gil!r}.")
 
 
 @runtime_checkable
@@ -142,8 +152,8 @@ class Placed:
     Attributes:
         transform: the transform (None: none was given).
         runs: ``"loop"``, ``"workers"`` (map-style), ``"stage"`` or ``"reads"`` (stream).
-        column, decoded_row_bytes, wrap: as declared (:class:`Placement`); ``wrap`` only for a
-            stream.
+        column, decoded_row_bytes, wrap, holds_gil: as declared (:class:`Placement`); ``wrap``
+            only for a stream.
         key: the per-sample key column its batches carry (None: none added).
     """
 
@@ -153,6 +163,14 @@ class Placed:
     key: str | None = None
     decoded_row_bytes: int | None = None
     wrap: Callable[[Any], Any] | None = None
+    holds_gil: bool = False
+
+    @property
+    def stage_in_processes(self) -> bool:
+        """Whether a stream's decode stage runs it in the loader's worker processes when the
+        loader has some (NOTE [ Decode stage in the worker processes ]): on the stage, holding
+        the GIL."""
+        return self.runs == "stage" and self.holds_gil
 
     @property
     def by_pipeline(self) -> bool:
@@ -179,7 +197,8 @@ def place(transform: TransformLike, pipeline: Literal["map", "stream", "iterable
     declared = _declared(transform)
     if declared.runs == "loop" or pipeline == "iterable":
         wrap = declared.wrap if pipeline == "stream" else None
-        return Placed(transform, "loop", declared.column, declared.key, declared.decoded_row_bytes, wrap)
+        return Placed(transform, "loop", declared.column, declared.key, declared.decoded_row_bytes, wrap,
+                      declared.holds_gil)
     runs: Runs
     key = declared.key
     if pipeline == "map":
@@ -189,7 +208,7 @@ def place(transform: TransformLike, pipeline: Literal["map", "stream", "iterable
         runs = "reads" if declared.runs == "reads" or small else "stage"
         key = key or "__index__"  # a stream names a sample that fails by its key
     wrap = declared.wrap if pipeline == "stream" else None
-    return Placed(transform, runs, declared.column, key, declared.decoded_row_bytes, wrap)
+    return Placed(transform, runs, declared.column, key, declared.decoded_row_bytes, wrap, declared.holds_gil)
 
 
 TransformLike = Callable[[Any], Any] | Sequence[Callable[[Any], Any]] | None
@@ -201,7 +220,7 @@ class Compose:
 
     Its placement is its members': the loop when the first runs there, else the reads when every
     member may run there, else the workers; the first key any member reads, the first member's column and source wrapper, and the
-    last member's decoded size (the size of what it returns).
+    last member's decoded size (the size of what it returns); it holds the GIL when any member does.
     """
 
     def __init__(self, transforms: Sequence[Callable[[Any], Any]]) -> None:
@@ -230,7 +249,8 @@ class Compose:
             where = "reads"
         key = next((d.key for d in declared if d.key is not None), None)
         return Placement(where, column=declared[0].column, key=key,
-                         decoded_row_bytes=declared[-1].decoded_row_bytes, wrap=declared[0].wrap)
+                         decoded_row_bytes=declared[-1].decoded_row_bytes, wrap=declared[0].wrap,
+                         holds_gil=any(d.holds_gil for d in declared))
 
     def __repr__(self) -> str:
         return f"Compose({list(self.transforms)!r})"

@@ -16,7 +16,8 @@ finished, so no thread is left writing into a batch that has been given up.
 The pool is one per process (made again after a fork, where the parent's threads do not exist)
 and its threads are marked as one core each, so nothing they call spreads further. How many
 threads a batch uses (``default_threads``): every usable core outside naiad's workers; inside a
-pool of N process (or thread) workers, the cores divided among the N, at least one each.
+pool of N process (or thread) workers, the cores divided among the N, at least one each (two for
+a decode that holds the GIL: :data:`WORKER_THREADS_HOLDING_GIL`).
 
 Its threads are :class:`~naiad.parallel.threads.DaemonThreads` (NOTE [ Daemon threads ]): a
 decoder stuck for good on one hostile file must not keep the process from exiting once the
@@ -66,12 +67,22 @@ class _DecodePool:
 _state = per_process("naiad.media.rows decode pool", _DecodePool)
 
 
-def default_threads() -> int:
-    """Threads a batch's decode uses when the transform was given none (NOTE [ Decode threads ])."""
+WORKER_THREADS_HOLDING_GIL = 2
+"""The fewest threads a decode that holds the GIL (``decode_video``) uses in a worker: measured
+(2 workers on 2 cores, 16-frame H.264 clips decoded in batches of 8), one PyAV thread per worker
+process left its core idle about a third of the time while the other worker decoded (the kernel
+counted it as I/O wait; no page faults, no steal), 38-42 clips/s in all; a second thread in each
+worker filled that time, 52-54 clips/s, the single process's rate times the cores. The two share
+their worker's GIL, so the second costs thread switches, not a core."""
+
+
+def default_threads(*, holds_gil: bool = False) -> int:
+    """Threads a batch's decode uses when the transform was given none (NOTE [ Decode threads ]);
+    ``holds_gil``: the decode is mostly Python under the GIL (:data:`WORKER_THREADS_HOLDING_GIL`)."""
     cores = usable_cores()
     context = get_worker_context()
     if context is not None and context.num_workers > 0:
-        return max(1, cores // context.num_workers)
+        return max(WORKER_THREADS_HOLDING_GIL if holds_gil else 1, cores // context.num_workers)
     return cores
 
 

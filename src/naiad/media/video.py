@@ -105,11 +105,15 @@ class DecodeVideo(KeyedBatchTransform):
 
     def placement(self) -> transforms.Placement:
         """In the workers (:meth:`KeyedBatchTransform.placement`), with its decoded size with a
-        fixed ``size`` (clips are large: a stream decodes them on its decode stage)."""
+        fixed ``size`` (clips are large: a stream decodes them on its decode stage, after the
+        shuffle buffer), holding the GIL: PyAV's per-frame Python (the frame loop, ``reformat``,
+        ``to_ndarray``, the paste) keeps threads of one process to about 1.35 of 2 cores, so a
+        stream's decode stage runs it in the loader's worker processes (NOTE [ Decode stage in
+        the worker processes ] in stream/decode_workers.py)."""
         o = self.options
         size = o.image.size
         decoded = None if size is None else o.clips_per_video * o.frames * 3 * size[0] * size[1]
-        return dataclasses.replace(super().placement(), decoded_row_bytes=decoded)
+        return dataclasses.replace(super().placement(), decoded_row_bytes=decoded, holds_gil=True)
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """``batch`` with ``batch[column]`` decoded: a uint8 ``[B, T, C, H, W]`` tensor (``[B, K,
@@ -150,7 +154,7 @@ class DecodeVideo(KeyedBatchTransform):
             if out is None:
                 listed[i] = torch.from_numpy(clips if k > 1 else clips[0])
 
-        failures = run_rows(work, rows, self.threads or default_threads())
+        failures = run_rows(work, rows, self.threads or default_threads(holds_gil=True))
         result = dict(batch)
         frames = torch.from_numpy(numbers)
         if out is not None:

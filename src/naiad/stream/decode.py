@@ -1,6 +1,7 @@
 """A stream's samples through a worker-side batch transform (a decode): small fixed-size samples
 in the reads, the others a few batches ahead of the loop on an ordered stage of threads (NOTE
-[ Decode in the workers ] in pipeline.py).
+[ Decode in the workers ] in pipeline.py), or, for a transform that holds the GIL, in the
+loader's process workers (decode_workers.py, NOTE [ Decode stage in the worker processes ]).
 
 NOTE [ Small samples decode in the reads ]
 The stream cuts its batches in the loop's process, after the shuffle buffer. A decode there runs
@@ -126,9 +127,9 @@ class DecodeAhead(Iterator[Any]):
             except DecodeError as exc:
                 if self._numbers is None:
                     self._numbers = row_keys(self.stream.source)
-                failed = _failed(exc, batch, self.index_column, self._numbers)
+                failed = failed_samples(exc, batch, self.index_column, self._numbers)
                 if not self.skip or exc.kept is None:
-                    raise _named(exc, failed, f"batch {number} of epoch {self.stream.epoch}", keep=True) from exc
+                    raise named_error(exc, failed, f"batch {number} of epoch {self.stream.epoch}", keep=True) from exc
                 return exc.kept, [{k: v for k, v in e.items() if k != "at"} for e in failed], number, time.perf_counter() - t0
         finally:
             leave(previous)
@@ -178,9 +179,9 @@ def _build_decoding_handler(read_factory: HandlerFactory, source: Source, index_
             except DecodeError as exc:
                 if not numbers:
                     numbers.append(row_keys(source))
-                failed = _failed(exc, batch, index_column, numbers[0])
+                failed = failed_samples(exc, batch, index_column, numbers[0])
                 if not skip or exc.kept is None:
-                    raise _named(exc, failed, f"epoch {seeded.epoch}") from None
+                    raise named_error(exc, failed, f"epoch {seeded.epoch}") from None
                 out, bad = exc.kept, _merge(bad, failed, len(batch[index_column]))
         finally:
             leave(previous)
@@ -202,7 +203,7 @@ def _merge(bad: list[dict[str, Any]], failed: list[dict[str, Any]], good: int) -
 # -- naming what did not decode -----------------------------------------------------------------
 
 
-def _failed(exc: DecodeError, batch: Mapping[str, Any], index_column: str, numbers: RowKeys) -> list[dict[str, Any]]:
+def failed_samples(exc: DecodeError, batch: Mapping[str, Any], index_column: str, numbers: RowKeys) -> list[dict[str, Any]]:
     """A ledger entry for each sample of ``batch`` that did not decode (``at``: its row in the
     batch): its shard or file, its sample number there, its key and the decoder's complaint."""
     index = batch[index_column]
@@ -213,7 +214,7 @@ def _failed(exc: DecodeError, batch: Mapping[str, Any], index_column: str, numbe
             for at, (path, row), name, reason in zip(exc.rows, places, names, exc.reasons, strict=True)]
 
 
-def _named(exc: DecodeError, failed: list[dict[str, Any]], where: str, *, keep: bool = False) -> DecodeError:
+def named_error(exc: DecodeError, failed: list[dict[str, Any]], where: str, *, keep: bool = False) -> DecodeError:
     """``exc`` again, naming each failed sample's shard or file (a pass ends on it); its ``kept``
     only with ``keep`` (a worker's error crosses processes: the batch stays behind)."""
     shown = "; ".join(f"{e['file']} (sample {e['row']}, {e['key']})" for e in failed[:5])

@@ -33,6 +33,7 @@ from naiad.stream.decode import (
     SeededRead,
     make_decoding_handler_factory,
 )
+from naiad.stream.decode_workers import DecodeInWorkers, DecodeTask, make_stage_handler_factory
 from naiad.stream.plan import GroupTask, RestoreTask, group_rows
 from naiad.stream.reads import make_handler_factory
 from naiad.stream.state import check_stream_state
@@ -67,11 +68,14 @@ class StreamPipeline:
         """``read_ahead``: the user's read-ahead threads (None: the default, tuned);
         ``batch_transform``: a worker-side transform (NOTE [ Decode in the workers ]), run in
         the reads for small fixed-size samples, else on the pass's decode stage, with their
-        samples' keys (NOTE [ Small samples decode in the reads ] in decode.py)."""
+        samples' keys (NOTE [ Small samples decode in the reads ] in decode.py); a stage
+        transform that holds the GIL runs in the worker processes, when there are some (NOTE
+        [ Decode stage in the worker processes ] in decode_workers.py)."""
         self.source = source
         self.batch_transform = batch_transform
         placed = place(batch_transform, "stream")  # NOTE [ Transform placement ] in transforms.py
         self.decode_in_reads = batch_transform is not None and placed.runs == "reads"
+        self.stage_in_processes = batch_transform is not None and placed.stage_in_processes
         if batch_transform is not None and options.index_column is None:
             options = replace(options, index_column=placed.key or "__index__")
         if options.shuffle and options.shuffle_buffer is None:
@@ -124,11 +128,17 @@ class StreamPipeline:
         if self.decode_in_reads:
             assert self.batch_transform is not None and self.options.index_column is not None
             return make_decoding_handler_factory(self.source, self.options.index_column, self.batch_transform)
-        return make_handler_factory(self.source, self.options.index_column)
+        reads = make_handler_factory(self.source, self.options.index_column)
+        if self.stage_in_processes:  # the workers answer the decode stage's tasks too
+            assert self.batch_transform is not None and self.options.index_column is not None
+            return make_stage_handler_factory(reads, self.source, self.options.index_column, self.batch_transform)
+        return reads
 
     def describe_task(self, task: Any) -> str:
         if isinstance(task, SeededRead):
             return self.describe_task(task.task)
+        if isinstance(task, DecodeTask):
+            return f"the decode of batch {task.number} of epoch {task.epoch} by {self.batch_transform!r:.200}"
         if isinstance(task, RestoreTask):
             files = sorted({t.block.path for t in task.reads})
             return f"the {task.rows} rows a resume restores from {len(task.reads)} block(s) of {', '.join(files[:3])}"
@@ -169,7 +179,8 @@ class StreamPipeline:
     def open_pass(self, epoch: int, base_seed: int, resume: Mapping[str, Any] | None) -> StreamPass:
         stream = BatchStream(self.source, self.options, epoch=epoch, imap=_unset, counters=self.counters, state=resume)
         self._planned = stream.options  # the topology is read once per pass, here
-        return StreamPass(stream, self.batch_transform, base_seed, in_reads=self.decode_in_reads)
+        return StreamPass(stream, self.batch_transform, base_seed, in_reads=self.decode_in_reads,
+                          in_processes=self.stage_in_processes)
 
     def start_state(self, epoch: int) -> dict[str, Any]:
         # The counters' ledger goes into the state: the rows skipped so far survive a resume.
@@ -219,13 +230,16 @@ class StreamPass:
     deliveries = None  # always in plan order: the count is the position
 
     def __init__(self, stream: BatchStream, transform: Callable[[Any], Any] | None = None, base_seed: int = 0,
-                 *, in_reads: bool = False) -> None:
-        """``in_reads``: ``transform`` runs in the reads (NOTE [ Small samples decode in the reads ])."""
+                 *, in_reads: bool = False, in_processes: bool = False) -> None:
+        """``in_reads``: ``transform`` runs in the reads (NOTE [ Small samples decode in the reads ]);
+        ``in_processes``: on the decode stage, in the pool's worker processes when it has some
+        (NOTE [ Decode stage in the worker processes ])."""
         self.stream = stream
         self.start = stream.batches_yielded
         self.transform = transform
         self.base_seed = base_seed
         self.in_reads = in_reads
+        self.in_processes = in_processes
 
     def batches(self, pool: WorkerPool, *, prefetch: int, in_order: bool) -> Iterator[Any]:
         # Block reads run no user code: no per-task seeding, and always in plan order (the
@@ -239,6 +253,9 @@ class StreamPass:
             epoch, seed = self.stream.epoch, self.base_seed
             self.stream.imap = lambda tasks: imap(SeededRead(task, epoch, seed) for task in tasks)
             return _DecodedInReads(self.stream, self.transform)
+        if self.in_processes and pool.mode == "process":
+            # NOTE [ Decode stage in the worker processes ]: the same workers as the reads.
+            return DecodeInWorkers(self.stream, pool, base_seed=self.base_seed, prefetch=prefetch)
         # NOTE [ Decode in the workers ]: the decode a few batches ahead, on threads, in order.
         # NOTE [ Stage deadline ]: the loop's wait for a decoded batch has the pool's bound.
         return DecodeAhead(self.stream, self.transform, index_column=index, base_seed=self.base_seed,
