@@ -196,15 +196,8 @@ def _decode(av: Any, data: bytes | memoryview, o: VideoOptions, draws: np.ndarra
         # threads ]), each thread kept to one core, so FFmpeg's own threads would only contend.
         stream.thread_type = "NONE"
         width, height = stream.codec_context.width, stream.codec_context.height
-        if width <= 0 or height <= 0:
-            raise ValueError(f"the video stream has no frame size ({width}x{height})")
-        budget.check("a frame", width, height)
-        placement = o.image.placement(width, height, None if draws is None else draws[: geometry.RRC_DRAWS])
+        placement = _placement(width, height, o, draws, budget)
         out_h, out_w = placement.canvas
-        budget.check(f"its {o.clips_per_video * o.frames} frames' output ({out_w}x{out_h} each)", out_w * out_h,
-                     o.clips_per_video * o.frames)
-        if placement.resized is not None:
-            budget.check("its resize", *placement.resized)
         count = _frame_count(stream)
         if count <= 0:
             raise ValueError("the video stream has no frames")
@@ -231,6 +224,21 @@ def _decode(av: Any, data: bytes | memoryview, o: VideoOptions, draws: np.ndarra
             placed[number] = _place(av, frames[number], placement, (width, height), flip, budget)
         _paste(canvas[c, t], placed[number], placement, flip)
     return canvas, delivered.astype(np.int64)
+
+
+def _placement(width: int, height: int, o: VideoOptions, draws: np.ndarray | None, budget: PixelBudget) -> Placement:
+    """Where a video's frames go in its clips' canvas, every bound checked before decoding
+    (NOTE [ Decode bounds ] in trust/bounds.py)."""
+    if width <= 0 or height <= 0:
+        raise ValueError(f"the video stream has no frame size ({width}x{height})")
+    budget.check("a frame", width, height)
+    placement = o.image.placement(width, height, None if draws is None else draws[: geometry.RRC_DRAWS])
+    out_h, out_w = placement.canvas
+    budget.check(f"its {o.clips_per_video * o.frames} frames' output ({out_w}x{out_h} each)", out_w * out_h,
+                 o.clips_per_video * o.frames)
+    if placement.resized is not None:
+        budget.check("its resize", *placement.resized)
+    return placement
 
 
 def _frames_at(av: Any, container: Any, stream: Any, raw: bytes, runs: list[list[int]]) -> dict[int, Any]:
