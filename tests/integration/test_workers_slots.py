@@ -270,3 +270,23 @@ def test_an_index_out_of_range_raises_as_numpy_does_in_a_worker() -> None:
     assert next(it)[0].tolist() == [0, 1]
     with pytest.raises(IndexError, match="index 10 is out of bounds for axis 0 with size 10"):
         next(it)
+
+
+def _fallback_then_unpicklable(context: WorkerContext) -> Any:
+    def handle(k: int) -> Any:
+        if k == 1:  # no arrays: no slot taken; and the result does not pickle
+            return {"bad": lambda: None}
+        return batch(k)
+
+    return handle
+
+
+def test_a_failed_result_never_frees_the_slot_of_a_batch_sent_before_it() -> None:
+    with WorkerPool(_fallback_then_unpicklable, num_workers=1) as pool:
+        results = pool.imap(range(3), prefetch=1)
+        first = next(results)
+        with pytest.raises(Exception, match="pickle"):
+            next(results)
+        third = next(results)  # had the failure freed batch 0's slot, this would be written over it
+        assert_batch(first, 0)
+        assert_batch(third, 2)

@@ -117,6 +117,7 @@ class WorkerSlots:
         when it has none, or no slot is free and no more may be made."""
         from naiad.parallel.transport import pack
 
+        self._sent = None  # a batch sent before this one is the training process's: never unsent
         views: list[_SlotView] = []
         tree = _place(obj, views)
         arena, self._arena = self._arena, None
@@ -173,8 +174,10 @@ class WorkerSlots:
         return self._arena.u8[_HEADER + start:_HEADER + start + nbytes].view(dtype).reshape(shape)
 
     def end_task(self) -> None:
-        """The task's reply is sent (or failed): its arena, if any, is free again."""
+        """The task's reply is sent (or failed): its arena, if any, is free again, and nothing
+        is left for :meth:`unsent` to give back."""
         self._arena = None
+        self._sent = None
 
     def unsent(self) -> None:
         """The batch last packed was not sent (it failed to pickle): its slot is free again."""
