@@ -253,7 +253,8 @@ class ProcessBackend:
             _LOG.info("worker %d (pid %s) could not be told to stop: %s, exit code %s", w, p.pid, how, p.exitcode)
 
     def submit(self, worker_id: int, seq: int, payload: Any, key: TaskKey) -> None:
-        """Queue a task; ``key`` is (pass id, epoch) or (pass id, epoch, the task's seed keys)."""
+        """Send a task (never blocking: NOTE [ Task channel ]); ``key`` is (pass id, epoch) or
+        (pass id, epoch, the task's seed keys)."""
         self.channels[worker_id].put((seq, payload, key))
 
     def _drain(self, w: int, out: list[Message]) -> None:
@@ -268,7 +269,7 @@ class ProcessBackend:
                 out.append(from_wire(w, wire))
 
     def _receive(self, w: int, out: list[Message]) -> bool:
-        """Take in what worker ``w`` sent; False when its pipe says it has ended."""
+        """Take in what worker ``w`` sent; False when its socket says it has ended."""
         try:
             self._drain(w, out)
         except (EOFError, OSError):

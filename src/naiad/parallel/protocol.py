@@ -1,8 +1,8 @@
 """The messages between a WorkerPool and its workers: what crosses each way, and how.
 
 NOTE [ Worker protocol ]
-Each worker owns a task channel (main -> worker) and the main process owns one result channel
-per worker (worker -> main).
+Each worker has a task channel (main -> worker) and a result channel (worker -> main): for a
+process worker, the two directions of one socket pair; for a thread worker, two queues.
 
 A task is a :data:`Task`, ``(seq, payload, key)``. ``seq`` comes from the pool's one counter
 (``WorkerSet.seq``), so it is unique for the pool's life: a result that belongs to an abandoned
@@ -35,15 +35,17 @@ strings that named the kinds before did; a number that names no kind is a Worker
 it. Thread workers put their messages on a queue as they are. The rest of a message is plain
 tuples, ints and dicts.
 
-The main process waits on the result channels *and* the process sentinels together
-(``multiprocessing.connection.wait``), so a worker that dies is seen at once, not after a
+The main process waits on the workers' sockets *and* the process sentinels together
+(``select.poll``), so a worker that dies is seen at once, not after a
 timeout; its buffered results are drained first, then a WorkerError names the worker, its exit
 code and the task it held, or, within a restart budget, the worker is replaced and sent again
 the tasks it owed (NOTE [ Worker restarts ] in :mod:`naiad.parallel.restart`). A failed task
-fails only itself (NOTE [ A failed task ] in :mod:`naiad.parallel.results`). Tasks go through
-``multiprocessing.Queue`` (a feeder thread), so the main process never blocks on a full pipe
-while a worker blocks on sending its result. Results travel inline or through shared memory by
-size (NOTE [ Batch transport ]). :class:`~naiad.parallel.workers.WorkerSet` keeps the workers
+fails only itself (NOTE [ A failed task ] in :mod:`naiad.parallel.results`). A process worker's
+tasks and results share one socket pair; the main process writes tasks without ever blocking
+(NOTE [ Task channel ] in :mod:`naiad.parallel.channel`), so it never waits on a full socket
+while a worker waits on sending it a result. Results' arrays cross through the worker's batch
+slots (NOTE [ Batch transport ]); a worker's new slot is announced with a :attr:`Kind.SLOT`
+message before the result that first uses it. :class:`~naiad.parallel.workers.WorkerSet` keeps the workers
 and what each owes; a :class:`~naiad.parallel.passes.PoolPass` keeps one pass's tasks and the
 order of their delivery.
 """
@@ -143,7 +145,7 @@ Reply = tuple[Kind, Seq, Any, dict[str, float]]
 """``(kind, seq, value, stage_seconds)``: a worker's message, in the worker."""
 
 Wire = tuple[int, Seq, Any, dict[str, float]]
-"""A :data:`Reply` as it crosses a process's pipe: the kind as its number."""
+"""A :data:`Reply` as it crosses a process's socket: the kind as its number."""
 
 Message = tuple[int, Kind, Seq, Any, dict[str, float]]
 """``(worker_id, kind, seq, value, stage_seconds)``: a message as a backend hands it to the pool."""
@@ -157,13 +159,13 @@ def task_entropy(key: TaskKey) -> tuple[int, ...] | None:
 
 
 def to_wire(reply: Reply) -> Wire:
-    """``reply`` as it crosses a pipe: the kind as its number (NOTE [ Worker protocol ])."""
+    """``reply`` as it crosses a socket: the kind as its number (NOTE [ Worker protocol ])."""
     kind, seq, value, stages = reply
     return kind._value_, seq, value, stages  # ``.value`` is a Python-level property: per task
 
 
 def from_wire(worker_id: int, wire: Wire) -> Message:
-    """The :data:`Message` of worker ``worker_id`` that crossed its pipe as ``wire``."""
+    """The :data:`Message` of worker ``worker_id`` that crossed its socket as ``wire``."""
     number, seq, value, stages = wire
     try:
         return worker_id, _BY_NUMBER[number], seq, value, stages
