@@ -34,6 +34,7 @@ EXAMPLES: dict[Kind, Reply] = {
     Kind.RETIRED: (Kind.RETIRED, NO_TASK, 0, {}),
     Kind.DIED: (Kind.DIED, NO_TASK, -9, {}),
     Kind.UNREADABLE: (Kind.UNREADABLE, NO_TASK, EOFError("cut short"), {}),
+    Kind.SLOT: (Kind.SLOT, NO_TASK, (12345, 0, 1 << 20), {}),  # (token, index, size): a slot's announcement
 }
 
 
