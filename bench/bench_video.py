@@ -1,37 +1,51 @@
-"""Video clips: naiad against torch's DataLoader over a per-sample PyAV dataset, and the bare
-decode loop (issue 39, item 6).
+"""Video clips: naiad against the loaders users run for them, side by side in one run, and the
+bare decode loop (issue 39, item 6).
 
 The data is made here with PyAV (H.264 through ``libx264`` where PyAV's FFmpeg has it, else
 MPEG-4 part 2): ``--videos`` videos of ``--seconds`` seconds at 30 fps, split evenly over
 320x240 and 640x360 and keyframe intervals 30 and 250, in four class folders (the Kinetics and
-UCF101 layout). Every loader takes one 16-frame clip (stride 2) of each video per epoch, resized
-to a shorter side of 128 and cropped to 112x112, in batches of ``--batch`` with ``--workers``
-workers, shuffled; side by side in one run, alternating, medians of ``--rounds`` after a warm-up:
+UCF101 layout), and the same videos in four WebDataset tar shards (webdataset's ``ShardWriter``:
+``<key>.mp4``, ``<key>.cls``). Every loader takes one 16-frame clip (stride 2) of each video per
+epoch, resized to a shorter side of 128 and cropped to a random 112x112 (``Resize(128)`` +
+``RandomCrop(112)``, the video recipes' training crop), in batches of ``--batch`` with
+``--workers`` workers (or threads), shuffled; side by side in one run, alternating, medians of
+``--rounds`` after a warm-up:
 
 * ``torch + PyAV dataset``: torch's DataLoader over a map-style ``Dataset`` whose
   ``__getitem__`` decodes one clip as PyAV's docs and torchvision's ``read_video`` write it:
   open the file, seek to the keyframe before the clip (``container.seek(..., backward=True)``),
   decode to the clip's last frame, ``to_ndarray(format="rgb24")``, then torch: a bilinear
-  antialiased resize of the float clip to the shorter side 128 and a random 112 crop (the
-  ``Resize(128)`` + ``RandomCrop(112)`` of video recipes). PyAV's decoder threading left at its
-  default, as a user leaves it.
-* ``naiad, resize 128 + centre crop``: ``naiad.decode_video("video", frames=16, stride=2,
-  size=112, resize=128, crop="center")``. The same work as the torch row (the crop's place does
-  not change its cost): ``decode_video`` has no fixed-size random crop after a resize;
-  ``crop="random"`` is ``RandomResizedCrop`` of the original frame and refuses ``resize=128``
-  (a ConfigError), so the brief's ``crop="random", resize=128`` cannot be run as written.
-* ``naiad, crop="random" (RandomResizedCrop)``: ``decode_video("video", frames=16, stride=2,
-  size=112, crop="random")``: not the same work (each frame converted to RGB at full size, cut,
-  then scaled), shown for what ``crop="random"`` costs.
+  antialiased resize of the float clip to the shorter side 128 and a random 112 crop. PyAV's
+  decoder threading left at its default, as a user leaves it.
+* ``torch + torchcodec dataset``: torch's DataLoader over a ``Dataset`` decoding as torchcodec's
+  docs write it (``bench/video_peers.py``): a ``VideoDecoder`` per sample with the decoder's own
+  ``Resize`` and ``RandomCrop`` (FFmpeg's filter graph), ``clips_at_random_indices`` for the clip.
+* ``webdataset + PyAV``: WebDataset's own loader over the shards, ``.shuffle(64)``, the ``.mp4``
+  decoded per sample with PyAV in its ``.map`` (the same decode as the PyAV dataset),
+  ``.batched``, ``WebLoader``.
+* ``SPDL pipeline``: SPDL's pipeline with ``--workers`` threads (``pipe(load, concurrency=N)``,
+  ``build(num_threads=N)``), the load ``spdl.io.load_video`` of the clip's window with the filter
+  graph of ``get_video_filter_desc`` (every 2nd frame, the scale and a centre crop in FFmpeg;
+  SPDL has no random crop, and a crop's place does not change its cost).
+* ``naiad folder``: ``naiad.DataLoader(naiad.read_videos(root), ..., transform=naiad.decode_video(
+  "video", frames=16, stride=2, size=112, resize=128, crop="random"))``; ``naiad shards``: the
+  same over ``naiad.read_webdataset(shards)`` with ``decode_video("mp4", ...)``.
 * the bare loops, one process, no loader: PyAV's decode (threading off) with FFmpeg's scaler
-  resizing (``frame.reformat``), and the same decode with torch's resize; the ceiling is the
-  faster of the two times the cores.
+  resizing (``frame.reformat``), the same decode with torch's resize, and where they load
+  torchcodec's decoder with its ``Resize`` + ``RandomCrop`` and SPDL's ``load_video`` with its
+  filter graph; the ceiling is the fastest of them times the cores.
+
+DALI is not measured: its video reader decodes on NVIDIA GPUs only, and this benchmark's
+machine has none. A peer that is not installed or does not load (torchcodec needs FFmpeg's shared
+libraries, SPDL too) is a row saying why, and the rest runs.
 
 Clips/s and frames/s (clips x 16) per wall second, and clips per CPU second of the process tree
-(this process and its workers, psutil). ``vs ceiling`` is the wall rate over the ceiling's;
-``vs ceiling (CPU)`` the clips per CPU second over the best bare loop's (what a clip costs
-against the bare decode, whatever else the machine runs). Run: ``python bench/bench_video.py [--videos 24
---seconds 4 --rounds 3 --workers 2]``.
+(this process and its workers, psutil). ``vs best peer`` is the wall rate over the fastest of the
+loaders that are not naiad's; ``vs ceiling`` over the ceiling's; ``vs ceiling (CPU)`` is clips per
+CPU second over the best bare loop's (what a clip costs against the bare decode, whatever else
+the machine runs). Run: ``python bench/bench_video.py [--videos 24 --seconds 4 --rounds 3
+--workers 2]``. The decoder comparison is ``bench/bench_video_decoder.py``; memory over epochs
+and the first batch from fresh videos ``bench/bench_video_memory.py``.
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import av
 import numpy as np
@@ -56,13 +70,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import environment, markdown_table  # noqa: E402
 from harness import epoch_rate as harness_epoch_rate  # noqa: E402
+from video_peers import (  # noqa: E402
+    CROP,
+    FPS,
+    FRAMES,
+    SHORTER,
+    SPAN,
+    STRIDE,
+    label_of,
+    shorter_side,
+    spdl_clip,
+    spdl_loader,
+    spdl_version,
+    torchcodec_loader,
+    torchcodec_version,
+    webdataset_loader,
+    why_not,
+    write_shards,
+)
 
 import naiad  # noqa: E402
 
-FRAMES, STRIDE, SHORTER, CROP, FPS = 16, 2, 128, 112, 30
-SPAN = (FRAMES - 1) * STRIDE + 1
 SIZES = ((320, 240), (640, 360))
 GOPS = (30, 250)
+SHARDS = 4
 CODEC = "libx264" if "libx264" in av.codecs_available else "mpeg4"
 
 
@@ -106,34 +137,44 @@ def make_folder(count: int, seconds: float, root: Path) -> list[str]:
     return sorted(paths)
 
 
-# --- (a) the per-sample dataset, as PyAV's docs and torchvision's read_video write it ----------------
+# --- the per-sample dataset, as PyAV's docs and torchvision's read_video write it --------------------
 
 
-def pyav_clip(path: str, start: int, threads_off: bool = False, scaler: tuple[int, int] | None = None) -> list[Any]:
-    """Frames ``start, start + STRIDE, ...`` of a video: seek to the keyframe before ``start``,
-    decode to the last, each kept frame as an ``[H, W, 3]`` uint8 array (``scaler``: resized to
-    (width, height) by FFmpeg's scaler on the way)."""
+def decode_frames(container: Any, start: int | None, rng: random.Random | None = None, threads_off: bool = False,
+                  scaler: tuple[int, int] | None = None) -> list[np.ndarray]:
+    """Frames ``start, start + STRIDE, ...`` of an open video (``start`` None: drawn from ``rng``
+    over the starts that fit): seek to the keyframe before ``start``, decode to the last, each kept
+    frame as an ``[H, W, 3]`` uint8 array (``scaler``: resized to (width, height) by FFmpeg's
+    scaler on the way)."""
+    stream = container.streams.video[0]
+    if threads_off:
+        stream.thread_type = "NONE"
+    if start is None:
+        start = (rng or random).randint(0, max(int(stream.frames) - SPAN, 0))
     wanted = set(range(start, start + SPAN, STRIDE))
     last = start + SPAN - 1
     out: dict[int, np.ndarray] = {}
-    with av.open(path) as container:
-        stream = container.streams.video[0]
-        if threads_off:
-            stream.thread_type = "NONE"
-        rate, base = stream.average_rate, stream.time_base
-        first_pts = stream.start_time or 0
-        container.seek(first_pts + int(start / (rate * base)), stream=stream, backward=True, any_frame=False)
-        for frame in container.decode(stream):
-            number = int(round(float((frame.pts - first_pts) * base * rate)))
-            if number in wanted:
-                if scaler is None:
-                    out[number] = frame.to_ndarray(format="rgb24")
-                else:
-                    out[number] = frame.reformat(width=scaler[0], height=scaler[1], format="rgb24").to_ndarray()
-            if number >= last:
-                break
+    rate, base = stream.average_rate, stream.time_base
+    first_pts = stream.start_time or 0
+    container.seek(first_pts + int(start / (rate * base)), stream=stream, backward=True, any_frame=False)
+    for frame in container.decode(stream):
+        number = int(round(float((frame.pts - first_pts) * base * rate)))
+        if number in wanted:
+            if scaler is None:
+                out[number] = frame.to_ndarray(format="rgb24")
+            else:
+                out[number] = frame.reformat(width=scaler[0], height=scaler[1], format="rgb24").to_ndarray()
+        if number >= last:
+            break
     have = sorted(out)
     return [out[n] if n in out else out[have[-1]] for n in sorted(wanted)]  # pad a short end
+
+
+def pyav_clip(source: str | BinaryIO, start: int | None, rng: random.Random | None = None, threads_off: bool = False,
+              scaler: tuple[int, int] | None = None) -> list[np.ndarray]:
+    """:func:`decode_frames` of a file (a path or an open binary file)."""
+    with av.open(source) as container:
+        return decode_frames(container, start, rng, threads_off, scaler)
 
 
 def frame_count(path: str) -> int:
@@ -141,11 +182,11 @@ def frame_count(path: str) -> int:
         return int(container.streams.video[0].frames)
 
 
-def shorter_side(width: int, height: int) -> tuple[int, int]:
-    """(width, height) with the shorter side SHORTER, as torchvision's Resize(int)."""
-    if width <= height:
-        return SHORTER, int(SHORTER * height / width)
-    return int(SHORTER * width / height), SHORTER
+def frame_size(path: str) -> tuple[int, int]:
+    """(width, height) after the resize to the shorter side."""
+    with av.open(path) as container:
+        context = container.streams.video[0].codec_context
+        return shorter_side(context.width, context.height)
 
 
 def torch_resize_crop(frames: list[np.ndarray], rng: random.Random) -> torch.Tensor:
@@ -158,12 +199,17 @@ def torch_resize_crop(frames: list[np.ndarray], rng: random.Random) -> torch.Ten
     return clip[:, :, y:y + CROP, x:x + CROP].round().clamp(0, 255).to(torch.uint8)
 
 
+def pyav_random_clip(source: str | BinaryIO, rng: random.Random) -> torch.Tensor:
+    """A random clip of a video, PyAV's decode and torch's resize and crop (the webdataset row's map)."""
+    return torch_resize_crop(pyav_clip(source, None, rng), rng)
+
+
 class PyAVClips(torch.utils.data.Dataset):
     """One random clip of each video per ``__getitem__``, decoded and resized per sample."""
 
     def __init__(self, paths: list[str]) -> None:
         self.paths = paths
-        self.labels = [int(Path(p).parent.name.removeprefix("class")) for p in paths]
+        self.labels = [label_of(p) for p in paths]
         self.counts = [frame_count(p) for p in paths]
 
     def __len__(self) -> int:
@@ -175,33 +221,59 @@ class PyAVClips(torch.utils.data.Dataset):
         return torch_resize_crop(pyav_clip(self.paths[i], start), rng), self.labels[i]
 
 
-# --- (c) the bare loops ------------------------------------------------------------------------------
+# --- the bare loops: fn(path, start, (width, height) resized, rng) -------------------------------------
 
 
-def bare_scaler(path: str, start: int, rng: random.Random) -> np.ndarray:
+def bare_scaler(path: str, start: int, size: tuple[int, int], rng: random.Random) -> np.ndarray:
     """PyAV's decode (threads off) with FFmpeg's scaler: resize in the YUV->RGB pass, then crop."""
-    with av.open(path) as container:
-        s = container.streams.video[0]
-        width, height = s.codec_context.width, s.codec_context.height
-    rw, rh = shorter_side(width, height)
+    rw, rh = size
     y, x = rng.randint(0, rh - CROP), rng.randint(0, rw - CROP)
-    frames = pyav_clip(path, start, threads_off=True, scaler=(rw, rh))
+    frames = pyav_clip(path, start, threads_off=True, scaler=size)
     return np.stack([f[y:y + CROP, x:x + CROP] for f in frames]).transpose(0, 3, 1, 2)
 
 
-def bare_torch(path: str, start: int, rng: random.Random) -> torch.Tensor:
+def bare_torch(path: str, start: int, size: tuple[int, int], rng: random.Random) -> torch.Tensor:
     """PyAV's decode (threads off) to full-size RGB, then torch's resize and crop."""
     return torch_resize_crop(pyav_clip(path, start, threads_off=True), rng)
 
 
-def bare_rate(fn: Callable[[str, int, random.Random], Any], paths: list[str], counts: list[int]) -> tuple[float, float]:
+def bare_torchcodec(path: str, start: int, size: tuple[int, int], rng: random.Random) -> torch.Tensor:
+    """torchcodec's decoder (one FFmpeg thread, its default) with its own Resize and RandomCrop."""
+    from torchcodec.decoders import VideoDecoder
+    from torchcodec.transforms import RandomCrop, Resize
+
+    decoder = VideoDecoder(path, seek_mode="approximate", transforms=[Resize((size[1], size[0])), RandomCrop((CROP, CROP))])
+    return decoder.get_frames_at(list(range(start, start + SPAN, STRIDE))).data
+
+
+def bare_spdl(path: str, start: int, size: tuple[int, int], rng: random.Random) -> torch.Tensor:
+    """SPDL's ``load_video`` of the clip's window with its filter graph (one decode thread, its default)."""
+    return spdl_clip(path, start, *size)
+
+
+def bare_loops() -> dict[str, Callable[[str, int, tuple[int, int], random.Random], Any] | str]:
+    """The bare loops, a peer's a reason when it does not load."""
+    loops: dict[str, Callable[[str, int, tuple[int, int], random.Random], Any] | str] = {
+        "bare loop, PyAV + FFmpeg's scaler": bare_scaler, "bare loop, PyAV + torch's resize": bare_torch}
+    for name, version, fn in (("torchcodec + its Resize, RandomCrop", torchcodec_version, bare_torchcodec),
+                              ("SPDL load_video + its filter graph", spdl_version, bare_spdl)):
+        try:
+            version()
+            loops["bare loop, " + name] = fn
+        except Exception as e:  # a peer that does not load
+            loops["bare loop, " + name] = why_not(e)
+    return loops
+
+
+def bare_rate(fn: Callable[[str, int, tuple[int, int], random.Random], Any], paths: list[str], counts: list[int],
+              sizes: list[tuple[int, int]]) -> tuple[float, float]:
     """Clips per wall second and per CPU second of one process decoding one clip of every video."""
     rng = random.Random(0)
     order = list(range(len(paths)))
     rng.shuffle(order)
     t0, c0 = time.perf_counter(), time.process_time()
     for i in order:
-        fn(paths[i], rng.randint(0, max(counts[i] - SPAN, 0)), rng)
+        fn(paths[i], rng.randint(0, max(counts[i] - SPAN, 0)), sizes[i], rng)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     return len(paths) / elapsed, len(paths) / max(cpu, 1e-9)
 
@@ -210,7 +282,7 @@ def bare_rate(fn: Callable[[str, int, random.Random], Any], paths: list[str], co
 
 
 def _clips_of(batch: Any) -> int:
-    video = batch["video"] if isinstance(batch, dict) else batch[0]
+    video = batch["video" if "video" in batch else "mp4"] if isinstance(batch, dict) else batch[0]
     if tuple(video.shape[1:]) != (FRAMES, 3, CROP, CROP):
         raise RuntimeError(f"a batch of shape {tuple(video.shape)}")
     return len(video)
@@ -221,17 +293,84 @@ def epoch_rate(loader: Iterable[Any], clips: int) -> tuple[float, float]:
     return harness_epoch_rate(loader, clips, _clips_of)
 
 
-def loaders(root: str, paths: list[str], args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
+PEERS = ("torch + PyAV dataset", "torch + torchcodec dataset", "webdataset + PyAV", "SPDL pipeline")
+
+
+def loaders(root: Path, paths: list[str], urls: list[str], counts: list[int], sizes: list[tuple[int, int]],
+            args: argparse.Namespace) -> dict[str, Callable[[], Any] | str]:
+    """Each loader's factory, or why it does not run."""
     common = {"batch_size": args.batch, "num_workers": args.workers, "persistent_workers": True}
-    same = naiad.decode_video("video", frames=FRAMES, stride=STRIDE, size=CROP, resize=SHORTER, crop="center")
-    rrc = naiad.decode_video("video", frames=FRAMES, stride=STRIDE, size=CROP, crop="random")
+    train = {"frames": FRAMES, "stride": STRIDE, "size": CROP, "resize": SHORTER, "crop": "random"}
+    folder = naiad.decode_video("video", **train)
+    shards = naiad.decode_video("mp4", **train)
     return {
         "torch + PyAV dataset": lambda: torch.utils.data.DataLoader(PyAVClips(paths), shuffle=True, **common),
-        "naiad, resize 128 + centre crop": lambda: naiad.DataLoader(naiad.read_videos(root), shuffle=True, seed=0,
-                                                                    transform=same, **common),
-        'naiad, crop="random" (RandomResizedCrop)': lambda: naiad.DataLoader(naiad.read_videos(root), shuffle=True,
-                                                                             seed=0, transform=rrc, **common),
+        "torch + torchcodec dataset": torchcodec_loader(paths, args.batch, args.workers),
+        "webdataset + PyAV": webdataset_loader(urls, args.batch, args.workers, pyav_random_clip),
+        "SPDL pipeline": spdl_loader(paths, counts, sizes, args.batch, args.workers),
+        "naiad folder": lambda: naiad.DataLoader(naiad.read_videos(str(root)), shuffle=True, seed=0,
+                                                 transform=folder, **common),
+        "naiad shards": lambda: naiad.DataLoader(
+            naiad.read_webdataset(urls, index_dir=str(root.parent / "index")), shuffle=True, seed=0,
+            transform=shards, **common),
     }
+
+
+def versions() -> str:
+    """The decoders' versions, a peer's reason when it does not load."""
+    got = [f"PyAV {av.__version__} ({CODEC})"]
+    for name, version in (("torchcodec", torchcodec_version), ("SPDL", spdl_version)):
+        try:
+            got.append(f"{name} {version()}")
+        except Exception as e:  # a peer that does not load
+            got.append(f"{name}: {why_not(e)}")
+    try:
+        import webdataset
+        got.append(f"webdataset {getattr(webdataset, '__version__', '?')}")
+    except ImportError as e:
+        got.append(f"webdataset: {why_not(e)}")
+    return ", ".join(got)
+
+
+def measure(made: dict[str, Any], bare: dict[str, Callable[..., Any]], paths: list[str], counts: list[int],
+            sizes: list[tuple[int, int]], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """Each loader's and bare loop's (clips/s, clips/CPU s) per round, after a warm-up."""
+    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in [*made, *bare]}
+    for fn in bare.values():  # warm-up (the loaders' was their first epoch, in main)
+        bare_rate(fn, paths, counts, sizes)
+    for r in range(rounds):
+        for name, loader in made.items():
+            rates[name].append(epoch_rate(loader, len(paths)))
+        for name, fn in bare.items():
+            rates[name].append(bare_rate(fn, paths, counts, sizes))
+        print(f"  round {r + 1} done", flush=True)
+    return rates
+
+
+def table(rates: dict[str, list[tuple[float, float]]], bare: dict[str, Any], skipped: dict[str, str], cores: int) -> str:
+    med = {name: (statistics.median(w for w, _ in got), statistics.median(c for _, c in got))
+           for name, got in rates.items()}
+    torch_wall, torch_cpu = med["torch + PyAV dataset"]
+    best_peer = max(med[name][0] for name in PEERS if name in med)
+    ceiling = max(med[name][0] for name in bare) * cores
+    # The bare loop's clips per CPU second: what one clip costs with nothing around it. On a busy
+    # machine the wall ceiling falls with the share of a core the loop gets; this does not.
+    bare_cpu = max(med[name][1] for name in bare)
+    rows = []
+    for name, (wall, cpu) in med.items():
+        single = name in bare
+        runs = ", ".join(f"{w / best_peer:.2f}" for w, _ in rates[name])
+        rows.append([name + (" (1 process)" if single else ""), f"{wall:,.1f}", f"{wall * FRAMES:,.0f}",
+                     f"{cpu:,.1f}", f"{wall / torch_wall:.2f}x", f"{wall / best_peer:.2f}x", f"{cpu / torch_cpu:.2f}x",
+                     "" if single else f"{wall / ceiling:.2f}x", f"{cpu / bare_cpu:.2f}x", runs])
+    rows.append([f"ceiling: the best bare loop x {cores} cores", f"{ceiling:,.1f}", f"{ceiling * FRAMES:,.0f}",
+                 f"{bare_cpu:,.1f}", f"{ceiling / torch_wall:.2f}x", f"{ceiling / best_peer:.2f}x", "", "1.00x", "1.00x", ""])
+    rows += [[name, "not run: " + why, "", "", "", "", "", "", "", ""] for name, why in skipped.items()]
+    rows.append(["DALI", "not run: its video reader decodes on NVIDIA GPUs only (none here)", "", "", "", "", "", "",
+                 "", ""])
+    return markdown_table(["loader", "clips/s (wall)", "frames/s (wall)", "clips/CPU s", "vs torch + PyAV",
+                           "vs best peer", "vs torch (CPU)", "vs ceiling", "vs ceiling (CPU)",
+                           "rounds vs best peer's median"], rows)
 
 
 def main() -> None:
@@ -244,7 +383,7 @@ def main() -> None:
     args = p.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     print(environment())
-    print(f"PyAV {av.__version__} ({CODEC}), {args.videos} videos of {args.seconds:g} s at {FPS} fps "
+    print(f"{versions()}; {args.videos} videos of {args.seconds:g} s at {FPS} fps "
           f"({' and '.join(f'{w}x{h}' for w, h in SIZES)}, keyframe every {' and '.join(map(str, GOPS))}), "
           f"{FRAMES} frames stride {STRIDE}, shorter side {SHORTER}, crop {CROP}, {args.workers} workers, "
           f"batches of {args.batch}, {args.rounds} rounds, {cores} cores; load average {os.getloadavg()[0]:.2f} (1 min)",
@@ -253,47 +392,40 @@ def main() -> None:
         root = Path(tmp) / "train"
         t0 = time.perf_counter()
         paths = make_folder(args.videos, args.seconds, root)
+        urls = write_shards(paths, Path(tmp) / "shards", SHARDS)
         print(f"  videos written in {time.perf_counter() - t0:.1f} s "
-              f"({sum(os.path.getsize(q) for q in paths) / 2**20:.1f} MiB)", flush=True)
+              f"({sum(os.path.getsize(q) for q in paths) / 2**20:.1f} MiB, {len(urls)} shards)", flush=True)
         counts = [frame_count(q) for q in paths]
-        bare = {"bare loop, FFmpeg's scaler": bare_scaler, "bare loop, torch's resize": bare_torch}
-        made = {name: make() for name, make in loaders(str(root), paths, args).items()}
-        rates: dict[str, list[tuple[float, float]]] = {name: [] for name in [*made, *bare]}
+        sizes = [frame_size(q) for q in paths]
+        skipped: dict[str, str] = {}
+        bare: dict[str, Callable[..., Any]] = {}
+        for name, fn in bare_loops().items():
+            if isinstance(fn, str):
+                skipped[name] = fn
+            else:
+                bare[name] = fn
+        made: dict[str, Any] = {}
+        for name, make in loaders(root, paths, urls, counts, sizes, args).items():
+            try:
+                if isinstance(make, str):
+                    raise RuntimeError(make)
+                made[name] = make()
+                epoch_rate(made[name], len(paths))  # one epoch: a peer that fails to run is left out, not fatal
+            except Exception as e:  # a peer that does not load or run
+                made.pop(name, None)
+                skipped[name] = str(e) if isinstance(make, str) else why_not(e)
+                print(f"  {name}: not run ({skipped[name]})", flush=True)
+                if name.startswith("naiad") or name == "torch + PyAV dataset":
+                    raise
         try:
-            for loader in made.values():
-                epoch_rate(loader, len(paths))  # warm-up: workers started, listing kept, page cache
-            for fn in bare.values():
-                bare_rate(fn, paths, counts)
-            for r in range(args.rounds):
-                for name, loader in made.items():
-                    rates[name].append(epoch_rate(loader, len(paths)))
-                for name, fn in bare.items():
-                    rates[name].append(bare_rate(fn, paths, counts))
-                print(f"  round {r + 1} done", flush=True)
+            rates = measure(made, bare, paths, counts, sizes, args.rounds)
         finally:
             for loader in made.values():
                 close = getattr(loader, "close", None)
                 if close is not None:
                     close()
-    med = {name: (statistics.median(w for w, _ in got), statistics.median(c for _, c in got))
-           for name, got in rates.items()}
-    torch_wall, torch_cpu = med["torch + PyAV dataset"]
-    ceiling = max(med[name][0] for name in bare) * cores
-    # The bare loop's clips per CPU second: what one clip costs with nothing around it. On a busy
-    # machine the wall ceiling falls with the share of a core the loop gets; this does not.
-    bare_cpu = max(med[name][1] for name in bare)
-    rows = []
-    for name, (wall, cpu) in med.items():
-        single = name in bare
-        runs = ", ".join(f"{w / torch_wall:.2f}" for w, _ in rates[name])
-        rows.append([name + (" (1 process)" if single else ""), f"{wall:,.1f}", f"{wall * FRAMES:,.0f}",
-                     f"{cpu:,.1f}", f"{wall / torch_wall:.2f}x", f"{cpu / torch_cpu:.2f}x",
-                     "" if single else f"{wall / ceiling:.2f}x", f"{cpu / bare_cpu:.2f}x", runs])
-    rows.append([f"ceiling: the best bare loop x {cores} cores", f"{ceiling:,.1f}", f"{ceiling * FRAMES:,.0f}",
-                 f"{bare_cpu:,.1f}", f"{ceiling / torch_wall:.2f}x", "", "1.00x", "1.00x", ""])
     print(f"load average at the end: {os.getloadavg()[0]:.2f} (1 min)")
-    print(markdown_table(["loader", "clips/s (wall)", "frames/s (wall)", "clips/CPU s", "vs torch",
-                          "vs torch (CPU)", "vs ceiling", "vs ceiling (CPU)", "rounds vs torch's median"], rows))
+    print(table(rates, bare, skipped, cores))
 
 
 if __name__ == "__main__":
