@@ -39,7 +39,7 @@ frames: the video's own, or the ``fps`` timeline's):
 Each frame is placed as ``decode_images`` places an image (``media/geometry.py``, the same
 options and rules: ``crop="random"`` is a RandomResizedCrop of the frame, or with ``resize=N``
 a random crop of the frame resized to shorter side N), with one crop and one flip drawn per
-video, so every frame of its clips gets the same. The resize is FFmpeg's scaler through PyAV (``VideoFrame.reformat``), which the
+video, so every frame of its clips gets the same. The resize is FFmpeg's scaler through PyAV (a ``VideoReformatter`` reused for a video's frames), which the
 issue that asked for this measured faster for clips than torch's resize after the decode: the
 frame goes straight from the decoder's YUV to the resized RGB in one pass. So the pixels are
 bilinear like decode_images' default but not bit for bit the same as its torch resize.
@@ -219,9 +219,12 @@ def _decode(av: Any, data: bytes | memoryview, o: VideoOptions, draws: np.ndarra
         raise ValueError(f"the container says {count} frames, but frames {missing[:5]} did not decode (a truncated "
                          "file?); short='skip' skips it")
     placed: dict[int, np.ndarray] = {}
+    # One scaler for the video's frames: a frame's own reformat() builds FFmpeg's scaler afresh
+    # every call (measured: 0.95 ms a 640x360 frame to 227x128, against 0.28 ms reused).
+    scaler = av.video.reformatter.VideoReformatter()
     for (c, t), number in np.ndenumerate(delivered):
         if number not in placed:
-            placed[number] = _place(av, frames[number], placement, (width, height), flip, budget)
+            placed[number] = _place(av, scaler, frames[number], placement, (width, height), flip, budget)
         _paste(canvas[c, t], placed[number], placement, flip)
     return canvas, delivered.astype(np.int64)
 
@@ -287,14 +290,15 @@ def _decode_range(container: Any, stream: Any, wanted: set[int], first: int, las
     return got
 
 
-def _place(av: Any, frame: Any, placement: Placement, size: tuple[int, int], flip: bool, budget: PixelBudget) -> np.ndarray:
+def _place(av: Any, scaler: Any, frame: Any, placement: Placement, size: tuple[int, int], flip: bool,
+           budget: PixelBudget) -> np.ndarray:
     """One frame cropped and resized as ``placement`` says (``media/geometry.py``): ``[h, w, 3]``
     RGB, FFmpeg's scaler resizing (NOTE [ Clip decoding ])."""
     dx0, dy0, dx1, dy1 = placement.dst
     if placement.resized is not None:
         rw, rh = placement.resized
         vx0, vy0, vx1, vy1 = placement.window  # type: ignore[misc]
-        part = frame.reformat(width=rw, height=rh, format="rgb24").to_ndarray()[vy0:vy1, vx0:vx1]
+        part = scaler.reformat(frame, width=rw, height=rh, format="rgb24").to_ndarray()[vy0:vy1, vx0:vx1]
     else:  # a random crop: cut from the frame, then resized (RandomResizedCrop's order)
         width, height = size
         x0, y0, x1, y1 = placement.src
@@ -304,7 +308,7 @@ def _place(av: Any, frame: Any, placement: Placement, size: tuple[int, int], fli
         if part.shape[:2] != (dy1 - dy0, dx1 - dx0):
             budget.check("its resize", dx1 - dx0, dy1 - dy0)
             cut = av.VideoFrame.from_ndarray(np.ascontiguousarray(part), format="rgb24")
-            part = cut.reformat(width=dx1 - dx0, height=dy1 - dy0).to_ndarray()
+            part = scaler.reformat(cut, width=dx1 - dx0, height=dy1 - dy0).to_ndarray()
     out: np.ndarray = part[:, ::-1] if flip else part
     return out
 
