@@ -38,8 +38,8 @@ from naiad.cli.demo_images import (
     ImageRun,
     ImageRunResult,
     RecordingSampler,
-    check_coverage,
     evaluate,
+    train_run,
 )
 from naiad.cli.steps import speed_ups
 from naiad.parallel.threads import usable_cores
@@ -189,44 +189,7 @@ def train_clips(run: ImageRun, args: argparse.Namespace, test: tuple[torch.Tenso
     random.seed(args.seed)  # the per-sample dataset's clip starts without workers
     model = ActionModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    rows = steps = 0
-    wait_s = 0.0
-    loss = torch.tensor(float("nan"))
-    epoch_keys: list[list[str]] = []
-    epoch_losses: list[float] = []
-    start = time.perf_counter()
-    loader = run.make_loader()
-    for _ in range(args.epochs):
-        keys: list[str] = []
-        epoch_keys.append(keys)
-        total_loss, epoch_rows = 0.0, 0
-        it = iter(loader)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            wait_s += time.perf_counter() - t0
-            x, y, batch_keys = run.unpack(batch)
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
-            optimizer.step()
-            if batch_keys is not None:
-                keys += list(batch_keys)
-            total_loss += float(loss.detach()) * len(x)
-            epoch_rows += len(x)
-            rows += len(x)
-            steps += 1
-        epoch_losses.append(total_loss / max(1, epoch_rows))
-    total = time.perf_counter() - start
-    seen = run.keys_after() if run.keys_after else epoch_keys  # looked at once the clock has stopped
-    if run.key_of is not None:
-        seen = [[run.key_of(k) for k in keys] for keys in seen]
-    test_loss, accuracy = evaluate(model, *test)
-    return ImageRunResult(run.name, rows, steps, total, wait_s, float(loss.detach()), test_loss=test_loss,
-                          accuracy=accuracy, coverage=check_coverage(seen, expected_keys), epoch_losses=epoch_losses)
+    return train_run(run, model, optimizer, args.epochs, test, expected_keys)
 
 
 def format_video_table(results: list[ImageRunResult]) -> str:

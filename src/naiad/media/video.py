@@ -47,9 +47,10 @@ bilinear like decode_images' default but not bit for bit the same as its torch r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -184,17 +185,7 @@ def _decode(av: Any, data: bytes | memoryview, o: VideoOptions, draws: np.ndarra
     """Decode one video's clips: ``(pixels uint8 [K, T, 3, H, W], frame numbers int64 [K, T])``,
     written into ``canvas`` when given (a fixed size), else into a new array (NOTE [ Clip decoding ])."""
     raw = bytes(data)
-    try:
-        container = av.open(io.BytesIO(raw), mode="r")
-    except av.FFmpegError as exc:
-        raise ValueError(f"not a video FFmpeg can read ({len(raw)} bytes beginning {raw[:8]!r}): {exc}") from None
-    with container:
-        if not container.streams.video:
-            raise ValueError("the file has no video stream (audio only?)")
-        stream = container.streams.video[0]
-        # One thread per video: a batch's videos decode in parallel on the pool (NOTE [ Decode
-        # threads ]), each thread kept to one core, so FFmpeg's own threads would only contend.
-        stream.thread_type = "NONE"
+    with opened_video(av, raw) as (container, stream):
         width, height = stream.codec_context.width, stream.codec_context.height
         placement = _placement(width, height, o, draws, budget)
         out_h, out_w = placement.canvas
@@ -227,6 +218,26 @@ def _decode(av: Any, data: bytes | memoryview, o: VideoOptions, draws: np.ndarra
             placed[number] = _place(av, scaler, frames[number], placement, (width, height), flip, budget)
         _paste(canvas[c, t], placed[number], placement, flip)
     return canvas, delivered.astype(np.int64)
+
+
+@contextlib.contextmanager
+def opened_video(av: Any, data: bytes) -> Iterator[tuple[Any, Any]]:
+    """``data``'s container and its first video stream, set to decode on the calling thread
+    alone; ValueError saying what is wrong with bytes that are not a video.
+
+    One thread per video: a batch's videos decode in parallel on the decode pool (NOTE [ Decode
+    threads ]), each thread kept to one core, so FFmpeg's own threads would only contend.
+    """
+    try:
+        container = av.open(io.BytesIO(data), mode="r")
+    except av.FFmpegError as exc:
+        raise ValueError(f"not a video FFmpeg can read ({len(data)} bytes beginning {data[:8]!r}): {exc}") from None
+    with container:
+        if not container.streams.video:
+            raise ValueError("the file has no video stream (audio only?)")
+        stream = container.streams.video[0]
+        stream.thread_type = "NONE"
+        yield container, stream
 
 
 def _placement(width: int, height: int, o: VideoOptions, draws: np.ndarray | None, budget: PixelBudget) -> Placement:

@@ -42,6 +42,7 @@ import numpy as np
 
 from naiad.errors import ConfigError, SourceError
 from naiad.media.rows import default_threads, run_rows
+from naiad.media.video import opened_video
 from naiad.sources.storage import Storage
 from naiad.tools.convert import ConvertResult
 from naiad.tools.convert_samples import safe_key, utf8_name
@@ -123,15 +124,7 @@ def reencode(data: bytes, *, keyframe_interval: int | None = None, max_size: int
     if "libx264" not in av.codecs_available:
         raise ConfigError("re-encoding videos needs FFmpeg's libx264, which this PyAV lacks; install PyAV's wheel "
                           "(pip install 'naiad[video]'), which bundles it.")
-    try:
-        source = av.open(io.BytesIO(data), mode="r")
-    except av.FFmpegError as exc:
-        raise ValueError(f"not a video FFmpeg can read ({len(data)} bytes beginning {data[:8]!r}): {exc}") from None
-    with source:
-        if not source.streams.video:
-            raise ValueError("the file has no video stream (audio only?)")
-        stream = source.streams.video[0]
-        stream.thread_type = "NONE"  # one thread a video: videos re-encode in parallel instead
+    with opened_video(av, data) as (source, stream):  # one thread a video: videos re-encode in parallel
         width, height = int(stream.codec_context.width), int(stream.codec_context.height)
         if width <= 0 or height <= 0:
             raise ValueError(f"the video stream has no frame size ({width}x{height})")

@@ -20,9 +20,7 @@ traceback): in a loader it would be a bad row.
 
 from __future__ import annotations
 
-import io
 import json
-import math
 import os
 import statistics
 import time
@@ -33,6 +31,8 @@ from typing import Any
 import numpy as np
 
 from naiad.errors import DecodeError, NaiadError
+from naiad.media.video import opened_video
+from naiad.tools.progress import human_duration, json_safe
 from naiad.tools.video_files import list_videos, pyav_for
 from naiad.trust.paths import read_local_file
 
@@ -126,14 +126,7 @@ def _problem(exc: BaseException) -> str:
 def _demux(av: Any, data: bytes, probe: VideoProbe) -> np.ndarray:
     """Fill ``probe`` with the stream's facts and keyframe interval from its packets alone; the
     keyframes' frame numbers, sorted."""
-    try:
-        container = av.open(io.BytesIO(data), mode="r")
-    except av.FFmpegError as exc:
-        raise ValueError(f"not a video FFmpeg can read ({len(data)} bytes beginning {data[:8]!r}): {exc}") from None
-    with container:
-        if not container.streams.video:
-            raise ValueError("the file has no video stream (audio only?)")
-        stream = container.streams.video[0]
+    with opened_video(av, data) as (container, stream):
         ctx = stream.codec_context
         probe.codec = str(ctx.name)
         probe.width, probe.height = int(ctx.width), int(ctx.height)
@@ -225,7 +218,7 @@ class VideoReport:
 
     def to_json(self) -> str:
         """The report as JSON (NaN written as null)."""
-        return json.dumps(_no_nan(self.as_dict()), indent=2)
+        return json.dumps(json_safe(self.as_dict()), indent=2)
 
     def summary(self) -> str:
         """The report in words, for a terminal."""
@@ -260,7 +253,7 @@ class VideoReport:
                 f"over the {t['decoded']} that decode: median {t['width']}x{t['height']}, {t['fps']:g} fps, "
                 f"{t['frames']:,} frames, a keyframe every {t['keyframe_interval']:g} frames; a clip decodes in "
                 f"{t['clip_ms']:.1f} ms ({t['clips_per_s']:,.0f} clips/s on one thread), one clip of every video "
-                f"in about {_duration(t['epoch_s'])} on one thread (workers divide it)")
+                f"in about {human_duration(t['epoch_s'])} on one thread (workers divide it)")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -364,21 +357,3 @@ def _name(path: str, root: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _no_nan(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_nan(v) for v in value]
-    return value

@@ -11,7 +11,6 @@ time per image (inspect_samples.py). docs/CONVERT.md.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,6 +28,7 @@ from naiad.sources.webdataset import WebDatasetSource
 from naiad.stream.batches import default_buffer_rows
 from naiad.stream.plan import GroupTask, ReadTask, group_rows, group_tasks
 from naiad.tools.inspect_samples import inspect_samples, sample_notes
+from naiad.tools.progress import human_duration, json_safe
 from naiad.tools.sample_media import is_image_folder, media_format
 
 __all__ = ["InspectReport", "inspect_source"]
@@ -78,7 +78,7 @@ class InspectReport:
 
     def to_json(self) -> str:
         """The report as JSON (NaN written as null, so any JSON parser reads it)."""
-        return json.dumps(_no_nan(self.as_dict()), indent=2)
+        return json.dumps(json_safe(self.as_dict()), indent=2)
 
     def summary(self, max_files: int = 10) -> str:
         """The report in words, for a terminal."""
@@ -105,12 +105,12 @@ class InspectReport:
         lines.append(text)
         if self.head:
             lines.append(f"first {len(self.head)} row(s):")
-            lines += [f"  {json.dumps(_no_nan(row), default=str)[:200]}" for row in self.head]
+            lines += [f"  {json.dumps(json_safe(row), default=str)[:200]}" for row in self.head]
         e = self.epoch
         if e["rows_read"]:
             lines.append(
                 f"timed read: {e['blocks_read']} random block(s), {e['rows_read']:,} rows in {e['seconds']:.3f} s "
-                f"({e['rows_per_s']:,.0f} rows/s); a shuffled epoch reads in about {_duration(e['epoch_s'])} in one "
+                f"({e['rows_per_s']:,.0f} rows/s); a shuffled epoch reads in about {human_duration(e['epoch_s'])} in one "
                 "process (workers divide it while reading is CPU-bound)"
             )
         if self.samples is not None:
@@ -317,19 +317,3 @@ def _samples_summary(s: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _no_nan(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_nan(v) for v in value]
-    return value

@@ -7,12 +7,13 @@ log) nothing is drawn, so a log holds only the command's final line.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
-__all__ = ["Progress", "human_bytes"]
+__all__ = ["Progress", "human_bytes", "human_duration", "json_safe"]
 
 _WIDTH = 24
 
@@ -24,6 +25,28 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def human_duration(seconds: float) -> str:
+    """``90`` -> ``"90.0 s"``, ``600`` -> ``"10.0 min"``, ``7200`` -> ``"2.0 h"``; ``"?"`` when not finite."""
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (nested in dicts and lists) made None: JSON has none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _clock(seconds: float) -> str:
