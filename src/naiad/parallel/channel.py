@@ -31,7 +31,9 @@ from typing import Any
 
 __all__ = ["TaskChannel"]
 
-_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+# MSG_NOSIGNAL: a worker gone is a BrokenPipeError, not SIGPIPE (Python ignores SIGPIPE anyway;
+# macOS has no such flag).
+_FLAGS = socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 def frame(obj: Any) -> bytes:
