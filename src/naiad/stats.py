@@ -63,7 +63,8 @@ class LoaderStats:
         workers: set by a loader: how many workers run and why (what ``num_workers="auto"``
             chose, with the settings it measured), and the workers restarted: ``restarts`` (a
             count), ``max_restarts`` and ``restart_log`` (per restart: ``worker``, ``pid``,
-            ``exitcode``, ``task``, ``epoch``).
+            ``exitcode``, ``task``, ``epoch``), and ``batch_slots``: the shared memory process
+            workers' batches cross through, mapped in this process (``slots``, ``bytes``).
         bad_rows: set by a loader: rows a streaming source skipped (``on_bad_rows="skip"``),
             per file.
         bad_row_reasons: the same, per reason, the commonest first.
