@@ -82,11 +82,9 @@ class DecodeAhead(Iterator[Any]):
                  timeout_s: float | None = None) -> None:
         self.stream = stream
         self.transform = transform
-        self.index_column = index_column
         self.context = WorkerContext(0, 0, base_seed, "inline", base_seed, stream.rank)
-        self.skip = stream.source.on_bad_rows == "skip"
+        self._decode = KeyedDecode(stream.source, transform, index_column)
         self.stage_seconds = stage_seconds
-        self._numbers: RowKeys | None = None
         self._stage: OrderedStage[tuple[int, Any], tuple[Any, list[dict[str, Any]], int, float]] = OrderedStage(
             self._numbered(), self._apply, threads=STAGE_THREADS, depth=max(STAGE_THREADS, depth), name="naiad-decode-stage",
             timeout_s=timeout_s, describe=self._describe,
@@ -120,19 +118,9 @@ class DecodeAhead(Iterator[Any]):
     def _apply(self, item: tuple[int, Any]) -> tuple[Any, list[dict[str, Any]], int, float]:
         number, batch = item
         t0 = time.perf_counter()
-        previous = enter(self.context, self.stream.epoch)
-        try:
-            try:
-                return self.transform(batch), [], number, time.perf_counter() - t0
-            except DecodeError as exc:
-                if self._numbers is None:
-                    self._numbers = row_keys(self.stream.source)
-                failed = failed_samples(exc, batch, self.index_column, self._numbers)
-                if not self.skip or exc.kept is None:
-                    raise named_error(exc, failed, f"batch {number} of epoch {self.stream.epoch}", keep=True) from exc
-                return exc.kept, [{k: v for k, v in e.items() if k != "at"} for e in failed], number, time.perf_counter() - t0
-        finally:
-            leave(previous)
+        out, failed = self._decode(batch, self.context, self.stream.epoch, f"batch {number} of epoch {self.stream.epoch}",
+                                   chain=True)
+        return out, without_rows(failed), number, time.perf_counter() - t0
 
 
 # -- in the reads (NOTE [ Small samples decode in the reads ]) ------------------------------------
@@ -160,32 +148,20 @@ def _build_decoding_handler(read_factory: HandlerFactory, source: Source, index_
                             transform: Callable[[Any], Any],
                             context: WorkerContext) -> Callable[[SeededRead], tuple[dict[str, Any], list[dict[str, Any]]]]:
     read = read_factory(context)
-    skip = source.on_bad_rows == "skip"
-    numbers: list[RowKeys] = []  # made on the first failure: most reads have none
+    decode = KeyedDecode(source, transform, index_column)
 
     def handle(seeded: SeededRead) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         columns, bad = read(seeded.task)
         t0 = time.perf_counter()
-        current = get_worker_context()
-        own = (WorkerContext(0, 0, seeded.seed, "inline", seeded.seed, 0) if current is None
-               else dataclasses.replace(current, base_seed=seeded.seed))
-        previous = enter(own, seeded.epoch)
+        batch = {**columns, "__epoch__": seeded.epoch}
         try:
-            batch = {**columns, "__epoch__": seeded.epoch}
-            try:
-                out = transform(batch)
-                if index_column not in out:  # it kept only its own columns: the stream needs the keys
-                    out = {**out, index_column: batch[index_column]}
-            except DecodeError as exc:
-                if not numbers:
-                    numbers.append(row_keys(source))
-                failed = failed_samples(exc, batch, index_column, numbers[0])
-                if not skip or exc.kept is None:
-                    raise named_error(exc, failed, f"epoch {seeded.epoch}") from None
-                out, bad = exc.kept, _merge(bad, failed, len(batch[index_column]))
+            out, failed = decode(batch, seeded_context(seeded.seed), seeded.epoch, f"epoch {seeded.epoch}")
         finally:
-            leave(previous)
             report_stage("decode", time.perf_counter() - t0)
+        if failed:
+            bad = _merge(bad, failed, len(batch[index_column]))
+        elif index_column not in out:  # it kept only its own columns: the stream needs the keys
+            out = {**out, index_column: batch[index_column]}
         out.pop("__epoch__", None)
         # NumPy columns: they cross processes through shared memory (NOTE [ Worker protocol ]).
         return {name: col.numpy() if isinstance(col, torch.Tensor) else col for name, col in out.items()}, bad
@@ -198,6 +174,58 @@ def _merge(bad: list[dict[str, Any]], failed: list[dict[str, Any]], good: int) -
     the rows the task asked for (a failed sample's ``at`` counts the read's good rows only)."""
     asked = np.delete(np.arange(good + len(bad)), [e["at"] for e in bad])
     return bad + [{**e, "at": int(asked[e["at"]])} for e in failed]
+
+
+# -- the transform under a pass's seed and epoch, what did not decode named ---------------------
+
+
+def seeded_context(seed: int) -> WorkerContext:
+    """The calling worker's context with ``seed`` as its base seed (an inline one outside a
+    worker): the pass's seed, which a sample's keyed draws come from, not the worker's."""
+    current = get_worker_context()
+    return WorkerContext(0, 0, seed, "inline", seed, 0) if current is None else dataclasses.replace(current, base_seed=seed)
+
+
+class KeyedDecode:
+    """A stream's worker-side transform over one batch under a pass's context and epoch; a
+    sample that does not decode is named (its shard or file and key) and either raised or, with
+    ``on_bad_rows="skip"``, returned as a ledger entry beside the batch without it. The decode
+    stage's threads, the worker processes and the reads run it alike.
+
+    Args:
+        source: the stream's source (its skip policy, and where its samples' numbers come from).
+        transform: the transform.
+        index_column: the column of the samples' keys (``reads.row_keys``).
+    """
+
+    def __init__(self, source: Source, transform: Callable[[Any], Any], index_column: str) -> None:
+        self.source, self.transform, self.index_column = source, transform, index_column
+        self.skip = source.on_bad_rows == "skip"
+        self._numbers: RowKeys | None = None  # made at the first failure: most batches have none
+
+    def __call__(self, batch: Mapping[str, Any], context: WorkerContext, epoch: int, where: str, *,
+                 chain: bool = False) -> tuple[Any, list[dict[str, Any]]]:
+        """``(transform(batch), [])``, or the batch without its failed samples and their entries
+        (``at``: each one's row in ``batch``); a DecodeError naming them ``where``, chained to the
+        transform's when ``chain`` (the stage's threads), else with only the names."""
+        previous = enter(context, epoch)
+        try:
+            try:
+                return self.transform(batch), []
+            except DecodeError as exc:
+                if self._numbers is None:
+                    self._numbers = row_keys(self.source)
+                failed = failed_samples(exc, batch, self.index_column, self._numbers)
+                if not self.skip or exc.kept is None:
+                    raise named_error(exc, failed, where, keep=chain) from (exc if chain else None)
+                return exc.kept, failed
+        finally:
+            leave(previous)
+
+
+def without_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ledger entries without their ``at`` (a row of the batch that is no longer there)."""
+    return [{k: v for k, v in e.items() if k != "at"} for e in entries]
 
 
 # -- naming what did not decode -----------------------------------------------------------------

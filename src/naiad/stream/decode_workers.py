@@ -59,13 +59,11 @@ from typing import Any
 
 import torch
 
-from naiad.errors import DecodeError
 from naiad.parallel import HandlerFactory, WorkerContext, WorkerPool
-from naiad.parallel.context import enter, get_worker_context, leave, report_stage
+from naiad.parallel.context import report_stage
 from naiad.sources.base import Source
 from naiad.stream.batches import BatchStream
-from naiad.stream.decode import failed_samples, named_error
-from naiad.stream.reads import RowKeys, row_keys
+from naiad.stream.decode import KeyedDecode, seeded_context, without_rows
 
 __all__ = ["DecodeInWorkers", "DecodeTask", "make_stage_handler_factory"]
 
@@ -135,30 +133,17 @@ def _build_stage_handler(read_factory: HandlerFactory, source: Source, index_col
 def _decoder(source: Source, index_column: str, transform: Callable[[Any], Any]) -> Callable[[DecodeTask], Decoded]:
     """``transform`` over one task's batch under its pass's base seed and epoch, as
     ``DecodeAhead._apply`` runs it on the stage's threads."""
-    skip = source.on_bad_rows == "skip"
-    numbers: list[RowKeys] = []  # made at the first failure: most batches have none
+    keyed = KeyedDecode(source, transform, index_column)
 
     def decode(task: DecodeTask) -> Decoded:
         batch = task.batch()
         t0 = time.perf_counter()
-        current = get_worker_context()
-        own = (WorkerContext(0, 0, task.seed, "inline", task.seed, 0) if current is None
-               else dataclasses.replace(current, base_seed=task.seed))
-        previous = enter(own, task.epoch)
         try:
-            try:
-                return transform(batch), [], task.number
-            except DecodeError as exc:
-                if not numbers:
-                    numbers.append(row_keys(source))
-                failed = failed_samples(exc, batch, index_column, numbers[0])
-                if not skip or exc.kept is None:
-                    # The batch stays here (``kept`` dropped): only the names cross.
-                    raise named_error(exc, failed, f"batch {task.number} of epoch {task.epoch}") from None
-                return exc.kept, [{k: v for k, v in e.items() if k != "at"} for e in failed], task.number
+            # A failed batch stays here (``kept`` dropped): only the names cross.
+            out, failed = keyed(batch, seeded_context(task.seed), task.epoch, f"batch {task.number} of epoch {task.epoch}")
         finally:
-            leave(previous)
             report_stage("decode", time.perf_counter() - t0)
+        return out, without_rows(failed), task.number
 
     return decode
 
