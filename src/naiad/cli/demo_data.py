@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -162,16 +163,24 @@ def fashion_folder(images: int = 6000, test_images: int = 1000, seed: int = 0) -
         >>> sorted(p.name for p in (root / "train").iterdir())[:3]  # doctest: +SKIP
         ['checker', 'cross', 'diagonal']
     """
-    target = user_cache_dir() / f"fashion-{images}-{test_images}-{seed}"
+    def write(tmp: Path) -> None:
+        rng = np.random.default_rng(seed)
+        _write_split(tmp / "train", images, rng)
+        _write_split(tmp / "test", test_images, rng)
+
+    return cached_folder(f"fashion-{images}-{test_images}-{seed}", write)
+
+
+def cached_folder(name: str, write: Callable[[Path], None]) -> Path:
+    """The cache's folder ``name``, made by ``write(folder)`` the first time and reused after."""
+    target = user_cache_dir() / name
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # Made under a fresh private name and renamed into place: a reader never sees half a folder.
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
-        rng = np.random.default_rng(seed)
-        _write_split(tmp / "train", images, rng)
-        _write_split(tmp / "test", test_images, rng)
+        write(tmp)
         os.chmod(tmp, 0o755)  # synthetic data: readable like any folder once in place
         try:
             os.rename(tmp, target)

@@ -20,6 +20,7 @@ Each run's delivered samples are checked: every image exactly once per epoch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -82,7 +83,7 @@ class ImageFolderDataset(tud.Dataset[tuple[torch.Tensor, int]]):
 
     def key(self, index: int) -> str:
         """The sample's key as ``naiad convert`` writes it: its path under the root, no suffix."""
-        return _key_of(self.samples[index][0], self.root)
+        return key_of(self.samples[index][0], self.root)
 
 
 class FashionModel(torch.nn.Module):
@@ -153,12 +154,13 @@ class ImageRun:
     key_of: Callable[[str], str] | None = None  # a batch's key (a path) to the sample's key
 
 
-def _key_of(path: str, root: Path) -> str:
+def key_of(path: str, root: Path) -> str:
     """``root/disc/000003.png`` -> ``disc/000003``: the key ``naiad convert`` gives the file."""
     return Path(os.path.relpath(path, root)).with_suffix("").as_posix()
 
 
-def _unpack_torch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, None]:
+def unpack_torch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """torch's ``(inputs, labels)`` batch as a run unpacks it: no keys."""
     return batch[0], batch[1], None
 
 
@@ -186,10 +188,10 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[
         return float(loss), float((logits.argmax(1) == y).float().mean())
 
 
-def warm_up(test: tuple[torch.Tensor, torch.Tensor], batch_size: int, steps: int = 5) -> None:
-    """A few training steps of a throwaway model, untimed: torch's first steps (its thread pool,
-    its kernels' first calls) are slower, and the first loader timed would pay for them."""
-    model = FashionModel()
+def warm_up(model: torch.nn.Module, test: tuple[torch.Tensor, torch.Tensor], batch_size: int, steps: int = 5) -> None:
+    """A few training steps of a throwaway ``model``, untimed: torch's first steps (its thread
+    pool, its kernels' first calls, a 3D convolution's buffers) are slower, and the first loader
+    timed would pay for them."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     x, y = test[0][:batch_size], test[1][:batch_size]
     for _ in range(steps):
@@ -272,6 +274,26 @@ def train_run(run: ImageRun, model: torch.nn.Module, optimizer: torch.optim.Opti
                           accuracy=accuracy, coverage=check_coverage(seen, expected_keys), epoch_losses=epoch_losses)
 
 
+def train_and_report(runs: list[ImageRun], train: Callable[[ImageRun], ImageRunResult],
+                     table: Callable[[list[ImageRunResult]], str], keys: Sequence[str], noun: str) -> bool:
+    """Train with each run, its epoch losses printed as it ends, then the table and whether each
+    run delivered every ``noun`` once per epoch; whether any did not."""
+    results = []
+    for run in runs:
+        results.append(train(run))
+        r = results[-1]
+        print(f"  {run.name}: {r.total_s:.2f}s, epoch losses "
+              + " -> ".join(f"{loss:.4f}" for loss in r.epoch_losses), flush=True)
+    print()
+    print(table(results))
+    bad = [r for r in results if r.coverage]
+    for r in bad:
+        print(f"error: {r.name} did not deliver each {noun} once per epoch: {r.coverage}")
+    if not bad:
+        print(f"\nEvery loader delivered each of the {len(keys):,} {noun}s exactly once per epoch.")
+    return bool(bad)
+
+
 def format_image_table(results: list[ImageRunResult]) -> str:
     """The comparison table ``naiad demo images`` prints: the CSV demo's, with the test scores."""
     header = (f"{'loader':<34} {'images/s':>10} {'wait/step':>12} {'total':>9} {'final loss':>11} "
@@ -323,13 +345,13 @@ def make_runs(args: argparse.Namespace, root: Path, tar: Path, parquet: Path) ->
 
     runs = [
         ImageRun("torch.utils.data.DataLoader", lambda: tud.DataLoader(dataset, sampler=torch_sampler, **common),
-                 _unpack_torch, recorded(torch_sampler)),
+                 unpack_torch, recorded(torch_sampler)),
         ImageRun("naiad.DataLoader", lambda: naiad.DataLoader(dataset, sampler=naiad_sampler, **common),
-                 _unpack_torch, recorded(naiad_sampler)),
+                 unpack_torch, recorded(naiad_sampler)),
         ImageRun("naiad from the folder", lambda: naiad.DataLoader(
             naiad.read_images(train_dir), shuffle=True, seed=args.seed, **common,
             transform=decode("image")), _unpacker("image", "label", "path"),
-            key_of=lambda path: _key_of(path, train_dir)),
+            key_of=lambda path: key_of(path, train_dir)),
         ImageRun("naiad from tar shards", lambda: naiad.DataLoader(
             naiad.read_webdataset(str(tar.parent / "train-*.tar")), shuffle=True, seed=args.seed, **common,
             transform=decode("png")), _unpacker("png", "cls", "__key__")),
@@ -352,10 +374,17 @@ def run_images(args: argparse.Namespace) -> int:
     # The model's threads leave a core to the loaders: torch's intra-op pool spins at its
     # barriers, and on a machine with no core to spare each step waits for the busiest thread
     # (measured here, 2 cores: 8 ms a step on one thread, 100 ms on two while a loader decoded).
+    with model_threads_leave_a_core():
+        return _compare(args, root, tar, parquet, test, made_s, convert_s)
+
+
+@contextlib.contextmanager
+def model_threads_leave_a_core() -> Iterator[None]:
+    """torch's intra-op threads one fewer than the usable cores, for as long as it lasts."""
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, min(threads, usable_cores() - 1)))
     try:
-        return _compare(args, root, tar, parquet, test, made_s, convert_s)
+        yield
     finally:
         torch.set_num_threads(threads)
 
@@ -371,23 +400,11 @@ def _compare(args: argparse.Namespace, root: Path, tar: Path, parquet: Path, tes
     print(f"{len(keys):,} training and {len(test[1]):,} test images, 28x28 grayscale PNG, 10 classes; "
           f"batch {args.batch_size}, shuffle, {args.epochs} epoch(s), num_workers={args.num_workers}, "
           f"SGD lr {args.lr}, {usable_cores()} CPU cores, the model on {torch.get_num_threads()} thread(s)")
-    warm_up(test, args.batch_size)
+    warm_up(FashionModel(), test, args.batch_size)
     torch.manual_seed(args.seed)
     before_loss, before_accuracy = evaluate(FashionModel(), *test)
     print(f"before training: test loss {before_loss:.4f}, accuracy {100 * before_accuracy:.1f}%\n")
-    results = []
-    for run in runs:
-        results.append(train_images(run, args, test, keys))
-        r = results[-1]
-        print(f"  {run.name}: {r.total_s:.2f}s, epoch losses "
-              + " -> ".join(f"{loss:.4f}" for loss in r.epoch_losses), flush=True)
-    print()
-    print(format_image_table(results))
-    bad = [r for r in results if r.coverage]
-    for r in bad:
-        print(f"error: {r.name} did not deliver each image once per epoch: {r.coverage}")
-    if not bad:
-        print(f"\nEvery loader delivered each of the {len(keys):,} images exactly once per epoch.")
+    bad = train_and_report(runs, lambda run: train_images(run, args, test, keys), format_image_table, keys, "image")
     print(
         "The first two run the same dataset, sampler draws and model, so they reach the same loss; the"
         "\nothers read the folder, the tar shards and the decoded pixels in batches, shuffled by blocks"

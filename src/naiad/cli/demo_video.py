@@ -39,7 +39,12 @@ from naiad.cli.demo_images import (
     ImageRunResult,
     RecordingSampler,
     evaluate,
+    key_of,
+    model_threads_leave_a_core,
+    train_and_report,
     train_run,
+    unpack_torch,
+    warm_up,
 )
 from naiad.cli.steps import speed_ups
 from naiad.parallel.threads import usable_cores
@@ -109,7 +114,7 @@ class PyAVClipDataset(tud.Dataset[tuple[torch.Tensor, int]]):
 
     def key(self, index: int) -> str:
         """The sample's key as ``naiad convert`` writes it: its path under the root, no suffix."""
-        return _key_of(self.samples[index][0], self.root)
+        return key_of(self.samples[index][0], self.root)
 
 
 class ActionModel(torch.nn.Module):
@@ -136,14 +141,6 @@ class ActionModel(torch.nn.Module):
         return logits
 
 
-def _key_of(path: str, root: Path) -> str:
-    return Path(os.path.relpath(path, root)).with_suffix("").as_posix()
-
-
-def _unpack_torch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, None]:
-    return batch[0], batch[1], None
-
-
 def _unpacker(video: str, label: str, key: str) -> Any:
     """Read naiad's batch dicts: uint8 ``[B, T, 3, H, W]`` made float ``[B, 3, T, H, W]`` in [0, 1]."""
 
@@ -164,20 +161,6 @@ def load_test(root: Path) -> tuple[torch.Tensor, torch.Tensor]:
         xs.append(batch["video"].permute(0, 2, 1, 3, 4).float().div_(255))
         ys.append(batch["label"])
     return torch.cat(xs), torch.cat(ys)
-
-
-def warm_up(test: tuple[torch.Tensor, torch.Tensor], batch_size: int, steps: int = 3) -> None:
-    """A few training steps of a throwaway model, untimed: torch's first 3D convolutions of a
-    shape (their kernels chosen, their buffers made) are slower, and the first loader timed would
-    pay for them."""
-    model = ActionModel()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    x, y = test[0][:batch_size], test[1][:batch_size]
-    for _ in range(steps):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
-        optimizer.step()
 
 
 def train_clips(run: ImageRun, args: argparse.Namespace, test: tuple[torch.Tensor, torch.Tensor],
@@ -235,12 +218,12 @@ def make_runs(args: argparse.Namespace, root: Path, tar: Path) -> tuple[list[Ima
 
     runs = [
         ImageRun("torch.utils.data.DataLoader", lambda: tud.DataLoader(dataset, sampler=torch_sampler, **common),
-                 _unpack_torch, recorded(torch_sampler)),
+                 unpack_torch, recorded(torch_sampler)),
         ImageRun("naiad.DataLoader", lambda: naiad.DataLoader(dataset, sampler=naiad_sampler, **common),
-                 _unpack_torch, recorded(naiad_sampler)),
+                 unpack_torch, recorded(naiad_sampler)),
         ImageRun("naiad from the folder", lambda: naiad.DataLoader(
             naiad.read_videos(train_dir), shuffle=True, seed=args.seed, **common, transform=decode("video")),
-            _unpacker("video", "label", "path"), key_of=lambda path: _key_of(path, train_dir)),
+            _unpacker("video", "label", "path"), key_of=lambda path: key_of(path, train_dir)),
         ImageRun("naiad from tar shards", lambda: naiad.DataLoader(
             naiad.read_webdataset(str(tar.parent / "train-*.tar")), shuffle=True, seed=args.seed, **common,
             transform=decode("mp4")), _unpacker("mp4", "cls", "__key__")),
@@ -263,12 +246,8 @@ def run_video(args: argparse.Namespace) -> int:
     tar, convert_s = converted(root, args.seed)
     test = load_test(root / "test")
     # The model's threads leave a core to the loaders, as in `naiad demo images` (demo_images.py).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(threads, usable_cores() - 1)))
-    try:
+    with model_threads_leave_a_core():
         return _compare(args, root, tar, test, made_s, convert_s)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _compare(args: argparse.Namespace, root: Path, tar: Path, test: tuple[torch.Tensor, torch.Tensor],
@@ -282,23 +261,11 @@ def _compare(args: argparse.Namespace, root: Path, tar: Path, test: tuple[torch.
           f"clips of {FRAMES} frames every {STRIDE} at {SIZE}x{SIZE}; batch {args.batch_size}, shuffle, "
           f"{args.epochs} epoch(s), num_workers={args.num_workers}, SGD lr {args.lr}, {usable_cores()} CPU cores, "
           f"the model on {torch.get_num_threads()} thread(s)")
-    warm_up(test, args.batch_size)
+    warm_up(ActionModel(), test, args.batch_size, steps=3)
     torch.manual_seed(args.seed)
     before_loss, before_accuracy = evaluate(ActionModel(), *test)
     print(f"before training: test loss {before_loss:.4f}, accuracy {100 * before_accuracy:.1f}%\n")
-    results = []
-    for run in runs:
-        results.append(train_clips(run, args, test, keys))
-        r = results[-1]
-        print(f"  {run.name}: {r.total_s:.2f}s, epoch losses " + " -> ".join(f"{x:.4f}" for x in r.epoch_losses),
-              flush=True)
-    print()
-    print(format_video_table(results))
-    bad = [r for r in results if r.coverage]
-    for r in bad:
-        print(f"error: {r.name} did not deliver each video once per epoch: {r.coverage}")
-    if not bad:
-        print(f"\nEvery loader delivered each of the {len(keys):,} videos exactly once per epoch.")
+    bad = train_and_report(runs, lambda run: train_clips(run, args, test, keys), format_video_table, keys, "video")
     print(
         "The first two run the same per-sample dataset and sampler draws (without workers the same clip"
         "\ndraws too, from Python's random, so the same loss); it decodes each video from its first frame"

@@ -10,14 +10,11 @@ one sub-folder per class, as UCF101's and Kinetics' folders are laid out.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from naiad.sources.cache import user_cache_dir
+from naiad.cli.demo_data import cached_folder
 from naiad.tools.video_files import pyav_for
 
 __all__ = ["ACTION_CLASSES", "ACTION_FPS", "ACTION_SIZE", "action_folder", "action_frames"]
@@ -87,22 +84,9 @@ def action_folder(videos: int = 48, test_videos: int = 16, seed: int = 0) -> Pat
         ConfigError: PyAV is not installed.
     """
     pyav_for("`naiad demo video`")
-    target = user_cache_dir() / f"actions-{videos}-{test_videos}-{seed}"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Made under a fresh private name and renamed into place: a reader never sees half a folder.
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
-    try:
+    def write(tmp: Path) -> None:
         rng = np.random.default_rng(seed)
         _write_split(tmp / "train", videos, rng)
         _write_split(tmp / "test", test_videos, rng)
-        os.chmod(tmp, 0o755)  # synthetic data: readable like any folder once in place
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.exists():  # not a concurrent maker that got there first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return cached_folder(f"actions-{videos}-{test_videos}-{seed}", write)
