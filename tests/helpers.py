@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -129,3 +132,20 @@ def kill_tree(pid: int, timeout_s: float = 10.0) -> None:
             p.kill()
     _, alive = psutil.wait_procs(procs, timeout=timeout_s)
     assert not alive, f"processes that SIGKILL did not end: {alive}"
+
+
+def run_naiad_demo(*args: str, cache: Path | str) -> subprocess.CompletedProcess[str]:
+    """`python -m naiad ...` with its cache in ``cache``, its whole process tree killed whatever
+    happens (the demos' tests)."""
+    env = {**os.environ, "NAIAD_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(sys.path)}
+    return run_to_end([sys.executable, "-m", "naiad", *args], timeout_s=280, env=env)
+
+
+def demo_table_rows(stdout: str, loaders: Sequence[str]) -> dict[str, list[str]]:
+    """A demo's table: each loader's row, split into fields after its name."""
+    rows = {}
+    for line in stdout.splitlines():
+        for name in loaders:
+            if line.startswith(name + " ") and re.search(r"\d%$", line):
+                rows[name] = line[len(name):].split()
+    return rows

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from naiad.cli import main
 from naiad.cli.demo_images import check_coverage
-from tests.helpers import run_to_end
+from tests.helpers import demo_table_rows, run_naiad_demo
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,31 +22,15 @@ LOADERS = (
 )
 
 
-def run_naiad(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m naiad ...`, its whole process tree killed whatever happens."""
-    env = {**os.environ, "NAIAD_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(sys.path)}
-    return run_to_end([sys.executable, "-m", "naiad", *args], timeout_s=280, env=env)
-
-
-def table_rows(stdout: str) -> dict[str, list[str]]:
-    """The table's row of each loader, split into fields after the name."""
-    rows = {}
-    for line in stdout.splitlines():
-        for name in LOADERS:
-            if line.startswith(name + " ") and re.search(r"\d%$", line):
-                rows[name] = line[len(name):].split()
-    return rows
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_demo_images_trains_every_loader_on_each_image_once_per_epoch(tmp_path: Path, workers: int) -> None:
-    out = run_naiad("demo", "images", "--images", "400", "--epochs", "2", "--batch-size", "32",
+    out = run_naiad_demo("demo", "images", "--images", "400", "--epochs", "2", "--batch-size", "32",
                     "--workers", str(workers), cache=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"num_workers={workers}" in out.stdout
     for expected in ("images/s", "wait/step", "total", "test loss", "accuracy", "speed-up of naiad from tar shards"):
         assert expected in out.stdout
-    rows = table_rows(out.stdout)
+    rows = demo_table_rows(out.stdout, LOADERS)
     assert sorted(rows) == sorted(LOADERS), out.stdout
     # The demo checks each run's delivered keys against the folder's (check_coverage below).
     assert "Every loader delivered each of the 400 images exactly once per epoch." in out.stdout
@@ -72,10 +53,10 @@ def test_demo_images_trains_every_loader_on_each_image_once_per_epoch(tmp_path: 
 
 
 def test_demo_images_reuses_the_cached_data(tmp_path: Path) -> None:
-    first = run_naiad("demo", "images", "--images", "100", "--epochs", "1", cache=tmp_path)
+    first = run_naiad_demo("demo", "images", "--images", "100", "--epochs", "1", cache=tmp_path)
     assert first.returncode == 0, first.stderr
     made = {p: p.stat().st_mtime_ns for p in (tmp_path / "fashion-100-100-0").rglob("*") if p.is_file()}
-    second = run_naiad("demo", "images", "--images", "100", "--epochs", "1", cache=tmp_path)
+    second = run_naiad_demo("demo", "images", "--images", "100", "--epochs", "1", cache=tmp_path)
     assert second.returncode == 0, second.stderr
     assert {p: p.stat().st_mtime_ns for p in made} == made
 

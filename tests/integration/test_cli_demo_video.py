@@ -3,16 +3,13 @@ PyAV; and its message when PyAV is missing."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from naiad.cli import main
-from tests.helpers import run_to_end
+from tests.helpers import demo_table_rows, run_naiad_demo
 
 pytest.importorskip("av", reason="the video demo makes and decodes videos with PyAV (pip install 'naiad[test]')")
 pytestmark = pytest.mark.timeout(300)
@@ -20,30 +17,14 @@ pytestmark = pytest.mark.timeout(300)
 LOADERS = ("torch.utils.data.DataLoader", "naiad.DataLoader", "naiad from the folder", "naiad from tar shards")
 
 
-def run_naiad(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m naiad ...`, its whole process tree killed whatever happens."""
-    env = {**os.environ, "NAIAD_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(sys.path)}
-    return run_to_end([sys.executable, "-m", "naiad", *args], timeout_s=280, env=env)
-
-
-def table_rows(stdout: str) -> dict[str, list[str]]:
-    """The table's row of each loader, split into fields after the name."""
-    rows = {}
-    for line in stdout.splitlines():
-        for name in LOADERS:
-            if line.startswith(name + " ") and re.search(r"\d%$", line):
-                rows[name] = line[len(name):].split()
-    return rows
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_demo_video_trains_every_loader_on_each_video_once_per_epoch(tmp_path: Path, workers: int) -> None:
-    out = run_naiad("demo", "video", "--videos", "16", "--epochs", "2", "--workers", str(workers), cache=tmp_path)
+    out = run_naiad_demo("demo", "video", "--videos", "16", "--epochs", "2", "--workers", str(workers), cache=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"num_workers={workers}" in out.stdout and "clips of 8 frames every 2 at 64x64" in out.stdout
     for expected in ("clips/s", "wait/step", "total", "test loss", "accuracy", "speed-up of naiad from the folder"):
         assert expected in out.stdout
-    rows = table_rows(out.stdout)
+    rows = demo_table_rows(out.stdout, LOADERS)
     assert sorted(rows) == sorted(LOADERS), out.stdout
     assert "Every loader delivered each of the 16 videos exactly once per epoch." in out.stdout
     assert "error:" not in out.stdout

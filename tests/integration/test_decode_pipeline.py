@@ -23,6 +23,7 @@ import naiad
 from naiad.errors import DecodeError, SourceError
 from naiad.media.images import DecodeImages
 from naiad.sources import SkipBadRows
+from tests.conftest_stream import two_ranks_then_three
 
 wds = pytest.importorskip("webdataset", reason="the shard tests write shards with webdataset (pip install 'naiad[test]')")
 Image = pytest.importorskip("PIL.Image", reason="the decode tests write images with Pillow (pip install 'naiad[test]')")
@@ -164,23 +165,7 @@ def test_a_random_crop_stream_resumed_from_two_ranks_on_three_delivers_the_same_
     reference = make(0, 1)
     whole = by_key(list(reference))
     reference.close()
-    seen: list[dict[str, Any]] = []
-    state = None
-    for rank in range(2):
-        loader = make(rank, 2)
-        it = iter(loader)
-        seen += [next(it) for _ in range(3)]
-        if rank == 0:
-            state = json.loads(json.dumps(loader.state_dict()))
-        loader.close()
-    counts = []
-    for rank in range(3):
-        loader = make(rank, 3)
-        loader.load_state_dict(state)
-        batches = list(loader)
-        loader.close()
-        counts.append(len(batches))
-        seen += batches
+    seen, counts = two_ranks_then_three(make, before=3)
     assert len(set(counts)) == 1  # equal steps on the new ranks
     same_pixels(by_key(seen), whole)
 

@@ -258,7 +258,7 @@ def test_gathered_columns_are_built_in_the_slot_and_equal_the_loops() -> None:
     want = list(naiad.DataLoader(data, **kw))
     got = list(naiad.DataLoader(data, num_workers=2, **kw))
     assert len(got) == len(want)
-    for w, g in zip(want, got):
+    for w, g in zip(want, got, strict=True):
         assert torch.equal(w["image"], g["image"]) and torch.equal(w["label"], g["label"])
     assert sum(over_a_slot(g["image"]) for g in got) >= len(got) - 2 * slots.MAX_SLOTS
 
