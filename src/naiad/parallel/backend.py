@@ -54,6 +54,7 @@ __all__ = ["Exhausted", "ProcessBackend", "RemoteError", "add_note"]
 
 # How often a blocked wait wakes up to check that the other side is alive.
 POLL_S = 0.5
+POLL_MS = int(POLL_S * 1000)
 # Grace for a worker to finish its task and return before it is terminated: a worker busy on
 # a task nobody will read (after a `break` or an error) need not be waited for.
 JOIN_TIMEOUT_S = 1.0
@@ -132,9 +133,13 @@ def _process_worker_main(spec: WorkerSpec, context: WorkerContext, conn: mpc.Con
 def _received_tasks(conn: mpc.Connection, parent: int) -> Iterator[Task]:
     """The tasks sent to this worker (NOTE [ Task channel ]), until it is told to stop, its
     socket closes or its parent is gone."""
+    # One poll set for the worker's life: ``Connection.poll`` builds a selector each call, a few
+    # µs of every task.
+    waiting = select.poll()
+    waiting.register(conn.fileno(), select.POLLIN)
     while True:
         try:
-            if not conn.poll(POLL_S):
+            if not waiting.poll(POLL_MS):  # readable, closed or in error: recv tells which
                 if os.getppid() != parent:  # orphaned: the training process died
                     return
                 continue
@@ -259,7 +264,9 @@ class ProcessBackend:
 
     def _drain(self, w: int, out: list[Message]) -> None:
         conn = self.conns[w]
-        while conn.poll():
+        ready = select.poll()  # not conn.poll(): it builds a selector per call, twice a batch
+        ready.register(conn.fileno(), select.POLLIN)
+        while ready.poll(0):
             wire = conn.recv()
             if wire[0] == _SLOT:
                 token, index, size = wire[2]

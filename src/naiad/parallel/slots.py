@@ -27,6 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from naiad.parallel.transport import MAX_WALK, NOT_IN_NUMPY, plain_tensor
+from naiad.parallel.transport import pack as transport_pack
+
 __all__ = ["MAX_SLOTS", "WorkerSlots", "batch_array", "building", "forget", "memory", "receive", "supported", "use"]
 
 MAX_SLOTS = 8
@@ -76,10 +79,13 @@ _ARRAY, _TENSOR, _RAW_TENSOR = 0, 1, 2
 class _SlotView:
     """In a worker: one array's place in a slot; unpickled in the training process as the array."""
 
-    __slots__ = ("copy", "count", "dtype", "gen", "index", "kind", "nbytes", "offset", "shape", "source", "token")
+    __slots__ = ("copy", "count", "dtype", "gen", "index", "kind", "nbytes", "offset", "ptr", "shape", "source",
+                 "token")
 
-    def __init__(self, source: Any, kind: int, dtype: Any, nbytes: int) -> None:
-        self.source, self.kind, self.dtype, self.nbytes = source, kind, dtype, nbytes
+    def __init__(self, source: Any, kind: int, dtype: Any, nbytes: int, ptr: int | None) -> None:
+        # ``source``: the array, or the tensor; ``ptr``: its first byte's address where it lies
+        # in one contiguous run (None: it does not, or it is not known yet: an array's).
+        self.source, self.kind, self.dtype, self.nbytes, self.ptr = source, kind, dtype, nbytes, ptr
         self.shape = tuple(source.shape)
         self.token = self.index = self.gen = self.count = self.offset = 0
         self.copy = True
@@ -115,14 +121,12 @@ class WorkerSlots:
         """``obj`` with its arrays and tensors in a free slot (those built there by
         :func:`batch_array` stay where they are; the rest are copied in); ``transport.pack(obj)``
         when it has none, or no slot is free and no more may be made."""
-        from naiad.parallel.transport import pack
-
         self._sent = None  # a batch sent before this one is the training process's: never unsent
         views: list[_SlotView] = []
         tree = _place(obj, views)
         arena, self._arena = self._arena, None
         if not views:
-            return pack(obj)
+            return transport_pack(obj)
         slot = self._in_arena(arena, views) if arena is not None else None
         if slot is None:
             end = 0
@@ -130,7 +134,7 @@ class WorkerSlots:
                 v.offset, v.copy, end = end, True, _round_up(end + v.nbytes, _ALIGN)
             slot = self._slot_for(_HEADER + end, besides=arena)
             if slot is None:
-                return pack(obj)
+                return transport_pack(obj)
         slot.gen += 1
         for v in views:
             if v.copy:
@@ -145,10 +149,11 @@ class WorkerSlots:
         None when they do not fit."""
         base, end = arena.address, self._arena_end
         for v in views:
-            src = v.source
-            inside = v.kind != _RAW_TENSOR and src.flags.c_contiguous and base <= src.ctypes.data < base + arena.size
-            if inside:
-                v.offset, v.copy = src.ctypes.data - base, False
+            ptr = v.ptr
+            if ptr is None and v.kind == _ARRAY and v.source.flags.c_contiguous:
+                ptr = v.source.ctypes.data
+            if ptr is not None and v.kind != _RAW_TENSOR and base <= ptr < base + arena.size:
+                v.offset, v.copy = ptr - base, False
             else:
                 v.offset, v.copy, end = end, True, _round_up(end + v.nbytes, _ALIGN)
         self._last_need = _HEADER + end
@@ -219,19 +224,19 @@ class WorkerSlots:
 def _place(obj: Any, views: list[_SlotView]) -> Any:
     """``obj`` with each numeric array and tensor replaced by a :class:`_SlotView` (its place
     in a slot is set by :meth:`WorkerSlots.pack`), walked as :func:`transport.pack` walks it."""
-    from naiad.parallel.transport import MAX_WALK, NOT_IN_NUMPY, plain_tensor
-
     kind = type(obj)
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in "biufc" or obj.ndim == 0 or obj.size == 0:
             return obj
-        return _add(_SlotView(obj, _ARRAY, obj.dtype.str, obj.nbytes), views)
+        return _add(_SlotView(obj, _ARRAY, obj.dtype.str, obj.nbytes, None), views)
     if kind.__module__ == "torch" and plain_tensor(obj) and obj.numel():
         nbytes = obj.numel() * obj.element_size()
         if obj.dtype in NOT_IN_NUMPY or obj.is_conj() or obj.is_neg():  # NumPy cannot view it
-            return _add(_SlotView(obj, _RAW_TENSOR, obj.dtype, nbytes), views)
-        array = obj.numpy()
-        return _add(_SlotView(array, _TENSOR, array.dtype.str, nbytes), views)
+            return _add(_SlotView(obj, _RAW_TENSOR, obj.dtype, nbytes, None), views)
+        # The tensor itself, not ``.numpy()``: a batch built in its slot is not copied, and
+        # asking the tensor is a fraction of making the array (a few µs a batch, per worker).
+        ptr = obj.data_ptr() if obj.is_contiguous() else None
+        return _add(_SlotView(obj, _TENSOR, _numpy_dtype(obj.dtype), nbytes, ptr), views)
     if kind is dict:
         return {k: _place(v, views) for k, v in obj.items()}
     if kind is list or kind is tuple:
@@ -239,6 +244,18 @@ def _place(obj: Any, views: list[_SlotView]) -> Any:
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
         return kind(*(_place(v, views) for v in obj))
     return obj
+
+
+_NUMPY_DTYPES: dict[Any, str] = {}  # torch dtype -> NumPy's dtype string, as ``tensor.numpy()`` gives it
+
+
+def _numpy_dtype(dtype: Any) -> str:
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is None:
+        import torch
+
+        found = _NUMPY_DTYPES[dtype] = torch.empty(0, dtype=dtype).numpy().dtype.str
+    return found
 
 
 def _add(view: _SlotView, views: list[_SlotView]) -> _SlotView:
@@ -249,7 +266,8 @@ def _add(view: _SlotView, views: list[_SlotView]) -> _SlotView:
 def _copy_in(slot: _Slot, v: _SlotView) -> None:
     start = _HEADER + v.offset
     if v.kind != _RAW_TENSOR:
-        np.copyto(slot.u8[start:start + v.nbytes].view(v.source.dtype).reshape(v.shape), v.source, casting="no")
+        src = v.source if v.kind == _ARRAY else v.source.numpy()
+        np.copyto(slot.u8[start:start + v.nbytes].view(src.dtype).reshape(v.shape), src, casting="no")
         return
     import torch
 
