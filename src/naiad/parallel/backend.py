@@ -345,7 +345,9 @@ class ProcessBackend:
     def close(self) -> None:
         """Stop the workers: ask, wait, then terminate and kill (see :func:`_shutdown_processes`)."""
         self._finalizer()
-        if sys.is_finalizing():
+        # Late in the interpreter's shutdown a module's globals are None (``sys`` too).
+        finalizing = getattr(sys, "is_finalizing", None)
+        if finalizing is None or finalizing():
             return  # the interpreter is going: nothing is left to forget the slots for
         for token in self._slot_tokens.values():
             slots.forget(token)  # batches still held keep their own mappings
