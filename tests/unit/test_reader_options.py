@@ -50,7 +50,7 @@ def test_every_reader_takes_at_most_eight_keywords(name: str) -> None:
 def test_the_shared_options_have_one_spelling() -> None:
     for name, reader in READERS.items():
         kw = keywords(reader)
-        assert "storage" in kw or name == "read_images"
+        assert "storage" in kw
         assert "on_bad_rows" in kw or name == "read_tokens"
         assert not {"storage_options", "retry", "cache_dir", "cache_bytes", "max_bad_rows", "media_roots",
                     "max_media_bytes", "delimiter", "header"} & set(kw), name

@@ -9,7 +9,10 @@ and sizes as an ``.npz`` of plain arrays in the index folder, keyed by the root'
 and used while every listed folder's modification time is the one recorded (adding, removing or
 renaming a file changes its folder's). The listing is a few NumPy arrays, so it travels to
 process workers inside the source, and a block (a run of files) reads its files without a
-Python object per file until their bytes.
+Python object per file until their bytes. A folder behind a URL is a prefix, listed in each
+process that makes the source and never kept (no folder modification times tell a kept one is
+stale), its objects fetched through the source's Storage (NOTE [ Remote folder listing ] in
+remote_listing.py).
 
 The files are ordered and labelled as ``torchvision.datasets.ImageFolder`` orders and labels
 them, so a model trained on either gets the same classes: the classes are the root's
@@ -25,7 +28,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import stat
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -36,32 +38,22 @@ import pyarrow as pa
 from naiad.errors import ConfigError, SourceError
 from naiad.sources.base import Source
 from naiad.sources.columns import Columns
-from naiad.sources.contract import Block, BlockData, bad_entry
+from naiad.sources.contract import Block, BlockData, GroupPart, bad_entry
 from naiad.sources.index import IndexDir, check_index_dir, load_arrays, save_arrays
 from naiad.sources.media import media_access
-from naiad.sources.options import BadRows
+from naiad.sources.options import BadRows, StorageLike
+from naiad.sources.remote_listing import fetch_objects, list_prefix, object_infos, pack_names
 from naiad.sources.samples import grid_blocks, indices, sample_block_bytes
 from naiad.sources.storage import is_remote, local_path
-from naiad.trust.kept import miss
-from naiad.trust.paths import (
-    MediaAccess,
-    decode_names,
-    encode_name,
-    read_local_file,
-    relative_names_ok,
-    under,
-    walk_once,
-)
+from naiad.trust.listings import MAX_LISTED_BYTES, check_listing
+from naiad.trust.paths import MediaAccess, decode_names, encode_name, read_local_file, walk_once
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolderSource", "MediaFolderSource", "read_images"]
+__all__ = ["IMG_EXTENSIONS", "MAX_LISTED_BYTES", "ImageFolderSource", "MediaFolderSource", "read_images"]
 
 _LOG = logging.getLogger("naiad.index")
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``datasets.folder.IMG_EXTENSIONS`` (torchvision 0.28), matched in any case."""
-
-MAX_LISTED_BYTES = 1 << 50
-"""The largest file size a kept listing may record (a petabyte: anything above is a lie)."""
 
 LISTING_PARAMS: Mapping[str, Any] = {"kind": "image-folder", "version": 2, "extensions": list(IMG_EXTENSIONS)}
 
@@ -88,20 +80,22 @@ class MediaFolderSource(Source):
     reader_name = "read_images"
 
     def __init__(self, root: str | os.PathLike[str], *, on_bad_rows: BadRows = "raise", block_bytes: int | None = None,
-                 index_dir: IndexDir = None, media: MediaAccess | None = None, **deprecated: Any) -> None:
+                 index_dir: IndexDir = None, media: MediaAccess | None = None, storage: StorageLike = None,
+                 **deprecated: Any) -> None:
         text = os.fspath(root)
-        if is_remote(text):
-            raise ConfigError(f"`root` must be a local folder, got the URL {text!r}; {self.noun} folders behind URLs are "
-                              "not read yet: pack them into tar shards and use naiad.read_webdataset.")
-        text = local_path(text)
+        remote = is_remote(text)
+        if remote and not text.split("://", 1)[1].strip("/"):
+            raise ConfigError(f"`root` must name a folder of {self.noun}s (a bucket or a prefix in one), got {text!r}.")
+        text = text.rstrip("/") if remote else local_path(text)
         if block_bytes is not None and (isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1):
             raise ConfigError(f"`block_bytes` must be an int >= 1 or None, got {block_bytes!r}.")
         access = media_access(media)
         if access.roots:
             raise ConfigError(f"`media` roots {list(access.roots)} do not apply to an {self.noun} folder, which reads only "
                               "the files under its root; give MediaAccess(max_bytes=...) alone.")
-        super().__init__([os.path.abspath(text)], on_bad_rows=on_bad_rows, expand=False, deprecated=deprecated)
-        if not os.path.isdir(text):
+        super().__init__([text if remote else os.path.abspath(text)], on_bad_rows=on_bad_rows, storage=storage,
+                         expand=False, deprecated=deprecated)
+        if not remote and not os.path.isdir(text):
             raise SourceError(f"not a folder: `root` must be a folder of {self.noun}s (or of class folders).", path=text)
         self.root = self.paths[0]
         self.max_media_bytes = access.max_bytes
@@ -120,8 +114,14 @@ class MediaFolderSource(Source):
         return _list_folder(self.root, self.extensions, self.noun)
 
     def listing(self) -> dict[str, np.ndarray]:
-        """The files, labels and sizes (NOTE [ Folder listing ]): kept, or listed now and kept."""
-        if self._listing is None:
+        """The files, labels and sizes (NOTE [ Folder listing ]): kept, or listed now and kept; a
+        folder behind a URL listed now, never kept (NOTE [ Remote folder listing ])."""
+        if self._listing is None and is_remote(self.root):
+            t0 = time.perf_counter()
+            self._listing = list_prefix(self.storage, self.root, self.extensions, self.noun)
+            _LOG.info("naiad: listed %s: %d files in %.2f s (a prefix: listed by each process that makes the source).",
+                      self.root, len(self._listing["labels"]), time.perf_counter() - t0)
+        elif self._listing is None:
             stored = load_arrays(self.index_dir, self.root, self.listing_params)
             why = None if stored is None else check_listing(stored, self.root)
             if stored is not None and why is None:
@@ -168,6 +168,12 @@ class MediaFolderSource(Source):
         rows = np.concatenate([block.first_line + r for block, r in parts])
         return self._read_files(rows)
 
+    def _read_group(self, parts: list[GroupPart], use_threads: bool) -> BlockData:
+        # A group's files in one read: an object's round trips overlap across the whole group.
+        rows = np.concatenate([b.first_line + (np.arange(lo, hi, dtype=np.int64) if take is None else lo + take)
+                               for b, lo, hi, take in parts])
+        return self._read_files(rows)
+
     def _sizes(self) -> np.ndarray:
         """The files' sizes as a read takes them: a larger file than ``media.max_bytes`` is a
         bad row, so it weighs no more than that (and a kept listing's sizes sum bounded)."""
@@ -192,21 +198,24 @@ class MediaFolderSource(Source):
         return out
 
     def _read_files(self, rows: np.ndarray) -> BlockData:
-        """Files ``rows`` (numbers in the listing): their bytes, labels and paths."""
+        """Files ``rows`` (numbers in the listing): their bytes, labels and paths (URLs behind one)."""
         listing = self.listing()
-        paths = listing_paths(listing, rows, self.root)
+        remote = is_remote(self.root)
+        paths = listing_paths(listing, rows, self.root, "/" if remote else os.sep)
+        names: list[str] = paths.tolist()
+        read = (fetch_objects(self.storage, names, object_infos(listing, rows), self.max_media_bytes, self.noun)
+                if remote else [_local_bytes(p, self.max_media_bytes, self.noun) for p in names])
         images: list[bytes | None] = []
         bad: list[dict[str, Any]] = []
-        for i, p in enumerate(paths.tolist()):  # one open and read per file: the format's unit
-            try:
-                images.append(read_local_file(p, self.max_media_bytes))  # a regular file, bounded
-            except OSError as exc:
-                reason = f"cannot read the {self.noun} ({exc.strerror or exc})" + (
-                    "; was it removed since the folder was listed?" if exc.errno == errno.ENOENT else "")
-                if self.on_bad_rows == "raise":
-                    raise SourceError(reason + " Pass on_bad_rows='skip' to skip such files.", path=p) from None
-                images.append(None)
-                bad.append(bad_entry(i, p, reason, row=int(rows[i]), column=self.column))
+        for i, (p, got) in enumerate(zip(names, read)):
+            if isinstance(got, bytes):
+                images.append(got)
+                continue
+            if self.on_bad_rows == "raise":
+                raise SourceError(f"{got}{'' if got.endswith('?') else '.'} Pass on_bad_rows='skip' to skip such files.",
+                                  path=p)
+            images.append(None)
+            bad.append(bad_entry(i, p, got, row=int(rows[i]), column=self.column))
         columns: Columns = {self.column: np.fromiter(images, object, count=len(images))}
         if self.classes:
             columns["label"] = listing["labels"][rows]
@@ -227,23 +236,33 @@ class ImageFolderSource(MediaFolderSource):
     numbered from 0 (``source.class_to_idx``), files in sorted order, the same extensions
     (NOTE [ Folder listing ]). A folder with no sub-folder is read flat, without labels. Columns:
     ``image`` (the file's bytes, to decode), ``label`` (int64; class folders only) and
-    ``path`` (str). The listing is made once and kept like the block index, so a million files
-    are not listed again every epoch, rank or process. The root is the source's one "file"
-    (its ``paths``), its blocks runs of the files listed under it.
+    ``path`` (str: the file's path, or its URL). The listing is made once and kept like the
+    block index, so a million files are not listed again every epoch, rank or process. The root
+    is the source's one "file" (its ``paths``), its blocks runs of the files listed under it.
+
+    A folder behind a URL (``"s3://bucket/train/"``) is a prefix: its sub-prefixes are the
+    classes, as sub-folders are, and its objects are listed with one recursive listing when the
+    source is made (in each process that makes it: it is not kept), checked as the server's
+    answer, and read whole through ``storage`` (retries, the local cache), a few at a time
+    (NOTE [ Remote folder listing ]).
 
     Args:
-        root: the folder (local).
+        root: the folder: a local one, or a URL (a bucket or a prefix in one).
         on_bad_rows: what a file that cannot be read (removed since it was listed, or larger
             than ``media.max_bytes``) does: as every reader's (:class:`~naiad.Source`).
         block_bytes: about how many bytes of files a block holds (None: about 1/4096 of the
             folder, between 1 MiB and 32 MiB).
-        index_dir: where the listing is kept, as every reader's ("beside": next to ``root``).
+        index_dir: where the listing of a local folder is kept, as every reader's ("beside":
+            next to ``root``).
         media: a :class:`~naiad.trust.paths.MediaAccess` whose ``max_bytes`` is the most bytes
             one file may hold (None: 256 MiB); a folder reads only the files under it, so its
             ``roots`` must be empty.
+        storage: where the objects of a URL live and how they are fetched, as every reader
+            takes it (:class:`~naiad.Source`): a ``naiad.Storage`` (its ``cache_dir`` keeps the
+            fetched objects for later epochs) or a dict of the filesystem's options.
 
     Attributes:
-        root: the folder.
+        root: the folder (a URL without its trailing ``/``).
         classes: the class names, sorted (empty for a flat folder).
         class_to_idx: class name -> label, as ImageFolder's.
 
@@ -251,6 +270,7 @@ class ImageFolderSource(MediaFolderSource):
         >>> ds = naiad.read_images("train/")  # doctest: +SKIP
         >>> ds.class_to_idx  # doctest: +SKIP
         {'cat': 0, 'dog': 1}
+        >>> remote = naiad.read_images("s3://bucket/train/", storage=naiad.Storage(cache_dir="auto"))  # doctest: +SKIP
     """
 
     reader_name = "read_images"
@@ -259,15 +279,16 @@ class ImageFolderSource(MediaFolderSource):
         return _list_folder(self.root)  # the module's function, as tests count its calls
 
 
-def listing_paths(listing: Mapping[str, np.ndarray], rows: np.ndarray, root: str) -> np.ndarray:
-    """The full paths of files ``rows`` as an object array of str (Arrow slices the blob)."""
+def listing_paths(listing: Mapping[str, np.ndarray], rows: np.ndarray, root: str, sep: str = os.sep) -> np.ndarray:
+    """The full paths (or URLs, ``sep`` "/") of files ``rows`` as an object array of str (Arrow
+    slices the blob)."""
     import pyarrow.compute as pc  # on first use: its import is a third of naiad's
     ends = listing["path_ends"]
     offsets = np.concatenate(([0], ends)).astype(np.int64)
     arr = pa.Array.from_buffers(pa.large_string(), len(ends), [None, pa.py_buffer(offsets), pa.py_buffer(listing["path_bytes"])])
     rel = arr.take(indices(rows)).view(pa.large_binary())  # names kept as bytes (NOTE [ Names as bytes ])
     joined = pc.binary_join_element_wise(pa.scalar(encode_name(root), pa.large_binary()), rel,
-                                         pa.scalar(os.sep.encode(), pa.large_binary()))
+                                         pa.scalar(sep.encode(), pa.large_binary()))
     return decode_names(joined)
 
 
@@ -306,16 +327,25 @@ def _list_folder(root: str, extensions: tuple[str, ...] = IMG_EXTENSIONS, noun: 
         if not rel:
             raise SourceError(f"the folder holds no {noun} file (extensions {', '.join(extensions)}) and no class "
                               "folder.", path=root)
-    blobs = [encode_name(r) for r in rel]
+    ends, blob = pack_names(rel)
     return {
         "classes": np.array(classes, dtype=str) if classes else np.zeros(0, "<U1"),
         "labels": np.array(labels, np.int64),
         "sizes": np.array(sizes, np.int64),
-        "path_ends": np.cumsum(np.fromiter(map(len, blobs), np.int64, count=len(blobs))).astype(np.int64),
-        "path_bytes": np.frombuffer(b"".join(blobs), np.uint8).copy(),
+        "path_ends": ends,
+        "path_bytes": blob,
         "dirs": np.array(dirs, dtype=str),
         "dir_mtimes": np.array([os.stat(d).st_mtime_ns for d in dirs], np.int64),
     }
+
+
+def _local_bytes(path: str, max_bytes: int, noun: str) -> bytes | str:
+    """A local file's bytes (a regular file, bounded), or why it is a bad row."""
+    try:
+        return read_local_file(path, max_bytes)
+    except OSError as exc:
+        return f"cannot read the {noun} ({exc.strerror or exc})" + (
+            "; was it removed since the folder was listed?" if exc.errno == errno.ENOENT else "")
 
 
 def _size(entry: os.DirEntry[str]) -> int:
@@ -323,91 +353,6 @@ def _size(entry: os.DirEntry[str]) -> int:
         return entry.stat().st_size
     except OSError:
         return 0  # read later, where a missing file is named
-
-
-def check_listing(stored: Mapping[str, Any], root: str) -> str | None:
-    """Why a kept listing may not be used for ``root``, or None when it may (NOTE [ Folder
-    listing ]). A listing is data anyone who can write to the index folder may have written
-    (NOTE [ Kept files ] in naiad/trust/kept.py), so before it says which files are samples,
-    and with which labels: its arrays have the types and lengths a listing has; its paths are
-    plain relative names (no ``..``, not absolute), each inside the folder of its class; its
-    labels number its classes, which are folder names; every folder it walked lies under the
-    root and still has its recorded modification time (a file added, removed or renamed changes
-    its folder's). Anything else is logged and the folder listed again."""
-    why = _implausible(stored, root)
-    if why is not None:
-        miss(root, f"it is implausible: {why}", what="the kept listing of")
-        return why
-    for d, m in zip(stored["dirs"].tolist(), stored["dir_mtimes"].tolist()):
-        try:
-            st = os.stat(d)
-        except OSError:
-            return "a folder it walked is gone"
-        if not stat.S_ISDIR(st.st_mode) or st.st_mtime_ns != m:
-            return "a folder it walked has changed"
-    return None
-
-
-_LISTING_ARRAYS = ("labels", "sizes", "path_ends", "path_bytes", "classes", "dirs", "dir_mtimes")
-
-
-def _implausible(a: Mapping[str, Any], root: str) -> str | None:
-    """What makes a listing's arrays no listing of ``root``, or None (check_listing's checks)."""
-    missing = [k for k in _LISTING_ARRAYS if k not in a]
-    if missing:
-        return f"no {missing[0]!r} array"
-    return (_arrays_wrong(a) or relative_names_ok(a["path_bytes"], a["path_ends"]) or _folders_wrong(a, root)
-            or _labels_wrong(a))
-
-
-def _arrays_wrong(a: Mapping[str, Any]) -> str | None:
-    """The arrays' types, shapes and lengths; the names' offsets; the sizes."""
-    labels, sizes, ends, blob = a["labels"], a["sizes"], a["path_ends"], a["path_bytes"]
-    ints = (labels, sizes, ends, a["dir_mtimes"])
-    if not (all(x.dtype == np.int64 for x in ints) and blob.dtype == np.uint8
-            and a["classes"].dtype.kind == "U" and a["dirs"].dtype.kind == "U"):
-        return "arrays of other types"
-    if any(a[k].ndim != 1 for k in _LISTING_ARRAYS):
-        return "arrays of other shapes"
-    if not (len(sizes) == len(ends) == len(labels) > 0 and len(a["dirs"]) == len(a["dir_mtimes"])):
-        return "arrays of other lengths"
-    if np.any(np.diff(ends) <= 0) or ends[0] <= 0 or int(ends[-1]) != len(blob):
-        return "name offsets out of order"
-    if np.any(sizes < 0) or np.any(sizes > MAX_LISTED_BYTES):
-        return "file sizes out of range"
-    return None
-
-
-def _folders_wrong(a: Mapping[str, Any], root: str) -> str | None:
-    """The class names are folder names; every folder walked lies under the root."""
-    names = a["classes"].tolist()
-    if names != sorted(set(names)) or any(not c or "/" in c or "\0" in c or c in (".", "..") for c in names):
-        return "class names that are not folder names"
-    dirs = a["dirs"]
-    if not dirs.size or dirs[0] != root or any(not under(d, root) or "/../" in d + "/" for d in dirs.tolist()):
-        return "a walked folder outside the root"
-    return None
-
-
-def _labels_wrong(a: Mapping[str, Any]) -> str | None:
-    """Labels number the classes in order, each class has files, and each file's name lies in its
-    class's folder (a flat folder: no labels, no sub-folders)."""
-    labels, ends, blob, names = a["labels"], a["path_ends"], a["path_bytes"], a["classes"].tolist()
-    if not names:
-        return None if np.all(labels == -1) and not np.any(blob == ord("/")) else "labels or sub-folders in a flat folder"
-    if labels[0] < 0 or np.any(np.diff(labels) < 0) or labels[-1] >= len(names):
-        return "labels outside the classes"
-    starts = np.concatenate(([0], ends[:-1]))
-    bounds = np.searchsorted(labels, np.arange(len(names) + 1))
-    for label, name in enumerate(names):
-        lo, hi = int(bounds[label]), int(bounds[label + 1])
-        prefix = np.frombuffer(encode_name(name) + b"/", np.uint8)
-        if lo == hi:
-            return f"no file in class {name!r}"
-        if np.any(ends[lo:hi] - starts[lo:hi] <= len(prefix)) or not np.all(
-                blob[starts[lo:hi, None] + np.arange(len(prefix))] == prefix):
-            return f"a name outside its class folder {name!r}"
-    return None
 
 
 read_images = ImageFolderSource

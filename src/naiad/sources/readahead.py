@@ -21,6 +21,7 @@ other: a task run on an I/O thread that asks for more concurrent reads runs them
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -47,18 +48,31 @@ def _mark() -> None:
     _LOCAL.io_thread = True
 
 
-def io_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+def io_map(fn: Callable[[T], R], items: Sequence[T], *, window: int | None = None) -> list[R]:
     """``[fn(x) for x in items]``, run concurrently on the I/O threads (NOTE [ Remote read-ahead ]).
 
     The results are in order; the first failure, in order, is raised (the calls not yet
     started are cancelled). One item, or a call from an I/O thread, runs inline.
+
+    Args:
+        window: at most this many of the calls queued or running at once, the next started as
+            the oldest is taken (None: all at once): a read of many small objects keeps a few
+            requests in flight without filling the process's queue with all of them.
     """
     if len(items) < 2 or getattr(_LOCAL, "io_thread", False):
         return [fn(x) for x in items]
     pool = _POOL.get()
-    futures: list[Future[R]] = [pool.submit(fn, x) for x in items]
+    ahead = len(items) if window is None else max(1, window)
+    futures: deque[Future[R]] = deque()
+    out: list[R] = []
     try:
-        return [f.result() for f in futures]
+        for x in items:
+            if len(futures) >= ahead:
+                out.append(futures.popleft().result())
+            futures.append(pool.submit(fn, x))
+        while futures:
+            out.append(futures.popleft().result())
+        return out
     finally:
         for f in futures:
             f.cancel()

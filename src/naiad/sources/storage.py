@@ -49,7 +49,7 @@ from naiad.trust.paths import URL_RE, is_remote, is_url, local_path
 
 __all__ = [
     "ObjectInfo", "RangeFile", "RetryPolicy", "Storage", "input_stream", "is_remote", "is_url", "local_path",
-    "needs_store", "object_path", "open_input", "read_range", "size", "stat",
+    "needs_store", "object_info", "object_path", "open_input", "read_range", "size", "stat",
 ]
 
 T = TypeVar("T")
@@ -198,7 +198,7 @@ class Storage:
             urls = []
             for p in sorted(entries):
                 u = _unstrip(fs, url, p)
-                self.infos[u] = _object_info(entries[p])
+                self.infos[u] = object_info(entries[p])
                 urls.append(u)
         elif url in self.infos:  # listed already (naiad.read hands its reader the files it found)
             urls = [url]
@@ -207,7 +207,7 @@ class Storage:
             if info.get("type", "file") != "file":
                 raise SourceError("is a directory (a prefix), not an object; use a glob such as "
                                   f"{url.rstrip('/')}/*.csv.", path=url)
-            self.infos[url] = _object_info(info)
+            self.infos[url] = object_info(info)
             urls = [url]
         return urls
 
@@ -231,14 +231,14 @@ class Storage:
             for url in wanted:
                 entry = by_name.get(object_path(url))
                 if entry is not None:
-                    self.infos[url] = _object_info(entry)
+                    self.infos[url] = object_info(entry)
 
     def stat(self, url: str) -> ObjectInfo:
         """Size, ETag and modification time of ``url`` (recorded at expansion, else a HEAD)."""
         info = self.infos.get(url)
         if info is None:
             fs = self.filesystem(url)
-            info = self.infos[url] = _object_info(self.call(url, None, lambda: fs.info(object_path(url))))
+            info = self.infos[url] = object_info(self.call(url, None, lambda: fs.info(object_path(url))))
         return info
 
     # -- reading -----------------------------------------------------------------------------
@@ -339,7 +339,8 @@ def _unstrip(fs: Any, url: str, path: str) -> str:
     return f"{protocol}://{full[m.end():]}" if m else f"{protocol}://{path}"
 
 
-def _object_info(info: Mapping[str, Any]) -> ObjectInfo:
+def object_info(info: Mapping[str, Any]) -> ObjectInfo:
+    """An fsspec listing's or ``info``'s entry as the ObjectInfo of its version."""
     etag = info.get("ETag") or info.get("etag")
     mtime = info.get("LastModified") or info.get("last_modified") or info.get("mtime") or info.get("created")
     return ObjectInfo(int(info.get("size") or 0), str(etag).strip('"') if etag else None,

@@ -19,9 +19,10 @@ import numpy as np
 from naiad.errors import ConfigError, SourceError
 from naiad.sources.images import MediaFolderSource
 from naiad.sources.index import IndexDir
-from naiad.sources.options import BadRows
-from naiad.sources.storage import is_remote
-from naiad.trust.paths import MediaAccess, encode_name
+from naiad.sources.options import BadRows, StorageLike, old_storage
+from naiad.sources.remote_listing import is_url_glob, pack_names, url_folder, url_listing
+from naiad.sources.storage import Storage, is_remote
+from naiad.trust.paths import MediaAccess
 
 __all__ = ["VIDEO_EXTENSIONS", "VideoFolderSource", "read_videos"]
 
@@ -47,12 +48,18 @@ class VideoFolderSource(MediaFolderSource):
     of those files, in sorted order (a glob's) or the list's, without labels; its listing is made
     at construction and not kept (the files are named already: no folder walk to save).
 
+    Behind URLs the same: a folder (``"s3://bucket/ucf101/train/"``, a prefix whose sub-prefixes
+    are the classes), a URL glob (``"s3://bucket/clips/*.mp4"``) or a list of URLs of one
+    bucket, listed when the source is made and read through ``storage`` as an image folder's
+    (NOTE [ Remote folder listing ]).
+
     Args:
-        root: the folder (local), a glob of video files, or a list of their paths.
+        root: the folder (local or a URL), a glob of video files (local or a URL glob), or a
+            list of their paths (all local, or all URLs of one bucket).
         on_bad_rows: what a file that cannot be read (removed since it was listed, or larger than
             ``media.max_bytes``) does: as every reader's (:class:`~naiad.Source`). A file that
             reads but does not decode is the decode's to report (``naiad.decode_video``).
-        block_bytes, index_dir: as :class:`~naiad.sources.images.ImageFolderSource`'s.
+        block_bytes, index_dir, storage: as :class:`~naiad.sources.images.ImageFolderSource`'s.
         media: a :class:`~naiad.trust.paths.MediaAccess` whose ``max_bytes`` is the most bytes one
             file may hold (None: 256 MiB; a longer video needs a larger one).
 
@@ -63,6 +70,7 @@ class VideoFolderSource(MediaFolderSource):
         >>> ds = naiad.read_videos("kinetics/train/")  # doctest: +SKIP
         >>> loader = naiad.DataLoader(ds, batch_size=8, shuffle=True, num_workers=4,
         ...                           transform=naiad.decode_video("video", frames=16, size=112, crop="random"))  # doctest: +SKIP
+        >>> clips = naiad.read_videos("s3://bucket/clips/*.mp4", storage={"anon": True})  # doctest: +SKIP
     """
 
     extensions = VIDEO_EXTENSIONS
@@ -73,37 +81,60 @@ class VideoFolderSource(MediaFolderSource):
 
     def __init__(self, root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, on_bad_rows: BadRows = "raise",
                  block_bytes: int | None = None, index_dir: IndexDir = None, media: MediaAccess | None = None,
-                 **deprecated: Any) -> None:
-        self._files = _named_files(root)
+                 storage: StorageLike = None, **deprecated: Any) -> None:
+        storage = old_storage(self.reader_name, storage, deprecated)
+        # The objects a URL glob or list names are stat'ed on a Storage of their own, dropped once
+        # listed: the source's keeps no entry per object (NOTE [ Remote folder listing ]).
+        self._lister: Storage | None = Storage.of(storage)
+        self._files = _named_files(root, self._lister)
+        self._matched = isinstance(root, (str, os.PathLike)) and self._files is not None  # a glob's: the server's answer
         # A glob's or a list's files are read as a flat folder of their closest common folder.
-        folder = root if self._files is None else os.path.commonpath([os.path.dirname(f) for f in self._files])
+        folder = root if self._files is None else _common_folder(self._files)
         super().__init__(folder, on_bad_rows=on_bad_rows, block_bytes=block_bytes,  # type: ignore[arg-type]
-                         index_dir=index_dir, media=media, **deprecated)
+                         index_dir=index_dir, media=media, storage=storage, **deprecated)
+        self._lister = None  # listed: what it recorded is the listing's arrays now
 
     def listing(self) -> dict[str, np.ndarray]:
-        """The files, labels and sizes: a folder's kept listing (NOTE [ Folder listing ]), or the
-        named files' (a glob or a list), made once."""
+        """The files, labels and sizes: a folder's kept listing (NOTE [ Folder listing ]) or a
+        prefix's (NOTE [ Remote folder listing ]), or the named files' (a glob or a list), made
+        once."""
         if self._files is None:
             return super().listing()
         if self._listing is None:
-            self._listing = _listing_of(self._files, self.root)
+            if is_remote(self.root):
+                self._listing = url_listing(self._lister or self.storage, self._files, self.root, glob=self._matched)
+            else:
+                self._listing = _listing_of(self._files, self.root)
         return self._listing
 
 
-def _named_files(root: Any) -> list[str] | None:
-    """The files a glob or a list names, as absolute paths (None: ``root`` is a folder)."""
+def _common_folder(files: list[str]) -> str:
+    if files and is_remote(files[0]):
+        return url_folder(files)
+    return os.path.commonpath([os.path.dirname(f) for f in files])
+
+
+def _named_files(root: Any, lister: Storage) -> list[str] | None:
+    """The files a glob or a list names, as absolute paths or URLs (None: ``root`` is a folder);
+    the objects of URLs stat'ed through ``lister`` (a URL glob's in its listing)."""
     if isinstance(root, (str, os.PathLike)):
         text = os.fspath(root)
-        if is_remote(text) or not any(c in text for c in "*?["):
+        if is_remote(text):
+            return lister.expand(text) if is_url_glob(text) else None
+        if not any(c in text for c in "*?["):
             return None
         files = sorted(p for p in glob.glob(text, recursive=True) if os.path.isfile(p))
         if not files:
             raise SourceError("the glob matches no file.", path=text)
     elif isinstance(root, Sequence) and root:
         files = [os.fspath(p) for p in root]
-        if any(is_remote(f) for f in files):
-            raise ConfigError("`root` lists URLs; video files behind URLs are not read yet: pack them into tar shards "
-                              "and use naiad.read_webdataset.")
+        remote = [is_remote(f) for f in files]
+        if any(remote):
+            if not all(remote):
+                raise ConfigError("`root` lists both local files and URLs; give a list of one kind.")
+            if len(files) > 1:
+                lister.expand_many(files)  # one listing per folder, not a HEAD per object
+            return files
         missing = [f for f in files if not os.path.isfile(f)]
         if missing:
             raise SourceError(f"not a file ({len(missing)} of the {len(files)} listed; the first shown).", path=missing[0])
@@ -114,13 +145,13 @@ def _named_files(root: Any) -> list[str] | None:
 
 def _listing_of(files: list[str], root: str) -> dict[str, np.ndarray]:
     """A flat listing of ``files`` under ``root``, in the arrays a folder's listing has."""
-    blobs = [encode_name(os.path.relpath(f, root)) for f in files]
+    ends, blob = pack_names([os.path.relpath(f, root) for f in files])
     return {
         "classes": np.zeros(0, "<U1"),
         "labels": np.full(len(files), -1, np.int64),
         "sizes": np.array([os.stat(f).st_size for f in files], np.int64),
-        "path_ends": np.cumsum(np.fromiter(map(len, blobs), np.int64, count=len(blobs))).astype(np.int64),
-        "path_bytes": np.frombuffer(b"".join(blobs), np.uint8).copy(),
+        "path_ends": ends,
+        "path_bytes": blob,
         "dirs": np.array([root], dtype=str),
         "dir_mtimes": np.array([os.stat(root).st_mtime_ns], np.int64),
     }

@@ -16,6 +16,9 @@ place:
   listings): read only when they are this user's (or an owner the user names), bounded in
   size, parsed without pickle and without allocating more than they weigh; a refusal or an
   implausible entry is rebuilt, with the reason logged.
+* ``listings``: what a folder's listing may say before it names a sample: a kept listing's arrays
+  (names inside their class folders, labels within the classes), and a server's listing of a
+  prefix (plain keys under the prefix, byte counts for sizes), refused with the name otherwise.
 * ``bounds``: what a decode may allocate (an image's pixels and its resize's, an audio clip's
   samples), checked against the header before any allocation.
 """

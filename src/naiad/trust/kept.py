@@ -21,7 +21,7 @@ and the reason is logged once per process on the ``naiad`` logger (WARNING for a
 or implausible, which a user should know of; DEBUG for one that is merely absent). What the
 arrays must then say (offsets inside the file, paths inside the folder, labels within the
 classes) is checked by each reader (``ShardIndex.from_arrays``, ``KeptIndexes``, the image
-folder's ``check_listing``), and anything implausible there is reported through :func:`miss`.
+folder's ``check_listing`` in listings.py), and anything implausible there is reported through :func:`miss`.
 """
 
 from __future__ import annotations
