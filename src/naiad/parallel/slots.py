@@ -178,6 +178,11 @@ class WorkerSlots:
         self._arena_end = _round_up(start + nbytes, _ALIGN)
         return self._arena.u8[_HEADER + start:_HEADER + start + nbytes].view(dtype).reshape(shape)
 
+    @property
+    def in_slot(self) -> bool:
+        """Whether the batch last packed went into a slot (until the task ends)."""
+        return self._sent is not None
+
     def end_task(self) -> None:
         """The task's reply is sent (or failed): its arena, if any, is free again, and nothing
         is left for :meth:`unsent` to give back."""
