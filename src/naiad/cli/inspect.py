@@ -9,6 +9,7 @@ the decode time per image, with what would stream faster.
     naiad inspect photos/
     naiad inspect tokens/ --seq-len 1024            # token files: tokens, documents, windows
     naiad inspect ucf101/train/ --videos 16         # videos: codec, size, fps, keyframes, decode time per clip
+    naiad inspect "shards/train-{0000..0099}.tar"   # .mp4 members (or a Parquet column of videos): the same
 
 docs/CONVERT.md; videos: docs/VIDEO.md.
 """
@@ -29,7 +30,8 @@ HELP = ("Show what naiad sees in some files (format, columns, rows, blocks, firs
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``naiad inspect`` options to ``parser``."""
     parser.add_argument("source", help="a file, glob or URL (read with naiad.read: the reader by suffix), a folder "
-                        "of images, or a video file, glob or folder of videos (naiad.read_videos)")
+                        "of images, or a video file, glob or folder of videos (naiad.read_videos); tar shards or a "
+                        "table holding videos report them as a folder's")
     parser.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
     parser.add_argument("--rows", type=at_least(0), default=5, help="first rows to show (default 5)")
     parser.add_argument("--time-budget", type=at_least(0, float), default=1.0, metavar="SECONDS",
@@ -42,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="samples: the size to time large images at, as `naiad convert --max-size` (default 256); "
                         "videos: the shorter side past twice which a smaller size is advised")
     parser.add_argument("--videos", type=at_least(1), default=8,
-                        help="videos: how many to look at, spread over a folder (default 8)")
+                        help="videos: how many to look at, spread over a folder, or read from shards or a table "
+                        "(per column of videos) (default 8)")
     parser.add_argument("--frames", type=at_least(1), default=16,
                         help="videos: frames per clip timed, as naiad.decode_video's `frames` (default 16)")
     parser.add_argument("--stride", type=at_least(1), default=2,
@@ -60,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``naiad inspect``."""
     from naiad.tools.inspect_tokens import inspect_tokens, looks_like_tokens
+    from naiad.tools.inspect_video_samples import VideoLook
     from naiad.tools.inspection import inspect_source
     from naiad.tools.video_files import is_video_source
 
@@ -75,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
                                 storage=args.storage_options)
         print(tokens.to_json() if args.json else tokens.summary())
         return 0
+    look = VideoLook(videos=args.videos, frames=args.frames, stride=args.stride)
     report = inspect_source(args.source, storage=args.storage_options, head_rows=args.rows,
                             time_budget_s=args.time_budget, max_blocks=max(1, args.max_blocks), images=args.images,
-                            max_size=args.max_size)
+                            max_size=args.max_size, video=look)
     print(report.to_json() if args.json else report.summary())
     return 0

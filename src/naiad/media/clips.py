@@ -1,6 +1,7 @@
 """Which frames a clip takes: :func:`naiad.decode_video`'s options and its clip plan, a pure
-function of the video's frame count and frame rate, the options and the sample's draws (NOTE [
-Clip decoding ] in ``media/video.py``; NOTE [ Clip timelines ] here). Nothing here decodes.
+function of the video's frame count and frame rate (or, for a variable-rate video, its frames'
+timestamps), the options and the sample's draws (NOTE [ Clip decoding ] in ``media/video.py``;
+NOTE [ Clip timelines ] here). Nothing here decodes.
 
 NOTE [ Clip timelines ]
 A clip's ``frames`` and ``stride`` count frames of a timeline: the video's own frames, numbered
@@ -14,6 +15,13 @@ resampled timeline holds every ``i`` that maps inside the video: ``ceil((count -
 rate)`` frames. Fewer frames per second than the source skips source frames (a clip covers
 more seconds); more repeats them (each source frame delivered as often as the timeline meets
 it), and ``_frames`` says which source frame each is.
+
+A variable-rate video (NOTE [ Variable frame rate ] in ``media/video_stream.py``) has no rate to
+map through: its frames are numbered by position and known by their timestamps (``Timestamps``:
+ticks from the first frame's, and when the last stops being shown). Timeline frame ``i`` is
+then the frame presented at ``i / fps`` seconds after the first: the last whose timestamp is at
+or before it (``floor`` of the time in ticks, then ``searchsorted``, exact integers), and the
+timeline holds the ``ceil(duration * fps)`` frames that start before the video ends.
 
 On that timeline the clip's start is placed (``clip=``), its frames taken every ``stride``, and a
 timeline shorter than the clip's span handled as ``short=`` says: ``"pad"`` repeats the last
@@ -35,8 +43,8 @@ import numpy as np
 from naiad.media import geometry
 from naiad.media.image_options import ImageOptions
 
-__all__ = ["CLIPS", "FLIP_DRAW", "SHORTS", "VideoOptions", "clip_draws", "clip_starts", "decode_runs",
-           "fps_fraction", "resampled_count", "source_frames", "wanted_frames"]
+__all__ = ["CLIPS", "FLIP_DRAW", "SHORTS", "Timestamps", "VideoOptions", "clip_draws", "clip_starts", "decode_runs",
+           "fps_fraction", "presented_frames", "resampled_count", "source_frames", "timed_count", "wanted_frames"]
 
 CLIPS = ("random", "center", "uniform")
 """Where a clip starts (``clip=``)."""
@@ -74,6 +82,22 @@ class VideoOptions:
     def span(self) -> int:
         """Timeline frames from a clip's first to its last, both included."""
         return (self.frames - 1) * self.stride + 1
+
+
+@dataclass(frozen=True)
+class Timestamps:
+    """A variable-rate video's frames in time (NOTE [ Clip timelines ]).
+
+    Attributes:
+        ticks: each frame's presentation time from the first frame's, in presentation order
+            (int64, sorted, ``ticks[0] == 0``).
+        time_base: the ticks' unit, in seconds.
+        end: the tick at which the last frame stops being shown.
+    """
+
+    ticks: np.ndarray
+    time_base: Fraction
+    end: int
 
 
 def clip_draws(options: VideoOptions) -> int:
@@ -118,9 +142,31 @@ def source_frames(timeline: np.ndarray, rate: Fraction, fps: Fraction) -> np.nda
     return np.array(mapped, np.int64).reshape(timeline.shape)
 
 
-def wanted_frames(count: int, rate: Fraction | None, options: VideoOptions, draws: np.ndarray | None) -> np.ndarray:
+def timed_count(times: Timestamps, fps: Fraction) -> int:
+    """Frames of the ``fps`` timeline of a variable-rate video: the ``i`` whose time ``i / fps``
+    falls before the video's end, ``ceil(end * time_base * fps)`` (at least 1)."""
+    return max(math.ceil(times.end * times.time_base * fps), 1)
+
+
+def presented_frames(timeline: np.ndarray, times: Timestamps, fps: Fraction) -> np.ndarray:
+    """The frame presented at each timeline frame's time ``i / fps`` (NOTE [ Clip timelines ]):
+    the last whose timestamp is at or before it."""
+    per_tick = 1 / (fps * times.time_base)  # ticks per timeline frame, exact
+    p, q = per_tick.numerator, per_tick.denominator
+    flat = timeline.ravel()
+    if flat.size and int(flat.max()) * p < 2**62:
+        at = flat * p // q
+    else:  # p too large for int64 (a fine time base at a fraction's rate): Python's integers
+        at = np.array([i * p // q for i in flat.tolist()], np.int64)
+    found = np.searchsorted(times.ticks, at, side="right") - 1
+    return np.maximum(found, 0).astype(np.int64).reshape(timeline.shape)
+
+
+def wanted_frames(count: int, rate: Fraction | None, options: VideoOptions, draws: np.ndarray | None,
+                  times: Timestamps | None = None) -> np.ndarray:
     """The source frame each clip frame is (int64 ``[K, T]``) for a video of ``count`` frames at
-    ``rate`` frames per second (NOTE [ Clip timelines ]).
+    ``rate`` frames per second, or for a variable-rate video at the ``times`` its frames are
+    presented (NOTE [ Clip timelines ]).
 
     Raises:
         ValueError: the video is shorter than a clip with ``short="skip"``, or ``fps`` is given
@@ -129,10 +175,13 @@ def wanted_frames(count: int, rate: Fraction | None, options: VideoOptions, draw
     length = count
     fps = None
     if options.fps is not None:
-        if not rate:
-            raise ValueError(f"the video stream has no frame rate to resample to fps={options.fps} by")
         fps = fps_fraction(options.fps)
-        length = resampled_count(count, rate, fps)
+        if times is not None:
+            length = timed_count(times, fps)
+        elif rate:
+            length = resampled_count(count, rate, fps)
+        else:
+            raise ValueError(f"the video stream has no frame rate to resample to fps={options.fps} by")
     if options.short == "skip" and length < options.span:
         at = "" if fps is None else f" ({length} at fps={options.fps})"
         raise ValueError(
@@ -142,7 +191,12 @@ def wanted_frames(count: int, rate: Fraction | None, options: VideoOptions, draw
     starts = np.array(clip_starts(length, options, draws), np.int64)
     timeline = starts[:, None] + options.stride * np.arange(options.frames, dtype=np.int64)
     timeline = timeline % length if options.short == "loop" else np.minimum(timeline, length - 1)
-    return timeline if fps is None or rate is None else source_frames(timeline, rate, fps)
+    if fps is None:
+        return timeline
+    if times is not None:
+        return presented_frames(timeline, times, fps)
+    assert rate is not None  # checked with fps above
+    return source_frames(timeline, rate, fps)
 
 
 def decode_runs(wanted: np.ndarray) -> list[list[int]]:

@@ -7,23 +7,25 @@ decoded to clips and a ``column + "_frames"`` column saying which frames each cl
 
 NOTE [ Clip decoding ]
 A clip is ``frames`` frames taken every ``stride`` frames from a start frame; frames are
-numbered 0, 1, ... in presentation order, a frame's number being its timestamp times the
-stream's average frame rate (rounded), so a B-frame's number is where it is shown, not where
-it is stored. Only what a clip needs is decoded: the container seeks to the keyframe at or
-before the clip's first frame and decodes forward to its last; frames before the first are
-decoded (a keyframe interval's worth at most) and dropped, and nothing past the last is read.
-Where a seek lands past the wanted frame (a container whose index lies), the video is opened
-again and decoded from its start, so the frames are right, only slower.
+numbered 0, 1, ... in presentation order, so a B-frame's number is where it is shown, not where
+it is stored: a constant-rate stream's frame by its timestamp times the average frame rate
+(rounded), a variable-rate stream's by its timestamp's position among its packets' (NOTE [
+Variable frame rate ] in ``media/video_stream.py``, which says when the demux that takes is
+paid). Only what a clip needs is decoded: the container seeks to the keyframe at or before the
+clip's first frame and decodes forward to its last; frames before the first are decoded (a
+keyframe interval's worth at most) and dropped, and nothing past the last is read. Where a seek
+lands past the wanted frame (a container whose index lies), the video is opened again and
+decoded from its start, so the frames are right, only slower.
 
-The frame count is the stream's (the container's index: an ``.mp4``'s sample table), else its
-duration times its frame rate. The clip plan (``media/clips.py``, NOTE [ Clip timelines ]) is
-made from it before any frame is decoded: with ``fps=`` the frames are those of a timeline
-resampled by timestamps, and a video shorter than a clip is padded with its last frame
-(``short="pad"``, as torchcodec's ``repeat_last``), looped from frame 0 (``"loop"``) or refused
-(``"skip"``); ``_frames`` always gives the source frame delivered (a padded frame's number
-repeated, a looped one's wrapped). A count that overstated the frames (a truncated file) is seen
-only while decoding: each frame it lacks is the last frame that decoded, except with "skip",
-which makes the video a failed sample.
+The frame count is the packets' where they were demuxed, else the stream's (the container's
+index: an ``.mp4``'s sample table), else its duration times its frame rate. The clip plan
+(``media/clips.py``, NOTE [ Clip timelines ]) is made from it before any frame is decoded: with
+``fps=`` the frames are those of a timeline resampled by timestamps, and a video shorter than a
+clip is padded with its last frame (``short="pad"``, as torchcodec's ``repeat_last``), looped
+from frame 0 (``"loop"``) or refused (``"skip"``); ``_frames`` always gives the source frame
+delivered (a padded frame's number repeated, a looped one's wrapped). A count that overstated
+the frames (a truncated file) is seen only while decoding: each frame it lacks is the last frame
+that decoded, except with "skip", which makes the video a failed sample.
 
 Where a clip starts (``clip=``), ``span = (frames - 1) * stride + 1`` frames long (timeline
 frames: the video's own, or the ``fps`` timeline's):
@@ -47,11 +49,9 @@ bilinear like decode_images' default but not bit for bit the same as its torch r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
-from collections.abc import Iterator, Mapping
-from fractions import Fraction
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -74,6 +74,7 @@ from naiad.media.geometry import Placement
 from naiad.media.image_options import image_options
 from naiad.media.keys import KeyedBatchTransform, sample_uniforms
 from naiad.media.rows import default_threads, encoded, raise_failures, run_rows
+from naiad.media.video_stream import FrameTimes, frame_times, opened_video
 from naiad.trust.bounds import PixelBudget, video_budget
 
 # CLIPS, SHORTS, VideoOptions and clip_starts live in media/clips.py (the clip plan) and are kept here too.
@@ -167,19 +168,6 @@ class DecodeVideo(KeyedBatchTransform):
         return result
 
 
-def _frame_count(stream: Any) -> int:
-    """The stream's frames as its container says: its index's count, else duration x frame rate."""
-    if stream.frames and stream.frames > 0:
-        return int(stream.frames)
-    rate = stream.average_rate or stream.guessed_rate
-    if stream.duration and stream.time_base and rate:
-        return int(round(float(stream.duration * stream.time_base * rate)))
-    container_duration = stream.container.duration  # microseconds, when only the container knows
-    if container_duration and rate:
-        return int(round(container_duration / 1_000_000 * float(rate)))
-    return 0
-
-
 def _decode(av: Any, data: bytes | memoryview, o: VideoOptions, draws: np.ndarray | None, budget: PixelBudget,
             canvas: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Decode one video's clips: ``(pixels uint8 [K, T, 3, H, W], frame numbers int64 [K, T])``,
@@ -189,13 +177,14 @@ def _decode(av: Any, data: bytes | memoryview, o: VideoOptions, draws: np.ndarra
         width, height = stream.codec_context.width, stream.codec_context.height
         placement = _placement(width, height, o, draws, budget)
         out_h, out_w = placement.canvas
-        count = _frame_count(stream)
+        times = frame_times(container, stream)  # the demux of NOTE [ Variable frame rate ], where needed
+        count = times.count
         if count <= 0:
             raise ValueError("the video stream has no frames")
-        rate = stream.average_rate or stream.guessed_rate
-        # Before any frame is decoded: a short video that short="skip" refuses costs its header only.
-        wanted = wanted_frames(count, None if rate is None else Fraction(rate), o, draws)
-        frames = _frames_at(av, container, stream, raw, decode_runs(wanted))
+        # Before any frame is decoded: a short video that short="skip" refuses costs its header
+        # (and a variable-rate video's demux) only.
+        wanted = wanted_frames(count, times.rate, o, draws, times.timestamps)
+        frames = _frames_at(av, container, stream, raw, decode_runs(wanted), times)
     if not frames:
         raise ValueError(f"no frame decoded (the container says {count} frames)")
     flip = draws is not None and o.image.flip and bool(draws[FLIP_DRAW] < 0.5)
@@ -220,26 +209,6 @@ def _decode(av: Any, data: bytes | memoryview, o: VideoOptions, draws: np.ndarra
     return canvas, delivered.astype(np.int64)
 
 
-@contextlib.contextmanager
-def opened_video(av: Any, data: bytes) -> Iterator[tuple[Any, Any]]:
-    """``data``'s container and its first video stream, set to decode on the calling thread
-    alone; ValueError saying what is wrong with bytes that are not a video.
-
-    One thread per video: a batch's videos decode in parallel on the decode pool (NOTE [ Decode
-    threads ]), each thread kept to one core, so FFmpeg's own threads would only contend.
-    """
-    try:
-        container = av.open(io.BytesIO(data), mode="r")
-    except av.FFmpegError as exc:
-        raise ValueError(f"not a video FFmpeg can read ({len(data)} bytes beginning {data[:8]!r}): {exc}") from None
-    with container:
-        if not container.streams.video:
-            raise ValueError("the file has no video stream (audio only?)")
-        stream = container.streams.video[0]
-        stream.thread_type = "NONE"
-        yield container, stream
-
-
 def _placement(width: int, height: int, o: VideoOptions, draws: np.ndarray | None, budget: PixelBudget) -> Placement:
     """Where a video's frames go in its clips' canvas, every bound checked before decoding
     (NOTE [ Decode bounds ] in trust/bounds.py)."""
@@ -255,43 +224,38 @@ def _placement(width: int, height: int, o: VideoOptions, draws: np.ndarray | Non
     return placement
 
 
-def _frames_at(av: Any, container: Any, stream: Any, raw: bytes, runs: list[list[int]]) -> dict[int, Any]:
+def _frames_at(av: Any, container: Any, stream: Any, raw: bytes, runs: list[list[int]],
+               times: FrameTimes) -> dict[int, Any]:
     """The decoded frames numbered in ``runs`` that the video has: for each run, seek to the
-    keyframe at or before its first frame and decode to its last (NOTE [ Clip decoding ])."""
-    rate = stream.average_rate or stream.guessed_rate
-    base = stream.time_base
-    if not rate or not base:
-        raise ValueError("the video stream has no frame rate or time base to number its frames by")
-    start_pts = stream.start_time or 0
+    keyframe at or before its first frame and decode to its last (NOTE [ Clip decoding ]),
+    frames numbered as ``times`` says (NOTE [ Variable frame rate ])."""
     got: dict[int, Any] = {}
     for run in runs:
         first, last = run[0], run[-1]
+        target = times.seek_pts(first)  # raises for a stream with nothing to number its frames by
         part = None
         try:
-            container.seek(start_pts + int(first / (rate * base)), stream=stream, backward=True, any_frame=False)
-            part = _decode_range(container, stream, set(run), first, last, rate, base, start_pts)
+            container.seek(target, stream=stream, backward=True, any_frame=False)
+            part = _decode_range(container, stream, set(run), first, last, times)
         except av.FFmpegError:
             pass  # a container that cannot seek: decode from the start below
         if part is None:  # the seek failed or landed past the run's first frame
             with av.open(io.BytesIO(raw), mode="r") as again:
                 s = again.streams.video[0]
                 s.thread_type = "NONE"
-                part = _decode_range(again, s, set(run), -1, last, rate, base, start_pts) or {}
+                part = _decode_range(again, s, set(run), -1, last, times) or {}
         got.update(part)
     return got
 
 
-def _decode_range(container: Any, stream: Any, wanted: set[int], first: int, last: int, rate: Any, base: Any,
-                  start_pts: int) -> dict[int, Any] | None:
+def _decode_range(container: Any, stream: Any, wanted: set[int], first: int, last: int,
+                  times: FrameTimes) -> dict[int, Any] | None:
     """Decode from where the container stands to frame ``last``, keeping the frames in ``wanted``;
     None when the first frame decoded is already past ``first`` (a seek too far; -1: no check)."""
     got: dict[int, Any] = {}
     number = -1
     for n, frame in enumerate(container.decode(stream)):
-        if frame.pts is not None:
-            number = int(round(float((frame.pts - start_pts) * base * rate)))
-        else:
-            number += 1  # no timestamp: the next in presentation order
+        number = times.number(frame.pts, number)
         if n == 0 and first >= 0 and number > first:
             return None
         if number in wanted:
@@ -382,9 +346,10 @@ def decode_video(
             ledgered with the reader's ``on_bad_rows="skip"``), refused before it is decoded.
         fps: None: a clip takes the video's own frames. A frame rate: the clip's frames are
             taken from the video resampled to ``fps`` by timestamps (timeline frame ``i`` is the
-            source frame nearest ``i / fps`` seconds; NOTE [ Clip timelines ] in
-            ``media/clips.py``), so a clip lasts ``(frames - 1) * stride / fps`` seconds
-            whatever the video's rate; ``_frames`` still gives source frame numbers.
+            source frame nearest ``i / fps`` seconds, or on a variable-rate video the frame
+            presented then; NOTE [ Clip timelines ] in ``media/clips.py``), so a clip lasts
+            ``(frames - 1) * stride / fps`` seconds whatever the video's rate; ``_frames``
+            still gives source frame numbers.
         seed: the seed of random clips, crops and flips (None: the loader's seed inside naiad's
             workers, else 0).
         key: the batch's int64 column of per-sample keys the draws are keyed by (NOTE [ Keyed

@@ -16,11 +16,13 @@ video alone is; ``samples_per_shard`` also bounds it. Shards are numbered (``tra
 and written as every convert writes them (NOTE [ Atomic shards ] in convert_write.py), with a
 manifest that also lists the classes.
 
-Re-encoding (``keyframe_interval`` or ``max_size``): every frame is decoded in presentation order
-and encoded again with libx264 (yuv420p) at the video's average frame rate, frame ``i`` stamped
-``i / fps``, so the frame count and each frame's number (``decode_video``'s ``_frames``) are
-kept, and the keyframes fall every ``keyframe_interval`` frames exactly (x264's scene cuts off).
-Audio is dropped. ``max_size`` bounds the shorter side (the aspect kept, sides even, as
+Re-encoding (``keyframe_interval`` or ``max_size``; tools/video_encode.py, NOTE [ Re-encoded
+audio ]): every frame is decoded in presentation order and encoded again with libx264 (yuv420p),
+a constant-rate video's frame ``i`` stamped ``i / fps`` at its average frame rate, a
+variable-rate one's keeping its own timestamp, so the frame count and each frame's number
+(``decode_video``'s ``_frames``) are kept, and the keyframes fall every ``keyframe_interval``
+frames exactly (x264's scene cuts off). The audio is kept: copied where MP4 holds its codec,
+else encoded to AAC. ``max_size`` bounds the shorter side (the aspect kept, sides even, as
 yuv420p needs); a video no larger is copied as it is unless a keyframe interval is asked for.
 Videos re-encode in parallel on the decode threads (NOTE [ Decode threads ] in media/rows.py),
 each encoder on one thread; a video that fails is a bad row, raised naming its file or, with
@@ -29,25 +31,23 @@ each encoder on one thread; a video that fails is a bad row, raised naming its f
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
 
 from naiad.errors import ConfigError, SourceError
 from naiad.media.rows import default_threads, run_rows
-from naiad.media.video import opened_video
 from naiad.sources.storage import Storage
 from naiad.tools.convert import ConvertResult
 from naiad.tools.convert_samples import safe_key, utf8_name
 from naiad.tools.convert_tar import TarShardSet
 from naiad.tools.convert_write import Destination, format_of
+from naiad.tools.video_encode import reencode
 from naiad.tools.video_files import VideoFiles, list_videos, pyav_for
 from naiad.trust.paths import DEFAULT_MAX_MEDIA_BYTES, read_local_file
 
@@ -58,7 +58,6 @@ MIN_SHARD_BYTES = 16 << 10  # a tar holds at least its end-of-archive record (10
 _BLOCK = tarfile.BLOCKSIZE
 _END = 2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE  # the end-of-archive blocks, then padding to a record
 _BAD_EXAMPLES = 20
-_PRESET = "veryfast"  # x264: within ~10% of "medium"'s size at these rates, several times faster
 
 ProgressFn = Callable[[str, int, int, int], None]
 
@@ -110,52 +109,6 @@ class VideoConvertOptions:
     def reencodes(self) -> bool:
         """Whether videos may be re-encoded (a keyframe interval or a size was asked for)."""
         return self.keyframe_interval is not None or self.max_size is not None
-
-
-def reencode(data: bytes, *, keyframe_interval: int | None = None, max_size: int | None = None, crf: int = 23) -> bytes | None:
-    """One video re-encoded to H.264 in MP4 (NOTE [ Video shards ]), or None when nothing asks
-    for it (no ``keyframe_interval``, and the shorter side is at most ``max_size``).
-
-    Raises:
-        ValueError: the bytes are not a video FFmpeg reads, or hold no frame.
-        ConfigError: PyAV is missing, or its FFmpeg has no libx264.
-    """
-    av = pyav_for("re-encoding videos (`naiad convert --keyframe-interval/--max-size`)")
-    if "libx264" not in av.codecs_available:
-        raise ConfigError("re-encoding videos needs FFmpeg's libx264, which this PyAV lacks; install PyAV's wheel "
-                          "(pip install 'naiad[video]'), which bundles it.")
-    with opened_video(av, data) as (source, stream):  # one thread a video: videos re-encode in parallel
-        width, height = int(stream.codec_context.width), int(stream.codec_context.height)
-        if width <= 0 or height <= 0:
-            raise ValueError(f"the video stream has no frame size ({width}x{height})")
-        shorter = min(width, height)
-        if keyframe_interval is None and (max_size is None or shorter <= max_size):
-            return None
-        scale = min(1.0, max_size / shorter) if max_size is not None else 1.0
-        # yuv420p halves the chroma planes: both sides must be even.
-        out_w, out_h = max(2, int(round(width * scale / 2)) * 2), max(2, int(round(height * scale / 2)) * 2)
-        rate = stream.average_rate or stream.guessed_rate or Fraction(25)
-        out = io.BytesIO()
-        with av.open(out, mode="w", format="mp4") as sink:
-            encoder = sink.add_stream("libx264", rate=rate)
-            encoder.width, encoder.height, encoder.pix_fmt = out_w, out_h, "yuv420p"
-            encoder.codec_context.thread_count = 1
-            params = "scenecut=0"
-            if keyframe_interval is not None:
-                encoder.codec_context.gop_size = keyframe_interval
-                params = f"keyint={keyframe_interval}:min-keyint={keyframe_interval}:scenecut=0"
-            encoder.options = {"crf": str(crf), "preset": _PRESET, "x264-params": params}
-            base = 1 / Fraction(rate)
-            count = 0
-            for frame in source.decode(stream):
-                picture = frame.reformat(width=out_w, height=out_h, format="yuv420p")
-                picture.pts, picture.time_base = count, base  # frame i shown at i / fps (NOTE [ Video shards ])
-                sink.mux(encoder.encode(picture))
-                count += 1
-            if count == 0:
-                raise ValueError("the video stream has no frames")
-            sink.mux(encoder.encode(None))
-    return out.getvalue()
 
 
 class VideoShardSet(TarShardSet):

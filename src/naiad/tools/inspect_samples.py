@@ -22,7 +22,8 @@ import pyarrow as pa
 from naiad.sources.base import Source
 from naiad.sources.images import ImageFolderSource
 from naiad.sources.webdataset import KEY, WebDatasetSource
-from naiad.tools.sample_media import IMAGE_FORMATS, image_header, media_format, shrink
+from naiad.tools.inspect_video_samples import VideoLook, place_names, video_column, video_columns
+from naiad.tools.sample_media import IMAGE_FORMATS, image_header, media_format, shrink, video_format
 
 __all__ = ["sample_notes", "inspect_samples"]
 
@@ -31,7 +32,7 @@ _KEYS_SHOWN = 5
 
 
 def inspect_samples(source: Source, *, images: int = 64, max_size: int = 256, time_budget_s: float = 1.0,
-                    seed: int = 0) -> dict[str, Any] | None:
+                    seed: int = 0, video: VideoLook | None = None) -> dict[str, Any] | None:
     """The samples part of ``naiad inspect``'s report, or None for a source without bytes.
 
     Returns:
@@ -41,7 +42,9 @@ def inspect_samples(source: Source, *, images: int = 64, max_size: int = 256, ti
         ``columns`` one entry per column of bytes: ``name``, ``sampled``, ``formats`` and
         ``modes`` (counts), ``width``/``height``/``bytes`` (min, median, max), ``not_images``
         (sampled values that are not images), and ``decode``: ``{"images", "ms_per_image"}``,
-        with ``max_size``: ``{"max_size", "ms_per_image", "speedup"}`` where images are larger.
+        with ``max_size``: ``{"max_size", "ms_per_image", "speedup"}`` where images are larger;
+        and ``videos``, for a column of videos (NOTE [ Videos in samples ] in
+        tools/inspect_video_samples.py, ``video`` saying how many and which clip), else None.
     """
     schema = source.schema()
     binary = [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
@@ -50,16 +53,25 @@ def inspect_samples(source: Source, *, images: int = 64, max_size: int = 256, ti
     kind = "webdataset" if isinstance(source, WebDatasetSource) else ("images" if isinstance(source, ImageFolderSource) else "table")
     blocks = [b for b in source.blocks() if b.rows]
     rows = sum(b.rows for b in blocks)
-    sample = _sample_rows(source, blocks, images, seed)
     key_column = KEY if KEY in schema.names else ("path" if "path" in schema.names else None)
     first = source.read_block(blocks[0], 0, min(blocks[0].rows, _KEYS_SHOWN)).columns if blocks else {}
+    look = video or VideoLook()
+    videos = video_columns(binary, first, members=kind == "webdataset")
+    # Videos are megabytes each: read as many rows as are probed, not an image sample's.
+    sample, places = _sample_rows(source, blocks, look.videos if videos else images, seed)
     shown = [_key(source, v) for v in first.get(key_column, [])] if key_column else []
+    columns = [_column(name, sample.get(name, []), max_size, time_budget_s) for name in binary]
+    for col in columns:
+        if col["name"] in videos:
+            names = place_names(places, sample.get(KEY), col["name"] if kind == "webdataset" else None)
+            col["videos"] = video_column(col["name"], sample.get(col["name"], []), names, look, samples=rows,
+                                         max_size=max_size)
     return {
         "kind": kind,
         "samples": rows,
         "keys": {"column": key_column, "first": shown},
         "extensions": _extensions(source),
-        "columns": [_column(name, sample.get(name, []), max_size, time_budget_s) for name in binary],
+        "columns": columns,
     }
 
 
@@ -69,11 +81,14 @@ def _key(source: Source, value: Any) -> str:
     return str(value)
 
 
-def _sample_rows(source: Source, blocks: Sequence[Any], want: int, seed: int) -> dict[str, list[Any]]:
-    """About ``want`` rows from random blocks (a few from each, at a random offset)."""
+def _sample_rows(source: Source, blocks: Sequence[Any], want: int, seed: int
+                 ) -> tuple[dict[str, list[Any]], list[tuple[str, int]]]:
+    """About ``want`` rows from random blocks (a few from each, at a random offset), and where
+    each is: its file and row (a shard's sample) in that file."""
     out: dict[str, list[Any]] = {}
+    places: list[tuple[str, int]] = []
     if not blocks or want <= 0:
-        return out
+        return out, places
     rng = np.random.default_rng(seed)
     per_block = max(1, -(-want // min(len(blocks), 8)))  # from 8 blocks or more, where there are
     got = 0
@@ -83,10 +98,11 @@ def _sample_rows(source: Source, blocks: Sequence[Any], want: int, seed: int) ->
         lo = int(rng.integers(0, block.rows - n + 1))
         for name, values in source.read_block(block, lo, lo + n).columns.items():
             out.setdefault(name, []).extend(list(values))
+        places += [(block.path, block.first_line + lo + j) for j in range(n)]
         got += n
         if got >= want:
             break
-    return out
+    return out, places
 
 
 def _extensions(source: Source) -> dict[str, int] | None:
@@ -125,7 +141,7 @@ def _column(name: str, values: Sequence[Any], max_size: int, budget_s: float) ->
             continue
         data = bytes(v)
         sizes.append(len(data))
-        found = media_format(data)
+        found = media_format(data) or video_format(data)
         try:
             header = image_header(data) if found is None or found[0] in IMAGE_FORMATS else None
         except (ValueError, OSError):
@@ -142,7 +158,7 @@ def _column(name: str, values: Sequence[Any], max_size: int, budget_s: float) ->
     out: dict[str, Any] = {
         "name": name, "sampled": len(sizes), "formats": dict(formats.most_common()), "modes": dict(modes.most_common()),
         "width": _stats(widths), "height": _stats(heights), "bytes": _stats(sizes), "not_images": not_images,
-        "decode": None,
+        "decode": None, "videos": None,
     }
     if images:
         decode = _time_decode(images, budget_s)
@@ -181,6 +197,8 @@ def sample_notes(samples: dict[str, Any]) -> list[str]:
     """Advice on what would stream faster, from :func:`inspect_samples`'s findings."""
     notes = []
     for col in samples["columns"]:
+        if col.get("videos"):
+            notes += col["videos"]["notes"]
         decode = col["decode"]
         if decode is None:
             continue

@@ -1,15 +1,19 @@
 """``naiad inspect`` for videos: a video file, a glob or a folder of them (``naiad.read_videos``'
 layouts). For each video looked at (all of a few; a sample spread over a large folder): its
 codec, size, frame rate, frame count, duration, keyframe interval and the time one clip takes to
-decode with ``naiad.decode_video``; over them, totals and what would stream faster. docs/VIDEO.md.
+decode with ``naiad.decode_video``; over them, totals and what would stream faster
+(tools/video_report.py). Videos inside tar shards or a table are probed from their bytes by
+the same :func:`probe_video_bytes` (tools/inspect_video_samples.py). docs/VIDEO.md.
 
 NOTE [ Video inspection ]
 The keyframe interval is measured without decoding: the container is demuxed (PyAV's
 ``demux``: packets read, none decoded) and the keyframe flag of each video packet gives the
-keyframes' frame numbers (a packet's presentation timestamp times the average frame rate, as
-``decode_video`` numbers frames). The clip time is ``decode_video``'s own, on one thread, for a
-few random clips keyed as a loader keys them (the median, so the first call's set-up does not
-count); the frames a clip decodes are counted from the keyframe before its first frame to its
+keyframes' frame numbers (a packet's position among the sorted presentation timestamps, which
+is how ``decode_video`` numbers frames, constant rate or not: NOTE [ Variable frame rate ] in
+``media/video_stream.py``; a video whose timestamps are off its average rate's grid is
+reported as of a variable frame rate). The clip time is ``decode_video``'s own, on one thread,
+for a few random clips keyed as a loader keys them (the median, so the first call's set-up does
+not count); the frames a clip decodes are counted from the keyframe before its first frame to its
 last, which is what the decode does (NOTE [ Clip decoding ] in ``media/video.py``). A clip that
 starts deep in a long keyframe interval decodes many frames it drops: that is the advice to
 re-encode with a shorter interval (``naiad convert --keyframe-interval``).
@@ -26,20 +30,21 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from naiad.errors import DecodeError, NaiadError
-from naiad.media.video import opened_video
-from naiad.tools.progress import human_duration, json_safe
+from naiad.media.video_stream import on_rate_grid, opened_video
+from naiad.tools.progress import json_safe
 from naiad.tools.video_files import list_videos, pyav_for
+from naiad.tools.video_report import clip_line, probe_lines, totals_lines, video_notes, video_totals
 from naiad.trust.paths import read_local_file
 
-__all__ = ["VideoProbe", "VideoReport", "inspect_videos", "probe_video"]
+__all__ = ["VideoProbe", "VideoReport", "inspect_videos", "probe_video", "probe_video_bytes"]
 
 _MAX_READ_BYTES = 4 << 30  # a video inspected is read whole (the clip decode takes bytes)
-_CODECS_SLOWER_THAN_H264 = {"hevc", "av1", "vp9"}  # decoded on CPUs at a fraction of H.264's rate
 
 
 @dataclass
@@ -53,6 +58,9 @@ class VideoProbe:
         keyframes: how many keyframes; ``keyframe_interval``: ``{"mean", "max"}`` frames between
             consecutive ones (a video with one keyframe: its frame count).
         b_frames: whether frames are stored out of presentation order.
+        variable_rate: whether the frames' timestamps are off the average rate's grid (a
+            variable frame rate: ``decode_video`` numbers them by their timestamps, NOTE [
+            Variable frame rate ]); ``fps`` is then the average.
         clip_ms: the median time of one clip's decode with ``decode_video`` on one thread.
         decoded_per_clip: the mean frames a clip decodes (from the keyframe before its first
             frame to its last), of which ``frames`` (T) are kept.
@@ -71,6 +79,7 @@ class VideoProbe:
     keyframes: int = 0
     keyframe_interval: dict[str, float] = field(default_factory=dict)
     b_frames: bool = False
+    variable_rate: bool = False
     clip_ms: float = float("nan")
     decoded_per_clip: float = float("nan")
     error: str | None = None
@@ -85,16 +94,29 @@ def probe_video(path: str, *, frames: int = 16, stride: int = 2, clips: int = 3,
     Raises:
         ConfigError: PyAV is not installed, or ``frames``/``stride`` are out of range.
     """
+    pyav_for("`naiad inspect` on videos")
+    try:
+        data = read_local_file(path, _MAX_READ_BYTES)
+    except OSError as exc:
+        return VideoProbe(path=path, bytes=_size(path), label=label,
+                          error=f"cannot read the file ({exc.strerror or exc})")
+    return probe_video_bytes(data, path, frames=frames, stride=stride, clips=clips, seed=seed, label=label,
+                             warm_up=warm_up)
+
+
+def probe_video_bytes(data: bytes, name: str, *, frames: int = 16, stride: int = 2, clips: int = 3, seed: int = 0,
+                      label: str | None = None, warm_up: bool = False) -> VideoProbe:
+    """Probe one video's bytes (a tar member, a table's value) as :func:`probe_video` probes a
+    file; ``name`` says where it came from (the probe's ``path``). Never raises for a bad video.
+
+    Raises:
+        ConfigError: PyAV is not installed, or ``frames``/``stride`` are out of range.
+    """
     from naiad.media.video import decode_video
 
     av = pyav_for("`naiad inspect` on videos")
     decode = decode_video("video", frames=frames, stride=stride, seed=seed, threads=1)
-    probe = VideoProbe(path=path, bytes=_size(path), label=label)
-    try:
-        data = read_local_file(path, _MAX_READ_BYTES)
-    except OSError as exc:
-        probe.error = f"cannot read the file ({exc.strerror or exc})"
-        return probe
+    probe = VideoProbe(path=name, bytes=len(data), label=label)
     try:
         keyframes = _demux(av, data, probe)
     except Exception as exc:  # noqa: BLE001 - any failure of FFmpeg's is the file's problem, reported
@@ -125,42 +147,46 @@ def _problem(exc: BaseException) -> str:
 
 def _demux(av: Any, data: bytes, probe: VideoProbe) -> np.ndarray:
     """Fill ``probe`` with the stream's facts and keyframe interval from its packets alone; the
-    keyframes' frame numbers, sorted."""
+    keyframes' frame numbers, sorted. Frames are numbered by their timestamps' positions (as
+    ``decode_video`` numbers them: NOTE [ Variable frame rate ]), or in stored order where a
+    packet has none."""
     with opened_video(av, data) as (container, stream):
         ctx = stream.codec_context
         probe.codec = str(ctx.name)
         probe.width, probe.height = int(ctx.width), int(ctx.height)
         rate = stream.average_rate or stream.guessed_rate
-        base = stream.time_base
         probe.fps = float(rate) if rate else 0.0
-        start = stream.start_time or 0
-        numbers: list[int] = []
-        keys: list[int] = []
-        last_pts = None
-        count = 0
+        stamps: list[int | None] = []
+        keys: list[bool] = []
         for packet in container.demux(stream):
             if packet.size == 0:
                 continue  # the demuxer's empty packet at the end
-            pts = packet.pts if packet.pts is not None else packet.dts
-            # Without a timestamp a packet is the next frame; B-frames make stored order differ.
-            number = int(round(float((pts - start) * base * rate))) if pts is not None and rate and base else count
-            if last_pts is not None and pts is not None and pts < last_pts:
-                probe.b_frames = True
-            last_pts = pts
-            numbers.append(number)
-            if packet.is_keyframe:
-                keys.append(number)
-            count += 1
+            stamps.append(packet.pts if packet.pts is not None else packet.dts)
+            keys.append(bool(packet.is_keyframe))
+        base = stream.time_base
+    count = len(stamps)
     if count == 0:
         raise ValueError("the video stream has no frames")
+    if any(p is None for p in stamps):  # without timestamps each packet is the next frame
+        numbers = np.arange(count, dtype=np.int64)
+    else:
+        pts = np.asarray(stamps, np.int64)
+        # B-frames: packets stored out of presentation order.
+        probe.b_frames = bool(np.any(np.diff(pts) < 0))
+        order = np.argsort(pts, kind="stable")
+        numbers = np.empty(count, np.int64)
+        numbers[order] = np.arange(count, dtype=np.int64)
+        ordered = pts[order]
+        probe.variable_rate = bool(base and rate and not on_rate_grid(ordered, int(ordered[0]), Fraction(base),
+                                                                     Fraction(rate)))
     probe.frames = count
     probe.duration_s = count / probe.fps if probe.fps else 0.0
-    marks = np.unique(np.array(keys, np.int64))
+    marks = np.unique(numbers[np.asarray(keys, bool)])
     probe.keyframes = int(marks.size)
     # The interval is between keyframes; the frames after the last one are a run cut short by the
     # video's end, so they count only in the max, and only a video with one keyframe is measured
     # by its length (the interval is at least that).
-    tail = max(numbers) + 1 - int(marks[-1]) if marks.size else count
+    tail = count - int(marks[-1]) if marks.size else count
     gaps = np.diff(marks) if marks.size > 1 else np.array([tail])
     probe.keyframe_interval = {"mean": round(float(gaps.mean()), 1), "max": float(max(gaps.max(), tail))}
     return marks
@@ -231,29 +257,9 @@ class VideoReport:
         if self.classes:
             shown = ", ".join(f"{c} {n}" for c, n in zip(self.classes[:8], self.class_counts[:8], strict=False))
             lines.append(f"classes: {shown}" + (f", ... ({len(self.classes) - 8} more)" if len(self.classes) > 8 else ""))
-        c = self.clip
-        lines.append(f"a clip: {c['frames']} frames every {c['stride']} ({c['span']} frames from first to last), "
-                     "decoded with naiad.decode_video on one thread")
-        width = min(48, max([len(_name(p["path"], self.root)) for p in self.probes] + [4]))
-        lines.append(f"  {'file':<{width}} {'codec':<6} {'size':>9} {'fps':>6} {'frames':>7} {'duration':>9} "
-                     f"{'keyframe every':>15} {'ms/clip':>8} {'decoded/clip':>13}")
-        for p in self.probes:
-            name = _name(p["path"], self.root)[-width:]
-            if p["error"] is not None:
-                lines.append(f"  {name:<{width}} does not decode: {p['error']}")
-                continue
-            every = f"{p['keyframe_interval']['mean']:g}" + (f" ({p['keyframe_interval']['mean'] / p['fps']:.1f} s)"
-                                                            if p["fps"] else "")
-            lines.append(f"  {name:<{width}} {p['codec']:<6} {p['width']:>4}x{p['height']:<4} {p['fps']:>6.2f} "
-                         f"{p['frames']:>7,} {p['duration_s']:>8.1f}s {every:>15} {p['clip_ms']:>8.1f} "
-                         f"{p['decoded_per_clip']:>13.0f}")
-        t = self.totals
-        if t.get("decoded"):
-            lines.append(
-                f"over the {t['decoded']} that decode: median {t['width']}x{t['height']}, {t['fps']:g} fps, "
-                f"{t['frames']:,} frames, a keyframe every {t['keyframe_interval']:g} frames; a clip decodes in "
-                f"{t['clip_ms']:.1f} ms ({t['clips_per_s']:,.0f} clips/s on one thread), one clip of every video "
-                f"in about {human_duration(t['epoch_s'])} on one thread (workers divide it)")
+        lines.append(clip_line(self.clip))
+        lines += probe_lines(self.probes, [_name(p["path"], self.root) for p in self.probes])
+        lines += totals_lines(self.totals)
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -285,68 +291,9 @@ def inspect_videos(src: str | Sequence[str], *, videos: int = 8, frames: int = 1
         source=src if isinstance(src, str) else ", ".join(map(str, src)), root=listing.root, videos=n,
         total_bytes=int(listing.sizes.sum()), classes=listing.classes, class_counts=[int(c) for c in counts],
         clip={"frames": frames, "stride": stride, "span": span}, probes=[asdict(p) for p in probes],
-        totals=_totals(probes, n))
-    report.notes = video_notes(report, max_size)
+        totals=video_totals([asdict(p) for p in probes], n))
+    report.notes = video_notes(report.totals, report.clip, report.probes, max_size, convert_from=report.source)
     return report
-
-
-def _totals(probes: list[VideoProbe], videos: int) -> dict[str, Any]:
-    good = [p for p in probes if p.error is None]
-    if not good:
-        return {"decoded": 0, "failed": len(probes)}
-    clip_ms = float(np.mean([p.clip_ms for p in good]))
-    return {
-        "decoded": len(good), "failed": len(probes) - len(good),
-        "width": int(statistics.median(p.width for p in good)), "height": int(statistics.median(p.height for p in good)),
-        "fps": round(float(statistics.median(p.fps for p in good)), 2),
-        "frames": int(statistics.median(p.frames for p in good)),
-        "duration_s": round(float(statistics.median(p.duration_s for p in good)), 2),
-        "keyframe_interval": round(float(statistics.median(p.keyframe_interval["mean"] for p in good)), 1),
-        "decoded_per_clip": round(float(np.mean([p.decoded_per_clip for p in good])), 1),
-        "clip_ms": round(clip_ms, 3), "clips_per_s": 1e3 / clip_ms if clip_ms > 0 else float("nan"),
-        "epoch_s": videos * clip_ms / 1e3,
-    }
-
-
-def video_notes(report: VideoReport, max_size: int) -> list[str]:
-    """What would stream faster, from the report's totals (NOTE [ Video inspection ])."""
-    t, c = report.totals, report.clip
-    notes: list[str] = []
-    failed = [p for p in report.probes if p["error"] is not None]
-    if failed:
-        notes.append(f"{len(failed)} of the {len(report.probes)} videos looked at do not decode (named above); in a "
-                     "loader each is a bad row: a DecodeError naming it, or skipped into the ledger with "
-                     "on_bad_rows='skip'.")
-    if not t.get("decoded"):
-        return notes
-    span, kept, target = c["span"], c["frames"], os.path.join(".", "shards", "train.tar")
-    interval, decoded = t["keyframe_interval"], t["decoded_per_clip"]
-    suggested = max(1, min(span, round(t["fps"]))) if t["fps"] else span
-    if interval > 2 * span and decoded > 1.5 * span:
-        better = suggested / 2 + span  # a random start lands, on average, half an interval past a keyframe
-        notes.append(
-            f"a keyframe every {interval:g} frames is much longer than a clip ({span} frames): each clip decodes "
-            f"about {decoded:.0f} frames to keep {kept}. Re-encoding with a keyframe about every second, "
-            f"`naiad convert {report.source} {target} --keyframe-interval {suggested}`, would make that about "
-            f"{better:.0f} ({decoded / better:.1f}x fewer frames decoded; the files grow somewhat).")
-    short_side = min(t["width"], t["height"])
-    if short_side >= 2 * max_size:
-        notes.append(
-            f"the videos are {t['width']}x{t['height']}: every frame a clip decodes is {short_side}p, and a training "
-            f"clip is usually resized to a shorter side near {max_size}. `naiad convert ... --max-size {max_size}` "
-            f"(the shorter side) would decode about {(short_side / max_size) ** 2:.1f}x fewer pixels a frame.")
-    codecs = sorted({p["codec"] for p in report.probes if p["error"] is None} & _CODECS_SLOWER_THAN_H264)
-    if codecs:
-        notes.append(f"codec {', '.join(codecs)}: CPUs decode it at a fraction of H.264's rate; `naiad convert` with "
-                     "--keyframe-interval or --max-size re-encodes to H.264.")
-    short = [p for p in report.probes if p["error"] is None and p["frames"] < span]
-    if short:
-        notes.append(f"{len(short)} of the {len(report.probes)} videos looked at are shorter than a clip ({span} frames): decode_video "
-                     "repeats their last frame to fill it (fewer `frames` or a smaller `stride` would fit them).")
-    if len(notes) == len(failed):
-        notes.append(f"nothing to change: a clip decodes {decoded:.0f} frames to keep {kept}, in {t['clip_ms']:.1f} ms "
-                     "on one thread.")
-    return notes
 
 
 def _name(path: str, root: str) -> str:

@@ -5,7 +5,8 @@ the row count, the blocks (the unit of reading and of block shuffling) and their
 rows, advice on what would stream better, and an estimate of a shuffled epoch's read time from
 a short timed read of random blocks through the source. For samples (tar shards, an image
 folder, a table with bytes) also their keys, extensions, image sizes and formats and the decode
-time per image (inspect_samples.py). docs/CONVERT.md.
+time per image (inspect_samples.py), and for videos among them what a video folder's inspect
+says (inspect_video_samples.py). docs/CONVERT.md, docs/VIDEO.md.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from naiad.sources.webdataset import WebDatasetSource
 from naiad.stream.batches import default_buffer_rows
 from naiad.stream.plan import GroupTask, ReadTask, group_rows, group_tasks
 from naiad.tools.inspect_samples import inspect_samples, sample_notes
+from naiad.tools.inspect_video_samples import VideoLook, video_column_lines
 from naiad.tools.progress import human_duration, json_safe
-from naiad.tools.sample_media import is_image_folder, media_format
+from naiad.tools.sample_media import is_image_folder, media_format, video_format
 
 __all__ = ["InspectReport", "inspect_source"]
 
@@ -121,7 +123,8 @@ class InspectReport:
 
 def inspect_source(paths: str | Sequence[str], *, storage: StorageLike = None,
                    head_rows: int = 5, time_budget_s: float = 1.0, max_blocks: int = 256, seed: int = 0,
-                   images: int = 64, max_size: int = 256, **reader_options: Any) -> InspectReport:
+                   images: int = 64, max_size: int = 256, video: VideoLook | None = None,
+                   **reader_options: Any) -> InspectReport:
     """Inspect ``paths`` (a file, glob or URL naiad reads, or a folder of images): see
     :class:`InspectReport`.
 
@@ -129,7 +132,8 @@ def inspect_source(paths: str | Sequence[str], *, storage: StorageLike = None,
     ``time_budget_s`` has passed or ``max_blocks`` were read (at least one). For samples,
     ``images`` random images are looked at (their headers), some of them decoded for about
     ``time_budget_s``, and images whose longer side is at least twice ``max_size`` are also
-    timed made that small (what ``naiad convert --max-size`` would do).
+    timed made that small (what ``naiad convert --max-size`` would do). Videos in a shard's
+    members or a table's column are probed as ``video`` says (NOTE [ Videos in samples ]).
 
     Raises:
         SourceError: a file cannot be found or read, naming it.
@@ -156,7 +160,8 @@ def inspect_source(paths: str | Sequence[str], *, storage: StorageLike = None,
         epoch=_timed_read(source, blocks, time_budget_s, max_blocks, seed),
     )
     report.notes = _notes(source, report, suffix)
-    report.samples = inspect_samples(source, images=images, max_size=max_size, time_budget_s=time_budget_s, seed=seed)
+    report.samples = inspect_samples(source, images=images, max_size=max_size, time_budget_s=time_budget_s, seed=seed,
+                                     video=video)
     if report.samples is not None:
         report.notes += sample_notes(report.samples)
     return report
@@ -218,7 +223,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (bytes, bytearray)):
-        found = media_format(value)
+        found = media_format(value) or video_format(value)
         if found is not None:
             return f"<{found[0]}, {len(value):,} bytes>"
         try:
@@ -314,6 +319,8 @@ def _samples_summary(s: dict[str, Any]) -> list[str]:
                 m = d["max_size"]
                 text += f"; made --max-size {m['max_size']}: {m['ms_per_image']:.3f} ms ({m['speedup']:.1f}x faster)"
             lines.append(text)
+        if c.get("videos"):
+            lines += video_column_lines(c["videos"])
     return lines
 
 

@@ -18,7 +18,7 @@ from naiad.errors import ConfigError
 from naiad.sources.auto import READERS, _suffix
 from naiad.sources.storage import is_remote, local_path
 
-__all__ = ["ImageHeader", "image_header", "is_image_folder", "media_format", "shrink"]
+__all__ = ["ImageHeader", "image_header", "is_image_folder", "media_format", "shrink", "video_format"]
 
 # (magic at offset 0, or a predicate, format name, file extension). The extension is what
 # WebDataset's decoders key on (``jpg``, ``png``...).
@@ -57,6 +57,47 @@ def media_format(data: bytes | bytearray | memoryview | None) -> tuple[str, str]
         if head.startswith(magic):
             return fmt, ext
     return None
+
+
+# ISO base media brands of still images (HEIF, AVIF) and of audio alone (M4A): an `ftyp` box
+# that is not a video's.
+_NOT_VIDEO_BRANDS = frozenset({b"avif", b"avis", b"heic", b"heix", b"hevc", b"hevx", b"mif1", b"msf1", b"M4A ",
+                               b"M4B ", b"M4P "})
+_MPEG_TS_PACKET = 188
+
+
+def video_format(data: bytes | bytearray | memoryview | None) -> tuple[str, str] | None:
+    """``(format, extension)`` of a video container by its magic number (``("MP4", "mp4")``,
+    ``("Matroska", "mkv")``, ``("WebM", "webm")``, ``("AVI", "avi")``...), or None. Kept apart
+    from :func:`media_format`, whose formats name the members ``naiad convert`` writes."""
+    if not data:
+        return None
+    head = bytes(data[:64])
+    if head[4:8] in (b"ftyp", b"moov", b"mdat", b"wide", b"free"):
+        return _iso_media(head)
+    if head.startswith(b"\x1a\x45\xdf\xa3"):  # EBML: the DocType says which
+        return ("WebM", "webm") if b"webm" in head else ("Matroska", "mkv")
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return "AVI", "avi"
+    if head.startswith(b"FLV\x01"):
+        return "FLV", "flv"
+    if head.startswith(b"\x00\x00\x01\xba"):
+        return "MPEG-PS", "mpg"
+    if len(data) > 2 * _MPEG_TS_PACKET and all(data[k * _MPEG_TS_PACKET] == 0x47 for k in range(3)):
+        return "MPEG-TS", "ts"
+    return None
+
+
+def _iso_media(head: bytes) -> tuple[str, str] | None:
+    """An ISO base media file (MP4, MOV, 3GP) by its ``ftyp`` brand; QuickTime without one."""
+    if head[4:8] != b"ftyp":
+        return "MOV", "mov"
+    brand = head[8:12]
+    if brand in _NOT_VIDEO_BRANDS:
+        return None
+    if brand == b"qt  ":
+        return "MOV", "mov"
+    return ("3GP", "3gp") if brand.startswith(b"3g") else ("MP4", "mp4")
 
 
 def same_format(extension: str, fmt: str) -> bool:
