@@ -99,10 +99,9 @@ def soak(name: str, loader: Any, epochs: int) -> list[dict[str, float]]:
             batches += 1
         assert batches > 0
         if isinstance(loader, naiad.DataLoader):
-            pool = loader._pool  # the persistent workers
-            assert pool is not None
-            # Thread workers (a stream's default) live in this process: no workers' rows then.
-            pids = [p for p in pool.worker_pids if p is not None and p != os.getpid()]
+            # The persistent worker processes: this process's children (the loaders before it
+            # are closed). Thread workers (a stream's default) live in this process: none then.
+            pids = [c.pid for c in psutil.Process().children()]
         else:  # torch's DataLoader: its persistent iterator's worker processes
             pids = [w.pid for w in loader._iterator._workers]
         series.append(_measure(pids, loader))

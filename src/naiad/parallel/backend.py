@@ -86,19 +86,42 @@ def _set_up_process(context: WorkerContext) -> None:
 
 
 # NOTE [ Worker heap ]
-# glibc's malloc serves a big block (a batch's decoded pixels, a read's arrays: megabytes) with its
-# own mmap at first, and unmaps it when freed; but each such free raises the threshold (up to 32
-# MiB), after which blocks of those sizes come from the heap, where blocks of varying sizes freed
-# in between fragment it. A worker process allocating a few such blocks per task then grew by
-# megabytes an epoch, without end over 20 epochs although it kept nothing (bench/bench_soak.py:
-# 28x28 PNGs decoded in the reads, 6 MiB an epoch per worker). A fixed threshold keeps every block
-# of MMAP_THRESHOLD bytes or more mapped on its own and given back when freed: the worker stays
-# flat, for a page-fault cost per big block that is small beside the work that fills it.
+# glibc's malloc serves a big block (a batch's decoded pixels, a read's arrays, a user's fresh batch
+# tensor: megabytes) with its own mmap at first, and unmaps it when freed; each such free raises
+# the threshold (up to 32 MiB) and the heap's trim threshold with it (to 64 MiB), after which
+# blocks of those sizes come from the heap and up to 64 MiB of free heap stays resident. A worker
+# freeing multi-MiB blocks of varying sizes per task grew by megabytes an epoch that way
+# (bench/bench_soak.py, 28x28 PNGs decoded in the reads: 6 MiB an epoch per worker, before
+# batches were built in their slots). A threshold fixed at 1 MiB kept it flat, but then every
+# block of a MiB or more was mapped, page-faulted and unmapped afresh per task: a user's fresh 10
+# MiB batch tensor cost its pages' faults every batch, and ready batches of 3-16 MiB crossed at
+# 2.4-2.8x torch's rate against 4.3-4.6x with the blocks reused (bench_transport.py).
+#
+# So the threshold is fixed at MMAP_THRESHOLD, glibc's own ceiling for its moving one: blocks up
+# to it come from the heap, and a batch-sized block freed is the next batch's, without faults;
+# fixing it also keeps the heap's trim threshold at its 128 KiB default, so free memory at the
+# heap's top goes back at once. Free pages inside the heap go back too: ``malloc_trim(0)`` every
+# TRIM_EVERY tasks, and when the worker has waited POLL_S with nothing to do (between epochs).
+# Measured (bench_soak.py, 20 epochs): the workers' USS grows by what it grew with the 1 MiB
+# threshold (+0.15 MiB an epoch for the PNG folder, +0.45 for the JPEG shards, which 60 epochs
+# showed bounded); a worker freeing 6-7 MiB blocks of seven sizes per task holds 46-60 MiB against
+# 28 MiB with the 1 MiB threshold, flat over 75 tasks (blocks kept for reuse).
 
-MMAP_THRESHOLD = 1 << 20
+MMAP_THRESHOLD = 32 << 20
 """Bytes from which a worker process's ``malloc`` maps each block on its own (NOTE [ Worker heap ])."""
 
+TRIM_EVERY = 64
+"""Tasks between two ``malloc_trim(0)`` in a worker process (NOTE [ Worker heap ])."""
+
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def _heap_trimmer() -> Any:
+    """glibc's ``malloc_trim``, or None (no glibc)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def fix_mmap_threshold() -> bool:
@@ -137,12 +160,20 @@ def _received_tasks(conn: mpc.Connection, parent: int) -> Iterator[Task]:
     # µs of every task.
     waiting = select.poll()
     waiting.register(conn.fileno(), select.POLLIN)
+    trim, served = _heap_trimmer(), 0  # tasks since the heap was last trimmed (NOTE [ Worker heap ])
     while True:
         try:
             if not waiting.poll(POLL_MS):  # readable, closed or in error: recv tells which
                 if os.getppid() != parent:  # orphaned: the training process died
                     return
+                if served and trim is not None:  # idle: give the free heap back
+                    trim(0)
+                    served = 0
                 continue
+            if served >= TRIM_EVERY and trim is not None:
+                trim(0)
+                served = 0
+            served += 1
             task = conn.recv()
         except (EOFError, OSError):
             return
