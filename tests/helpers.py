@@ -1,4 +1,5 @@
-"""Shared test helpers: deep comparison of batches, process accounting, child processes."""
+"""Shared test helpers: deep comparison of batches, a dataset that fails at given rows, process
+accounting, child processes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset
 
 
 def assert_same_batch(a: Any, b: Any, path: str = "batch") -> None:
@@ -44,6 +46,21 @@ def assert_same_batches(expected: list[Any], got: list[Any]) -> None:
     assert len(expected) == len(got), f"{len(got)} batches, expected {len(expected)}"
     for i, (a, b) in enumerate(zip(expected, got, strict=True)):
         assert_same_batch(a, b, f"batch {i}")
+
+
+class FailsAt(Dataset):
+    """A map-style dataset of the rows 0..n-1; the rows listed in ``bad`` raise ValueError."""
+
+    def __init__(self, n: int, bad: tuple[int, ...]) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.bad:
+            raise ValueError(f"bad row {i}")
+        return i
 
 
 def child_pids() -> set[int]:
