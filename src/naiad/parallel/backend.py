@@ -9,7 +9,6 @@ of order, epochs or errors' meaning: the pool does. What a worker runs once set 
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import math
@@ -31,6 +30,7 @@ import numpy as np
 from naiad.parallel import slots
 from naiad.parallel.channel import TaskChannel
 from naiad.parallel.context import WorkerContext
+from naiad.parallel.heap import HeapTrimmer, fix_mmap_threshold
 from naiad.parallel.protocol import (
     ERROR,
     NO_TASK,
@@ -85,55 +85,6 @@ def _set_up_process(context: WorkerContext) -> None:
     np.random.seed(_generate_state(context.base_seed & (2**64 - 1), context.worker_id))  # type: ignore[no-untyped-call]
 
 
-# NOTE [ Worker heap ]
-# glibc's malloc serves a big block (a batch's decoded pixels, a read's arrays, a user's fresh batch
-# tensor: megabytes) with its own mmap at first, and unmaps it when freed; each such free raises
-# the threshold (up to 32 MiB) and the heap's trim threshold with it (to 64 MiB), after which
-# blocks of those sizes come from the heap and up to 64 MiB of free heap stays resident. A worker
-# freeing multi-MiB blocks of varying sizes per task grew by megabytes an epoch that way
-# (bench/bench_soak.py, 28x28 PNGs decoded in the reads: 6 MiB an epoch per worker, before
-# batches were built in their slots). A threshold fixed at 1 MiB kept it flat, but then every
-# block of a MiB or more was mapped, page-faulted and unmapped afresh per task: a user's fresh 10
-# MiB batch tensor cost its pages' faults every batch, and ready batches of 3-16 MiB crossed at
-# 2.4-2.8x torch's rate against 4.3-4.6x with the blocks reused (bench_transport.py).
-#
-# So the threshold is fixed at MMAP_THRESHOLD, glibc's own ceiling for its moving one: blocks up
-# to it come from the heap, and a batch-sized block freed is the next batch's, without faults;
-# fixing it also keeps the heap's trim threshold at its 128 KiB default, so free memory at the
-# heap's top goes back at once. Free pages inside the heap go back too: ``malloc_trim(0)`` every
-# TRIM_EVERY tasks, and when the worker has waited POLL_S with nothing to do (between epochs).
-# Measured (bench_soak.py, 20 epochs): the workers' USS grows by what it grew with the 1 MiB
-# threshold (+0.15 MiB an epoch for the PNG folder, +0.45 for the JPEG shards, which 60 epochs
-# showed bounded); a worker freeing 6-7 MiB blocks of seven sizes per task holds 46-60 MiB against
-# 28 MiB with the 1 MiB threshold, flat over 75 tasks (blocks kept for reuse).
-
-MMAP_THRESHOLD = 32 << 20
-"""Bytes from which a worker process's ``malloc`` maps each block on its own (NOTE [ Worker heap ])."""
-
-TRIM_EVERY = 64
-"""Tasks between two ``malloc_trim(0)`` in a worker process (NOTE [ Worker heap ])."""
-
-_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-
-
-def _heap_trimmer() -> Any:
-    """glibc's ``malloc_trim``, or None (no glibc)."""
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def fix_mmap_threshold() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` in this process (NOTE [ Worker
-    heap ]); whether it was set (only glibc has ``mallopt``; elsewhere this does nothing)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-
-
 def _process_worker_main(spec: WorkerSpec, context: WorkerContext, conn: mpc.Connection,
                          inherited: tuple[int, ...]) -> None:
     # A forked worker holds copies of the training process's ends of the sockets (its own and
@@ -160,20 +111,15 @@ def _received_tasks(conn: mpc.Connection, parent: int) -> Iterator[Task]:
     # µs of every task.
     waiting = select.poll()
     waiting.register(conn.fileno(), select.POLLIN)
-    trim, served = _heap_trimmer(), 0  # tasks since the heap was last trimmed (NOTE [ Worker heap ])
+    heap = HeapTrimmer()
     while True:
         try:
             if not waiting.poll(POLL_MS):  # readable, closed or in error: recv tells which
                 if os.getppid() != parent:  # orphaned: the training process died
                     return
-                if served and trim is not None:  # idle: give the free heap back
-                    trim(0)
-                    served = 0
+                heap.idle()
                 continue
-            if served >= TRIM_EVERY and trim is not None:
-                trim(0)
-                served = 0
-            served += 1
+            heap.task()
             task = conn.recv()
         except (EOFError, OSError):
             return
