@@ -31,9 +31,11 @@ epoch, resized to a shorter side of 128 and cropped to a random 112x112 (``Resiz
   "video", frames=16, stride=2, size=112, resize=128, crop="random"))``; ``naiad shards``: the
   same over ``naiad.read_webdataset(shards)`` with ``decode_video("mp4", ...)``.
 * the bare loops, one process, no loader: PyAV's decode (threading off) with FFmpeg's scaler
-  resizing (``frame.reformat``), the same decode with torch's resize, and where they load
-  torchcodec's decoder with its ``Resize`` + ``RandomCrop`` and SPDL's ``load_video`` with its
-  filter graph; the ceiling is the fastest of them times the cores.
+  resizing (``frame.reformat``), the same decode with torch's resize, naiad's ``decode_video``
+  called on one video at a time (its seek, its unreferenced frames left undecoded, one scaler
+  per video), and where they load torchcodec's decoder with its ``Resize`` + ``RandomCrop`` and
+  SPDL's ``load_video`` with its filter graph; the ceiling is the fastest of them times the
+  cores.
 
 DALI is not measured: its video reader decodes on NVIDIA GPUs only, and this benchmark's
 machine has none. A peer that is not installed or does not load (torchcodec needs FFmpeg's shared
@@ -251,10 +253,26 @@ def bare_spdl(path: str, start: int, size: tuple[int, int], rng: random.Random) 
     return spdl_clip(path, start, *size)
 
 
+_NAIAD_DECODE: list[Any] = []
+
+
+def bare_naiad(path: str, start: int, size: tuple[int, int], rng: random.Random) -> torch.Tensor:
+    """naiad's ``decode_video`` called on one video in this process, no loader: its seek, its
+    unreferenced frames left undecoded, FFmpeg's scaler (the clip's start its own keyed draw)."""
+    if not _NAIAD_DECODE:
+        _NAIAD_DECODE.append(naiad.decode_video("video", frames=FRAMES, stride=STRIDE, size=CROP, resize=SHORTER,
+                                                crop="random"))
+    with open(path, "rb") as f:
+        data = f.read()
+    batch = {"video": np.array([data], dtype=object), "__index__": np.array([rng.randrange(1 << 30)])}
+    return _NAIAD_DECODE[0](batch)["video"]
+
+
 def bare_loops() -> dict[str, Callable[[str, int, tuple[int, int], random.Random], Any] | str]:
     """The bare loops, a peer's a reason when it does not load."""
     loops: dict[str, Callable[[str, int, tuple[int, int], random.Random], Any] | str] = {
-        "bare loop, PyAV + FFmpeg's scaler": bare_scaler, "bare loop, PyAV + torch's resize": bare_torch}
+        "bare loop, PyAV + FFmpeg's scaler": bare_scaler, "bare loop, PyAV + torch's resize": bare_torch,
+        "bare loop, naiad's decode_video": bare_naiad}
     for name, version, fn in (("torchcodec + its Resize, RandomCrop", torchcodec_version, bare_torchcodec),
                               ("SPDL load_video + its filter graph", spdl_version, bare_spdl)):
         try:
