@@ -129,7 +129,7 @@ def test_video_sources_are_told_from_image_folders_and_tables(folder: Path, tmp_
     images.mkdir(parents=True)
     (images / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     assert not is_video_source(str(tmp_path / "images"))
-    assert not is_video_source("data/*.parquet") and not is_video_source("s3://bucket/v.mp4")
+    assert not is_video_source("data/*.parquet") and not is_video_source("s3://bucket/t-*.parquet")
 
 
 def test_without_pyav_inspect_says_how_to_install_it(folder: Path, capsys: pytest.CaptureFixture[str],

@@ -8,12 +8,13 @@ Parquet that Hugging Face ``datasets`` reads.
     naiad convert fashion/ data/fashion.parquet --decode
     naiad convert "corpus/*.jsonl" tokens/ --tokenize tokenizer.json --tokens-per-shard 100000000
     naiad convert ucf101/train/ shards/train.tar --keyframe-interval 16 --max-size 256 --shuffle
+    naiad convert s3://bucket/ucf101/train/ shards/train.tar --storage-options '{"anon": true}'
 
 Row groups sized for block shuffling, float columns without dictionary pages, an optional
 seeded global permutation in bounded memory, a manifest of row counts and SHA-256 checksums;
 every shard appears only once whole. With ``--tokenize``, text becomes token shards that
 ``naiad.read_tokens`` reads (NOTE [ Token shards ] in tools/convert_tokens.py). A video folder
-becomes WebDataset tar shards of ``.mp4`` and ``.cls`` members, optionally re-encoded (NOTE [
+(or a prefix, URL glob or list of URLs behind one) becomes WebDataset tar shards of ``.mp4`` and ``.cls`` members, optionally re-encoded (NOTE [
 Video shards ] in tools/convert_video.py; docs/VIDEO.md). docs/CONVERT.md.
 """
 
@@ -70,7 +71,7 @@ def parse_json_object(text: str) -> dict[str, Any]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``naiad convert`` options to ``parser``."""
     parser.add_argument("src", help="a file, glob or URL (s3://..., gs://...) of one format naiad reads, a folder "
-                        "of images, or a folder (or glob) of videos")
+                        "of images, or a folder (or glob) of videos, local or a URL (s3://bucket/ucf101/train/)")
     parser.add_argument("dst", help="an output file (out/train.parquet, out/train.tar) or folder (out/, s3://bucket/train/)")
     parser.add_argument("--format", choices=("parquet", "arrow", "webdataset"), default=None,
                         help="output format (default: from DST's suffix, .tar is webdataset; else parquet)")
@@ -123,7 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --tokenize: tokens per shard, cut at a document's end (default: one shard)")
     parser.add_argument("--overwrite", action="store_true", help="replace shards and a manifest already at DST")
     parser.add_argument("--storage-options", type=parse_json_object, default=None, metavar="JSON",
-                        help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://...", "anon": true}\'')
+                        help='fsspec options for URLs (SRC, and DST unless --output-storage-options), e.g. '
+                        '\'{"endpoint_url": "http://...", "anon": true}\'')
     parser.add_argument("--output-storage-options", type=parse_json_object, default=None, metavar="JSON",
                         help="fsspec options for DST when they differ from --storage-options")
     parser.add_argument("--quiet", action="store_true", help="no progress and no summary line")
@@ -226,7 +228,7 @@ def _run_videos(args: argparse.Namespace) -> int:
         storage_options=args.output_storage_options if args.output_storage_options is not None else args.storage_options)
     progress = Progress(enabled=False if args.quiet else None, labels={"convert": "converting videos"})
     try:
-        result = convert_videos(args.src, args.dst, options, progress=progress)
+        result = convert_videos(args.src, args.dst, options, progress=progress, storage=args.storage_options)
     finally:
         progress.close()
     if not args.quiet:

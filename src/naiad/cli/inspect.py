@@ -9,6 +9,7 @@ the decode time per image, with what would stream faster.
     naiad inspect photos/
     naiad inspect tokens/ --seq-len 1024            # token files: tokens, documents, windows
     naiad inspect ucf101/train/ --videos 16         # videos: codec, size, fps, keyframes, decode time per clip
+    naiad inspect s3://bucket/ucf101/train/ --storage-options '{"anon": true}'   # a folder of videos behind a URL
     naiad inspect "shards/train-{0000..0099}.tar"   # .mp4 members (or a Parquet column of videos): the same
 
 docs/CONVERT.md; videos: docs/VIDEO.md.
@@ -30,7 +31,8 @@ HELP = ("Show what naiad sees in some files (format, columns, rows, blocks, firs
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``naiad inspect`` options to ``parser``."""
     parser.add_argument("source", help="a file, glob or URL (read with naiad.read: the reader by suffix), a folder "
-                        "of images, or a video file, glob or folder of videos (naiad.read_videos); tar shards or a "
+                        "of images, or a video file, glob or folder of videos, local or a URL (naiad.read_videos; a folder behind a "
+                        "URL, s3://bucket/train/, is read as videos); tar shards or a "
                         "table holding videos report them as a folder's")
     parser.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
     parser.add_argument("--rows", type=at_least(0), default=5, help="first rows to show (default 5)")
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         from naiad.tools.inspect_video import inspect_videos
 
         videos = inspect_videos(args.source, videos=args.videos, frames=args.frames, stride=args.stride,
-                                max_size=args.max_size)
+                                max_size=args.max_size, storage=args.storage_options)
         print(videos.to_json() if args.json else videos.summary())
         return 0
     if args.seq_len is not None or args.dtype is not None or args.eos_id is not None or looks_like_tokens(args.source):

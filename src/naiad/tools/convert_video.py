@@ -42,6 +42,7 @@ import numpy as np
 
 from naiad.errors import ConfigError, SourceError
 from naiad.media.rows import default_threads, run_rows
+from naiad.sources.options import StorageLike
 from naiad.sources.storage import Storage
 from naiad.tools.convert import ConvertResult
 from naiad.tools.convert_samples import safe_key, utf8_name
@@ -151,8 +152,8 @@ def video_keys(files: VideoFiles) -> list[str]:
     """Each file's sample key (NOTE [ Video shards ]): unique, in the listing's order."""
     keys: list[str] = []
     seen: set[str] = set()
-    for path in files.paths:
-        rel = os.path.relpath(path, files.root).replace(os.sep, "/")
+    for i in range(len(files)):
+        rel = files.name(i)
         stem, ext = os.path.splitext(rel)
         key = safe_key(stem)
         if key in seen:
@@ -165,10 +166,13 @@ def video_keys(files: VideoFiles) -> list[str]:
 
 
 def convert_videos(src: str | Sequence[str], dst: str, options: VideoConvertOptions | None = None, *,
-                   progress: ProgressFn | None = None) -> ConvertResult:
+                   progress: ProgressFn | None = None, storage: StorageLike = None) -> ConvertResult:
     """Convert a video folder, glob or list of files to WebDataset tar shards at ``dst`` (NOTE
     [ Video shards ]): ``dst`` is a file name (``out/train.tar``: ``train-00000.tar``, ...) or a
-    folder (``out/``: ``part-00000.tar``, ...); a manifest is written last.
+    folder (``out/``: ``part-00000.tar``, ...); a manifest is written last. ``src`` may be URLs
+    (a prefix, a URL glob, a list), listed and fetched through ``storage`` (a ``naiad.Storage``
+    or its filesystem options) as ``naiad.read_videos`` reads them; ``options.storage_options``
+    is the destination's.
 
     Raises:
         SourceError: a video that cannot be read or re-encoded, naming it (unless
@@ -182,7 +186,7 @@ def convert_videos(src: str | Sequence[str], dst: str, options: VideoConvertOpti
     opts = options or VideoConvertOptions()
     began = time.monotonic()
     dest, existing = _destination(dst, opts)
-    files = list_videos(src)
+    files = list_videos(src, storage=storage)
     keys = video_keys(files)
     order = np.random.default_rng(opts.seed).permutation(len(files)) if opts.shuffle else np.arange(len(files))
     shards = VideoShardSet(dest, shard_bytes=opts.shard_bytes, samples_per_shard=opts.samples_per_shard)
@@ -263,16 +267,24 @@ def _convert_some(files: VideoFiles, keys: list[str], rows: list[int], opts: Vid
     """Videos ``rows`` read and, where asked, re-encoded, on ``threads`` threads: for each,
     ``(extension, bytes, "reencoded" or "copied")``, or ``("", None, why it failed)``."""
     out: list[tuple[str, bytes | None, str]] = [("", None, "")] * len(rows)
+    # Objects behind URLs are fetched for the batch at once, a few in flight (NOTE [ Remote folder listing ]).
+    fetched = files.fetch(rows) if files.remote else None
 
     def work(j: int) -> None:
         i = rows[j]
         path = files.paths[i]
         if not utf8_name(keys[i]):
             raise ValueError(f"its name {keys[i]!r} is not UTF-8, which a tar member's must be; rename the file")
-        try:
-            data = read_local_file(path, DEFAULT_MAX_MEDIA_BYTES)
-        except OSError as exc:
-            raise ValueError(f"cannot read the video ({exc.strerror or exc})") from None
+        if fetched is not None:
+            got = fetched[j]
+            if isinstance(got, str):
+                raise ValueError(got)
+            data = got
+        else:
+            try:
+                data = read_local_file(path, DEFAULT_MAX_MEDIA_BYTES)
+            except OSError as exc:
+                raise ValueError(f"cannot read the video ({exc.strerror or exc})") from None
         ext = os.path.splitext(path)[1].lstrip(".").lower()
         if opts.reencodes:
             again = reencode(data, keyframe_interval=opts.keyframe_interval, max_size=opts.max_size, crf=opts.crf)

@@ -37,8 +37,10 @@ import numpy as np
 
 from naiad.errors import DecodeError, NaiadError
 from naiad.media.video_stream import on_rate_grid, opened_video
+from naiad.sources.options import StorageLike
+from naiad.sources.storage import is_remote
 from naiad.tools.progress import json_safe
-from naiad.tools.video_files import list_videos, pyav_for
+from naiad.tools.video_files import VideoFiles, list_videos, pyav_for
 from naiad.tools.video_report import clip_line, probe_lines, totals_lines, video_notes, video_totals
 from naiad.trust.paths import read_local_file
 
@@ -265,23 +267,23 @@ class VideoReport:
 
 
 def inspect_videos(src: str | Sequence[str], *, videos: int = 8, frames: int = 16, stride: int = 2, max_size: int = 256,
-                   clips: int = 3, seed: int = 0) -> VideoReport:
-    """Inspect a video file, a glob or a folder of videos (``naiad.read_videos``' layouts): see
-    :class:`VideoReport` and NOTE [ Video inspection ]. ``videos`` files are looked at, spread
-    evenly over the listing (so every class is seen); each has ``clips`` clips of ``frames``
-    frames every ``stride`` decoded and timed. A video whose shorter side is at least twice
-    ``max_size`` gets the advice to make it smaller (``naiad convert --max-size``).
+                   clips: int = 3, seed: int = 0, storage: StorageLike = None) -> VideoReport:
+    """Inspect a video file, a glob or a folder of videos (``naiad.read_videos``' layouts, local
+    or behind URLs read through ``storage``): see :class:`VideoReport` and NOTE [ Video
+    inspection ]. ``videos`` files are looked at, spread evenly over the listing (so every class
+    is seen), and only they are read (fetched, behind a URL); each has ``clips`` clips of
+    ``frames`` frames every ``stride`` decoded and timed. A video whose shorter side is at least
+    twice ``max_size`` gets the advice to make it smaller (``naiad convert --max-size``).
 
     Raises:
         SourceError: no such file or folder, or a folder without videos, naming it.
         ConfigError: PyAV is not installed (``pip install 'naiad[video]'``).
     """
     pyav_for("`naiad inspect` on videos")
-    listing = list_videos(src)
+    listing = list_videos(src, storage=storage)
     n = len(listing)
     picked = sorted({int(i) for i in np.linspace(0, n - 1, min(max(1, videos), n)).round()}) if n else []
-    probes = [probe_video(listing.paths[i], frames=frames, stride=stride, clips=clips, seed=seed, warm_up=not k,
-                          label=listing.classes[listing.labels[i]] if listing.classes else None)
+    probes = [_probe(listing, i, frames=frames, stride=stride, clips=clips, seed=seed, warm_up=not k)
               for k, i in enumerate(picked)]
     counts: list[int] = []
     if listing.classes:
@@ -296,7 +298,22 @@ def inspect_videos(src: str | Sequence[str], *, videos: int = 8, frames: int = 1
     return report
 
 
+def _probe(listing: VideoFiles, i: int, **probe: Any) -> VideoProbe:
+    """Video ``i`` of ``listing`` probed: a local file read, an object fetched (NOTE [ Remote
+    folder listing ]: as listed, at most the source's ``media.max_bytes``)."""
+    label = listing.classes[listing.labels[i]] if listing.classes else None
+    path = listing.paths[i]
+    if not listing.remote:
+        return probe_video(path, label=label, **probe)
+    data = listing.fetch([i])[0]
+    if isinstance(data, str):
+        return VideoProbe(path=path, bytes=int(listing.sizes[i]), label=label, error=data)
+    return probe_video_bytes(data, path, label=label, **probe)
+
+
 def _name(path: str, root: str) -> str:
+    if is_remote(root):
+        return path[len(root) + 1:] if path.startswith(root + "/") else path
     try:
         rel = os.path.relpath(path, root)
     except ValueError:
