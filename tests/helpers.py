@@ -77,6 +77,23 @@ def child_pids() -> set[int]:
     return out
 
 
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids: Sequence[int], timeout_s: float, what: str) -> None:
+    """Wait until none of ``pids`` runs (gone, or a zombie); fail with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while any(_running(p) for p in pids):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 def shm_entries() -> set[str]:
     """Names in /dev/shm (empty where it does not exist)."""
     try:

@@ -28,7 +28,7 @@ import naiad
 from naiad.errors import DecodeError, WorkerError
 from naiad.media.video import DecodeVideo
 from tests.conftest_stream import two_ranks_then_three
-from tests.helpers import INTERRUPTIBLE, child_pids, started
+from tests.helpers import INTERRUPTIBLE, child_pids, started, wait_gone
 from tests.integration.test_videos import same, write_folder
 from tests.video_data import frame_numbers
 
@@ -245,8 +245,6 @@ CTRL_C_SCRIPT = INTERRUPTIBLE + textwrap.dedent(
 
 
 def test_ctrl_c_while_the_workers_decode_leaves_no_process(csv_path):
-    import psutil
-
     script = CTRL_C_SCRIPT.format(root=ROOT, path=csv_path)
     with started([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                  cwd=ROOT) as proc:
@@ -258,7 +256,4 @@ def test_ctrl_c_while_the_workers_decode_leaves_no_process(csv_path):
         _, err = proc.communicate(timeout=30)
         assert proc.returncode != 0 and "KeyboardInterrupt" in err
         assert err.count("Traceback") == 1, err  # the training process's only: workers stay quiet
-        deadline = time.monotonic() + 10
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers):
-            assert time.monotonic() < deadline, "a worker outlived the interrupted training process"
-            time.sleep(0.05)
+        wait_gone(workers, 10, "a worker outlived the interrupted training process")

@@ -18,7 +18,14 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 import naiad
-from tests.helpers import INTERRUPTIBLE, assert_same_batches, child_pids, shm_entries, started
+from tests.helpers import (
+    INTERRUPTIBLE,
+    assert_same_batches,
+    child_pids,
+    shm_entries,
+    started,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -253,8 +260,6 @@ CTRL_C_SCRIPT = INTERRUPTIBLE + textwrap.dedent(
 
 
 def test_ctrl_c_stops_cleanly_without_orphans() -> None:
-    import psutil
-
     with started([sys.executable, "-c", CTRL_C_SCRIPT.format(root=ROOT)], stdout=subprocess.PIPE,
                  stderr=subprocess.PIPE, text=True, cwd=ROOT) as proc:
         assert proc.stdout is not None
@@ -264,25 +269,17 @@ def test_ctrl_c_stops_cleanly_without_orphans() -> None:
         _, err = proc.communicate(timeout=30)
         assert proc.returncode != 0 and "KeyboardInterrupt" in err
         assert err.count("Traceback") == 1, err  # the main process's only: workers stay quiet
-        deadline = time.monotonic() + 10
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers):
-            assert time.monotonic() < deadline, "worker outlived the interrupted training process"
-            time.sleep(0.05)
+        wait_gone(workers, 10, "worker outlived the interrupted training process")
 
 
 def test_workers_exit_when_parent_is_killed() -> None:
-    import psutil
-
     script = CTRL_C_SCRIPT.format(root=ROOT)
     with started([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT) as proc:
         assert proc.stdout is not None
         workers = [int(p) for p in proc.stdout.readline().split()]
         proc.kill()
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 15
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers):
-            assert time.monotonic() < deadline, "orphaned worker kept running"
-            time.sleep(0.1)
+        wait_gone(workers, 15, "orphaned worker kept running")
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])

@@ -29,6 +29,7 @@ from tests.helpers import (
     settle_workers,
     shm_entries,
     started,
+    wait_gone,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -210,10 +211,7 @@ def test_ctrl_c_stops_threads_and_resized_pools_cleanly(mode: str, workers: int,
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode != 0 and "KeyboardInterrupt" in err and err.count("Traceback") == 1, err
-        deadline = time.monotonic() + 10
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in children):
-            assert time.monotonic() < deadline, "a worker outlived the interrupted process"
-            time.sleep(0.05)
+        wait_gone(children, 10, "a worker outlived the interrupted process")
 
 
 @pytest.mark.timeout(60)
