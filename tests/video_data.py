@@ -4,6 +4,7 @@ back from its pixels (within a lossy codec's error, well under STEP / 2)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,20 @@ READ_BIAS = 1.5
 written, back when decoded, FFmpeg's scaler when resized) read these frames' red 0 to 4 levels
 low (measured: -4 to +1 through the scaler, -3 to 0 without), so the reading is centred on that
 range and a frame's number is read right from 5.5 levels low to 2.5 high."""
+
+
+def write_video_shards(root: Path, blobs: Sequence[bytes], labels: Sequence[int], per_shard: int) -> str:
+    """``blobs`` as ``clip_000.mp4`` + ``.cls`` samples in tar shards written by webdataset's own
+    ShardWriter under ``root``, ``per_shard`` a shard; the shards' brace pattern."""
+    import pytest
+
+    wds = pytest.importorskip("webdataset")
+    with wds.ShardWriter(str(root / "train-%04d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i, (data, label) in enumerate(zip(blobs, labels, strict=True)):
+            sink.write({"__key__": f"clip_{i:03d}", "mp4": data, "cls": label})
+    count = -(-len(blobs) // per_shard)
+    assert len(list(root.glob("train-*.tar"))) == count
+    return str(root / f"train-{{0000..{count - 1:04d}}}.tar")
 
 
 def frame_numbers(clip: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import pytest
 
 from naiad.cli import main
 from naiad.tools.sample_media import video_format
-from tests.video_data import codec, write_vfr_video, write_video
+from tests.video_data import codec, write_vfr_video, write_video, write_video_shards
 
 pytest.importorskip("av", reason="the video tests write and decode videos with PyAV (pip install 'naiad[test]')")
 H264 = codec() == "libx264"
@@ -30,13 +30,11 @@ def videos(root: Path) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
-    wds = pytest.importorskip("webdataset")
     root = tmp_path_factory.mktemp("video_shards")
-    with wds.ShardWriter(str(root / "train-%04d.tar"), maxcount=2, verbose=0) as sink:
-        for i, data in enumerate(videos(root / "videos")):
-            sink.write({"__key__": f"clip_{i:03d}", "mp4": data, "cls": i % 2})
-    assert len(list(root.glob("train-*.tar"))) == 4
-    return str(root / "train-{0000..0003}.tar")
+    blobs = videos(root / "videos")
+    pattern = write_video_shards(root, blobs, [i % 2 for i in range(len(blobs))], per_shard=2)
+    assert pattern.endswith("train-{0000..0003}.tar")
+    return pattern
 
 
 @pytest.fixture(scope="module")

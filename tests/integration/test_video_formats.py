@@ -16,7 +16,7 @@ import torch
 
 import naiad
 from naiad.errors import DecodeError, SourceError
-from tests.video_data import frame_numbers, write_video
+from tests.video_data import frame_numbers, write_video, write_video_shards
 
 pytest.importorskip("av", reason="the video tests write and decode videos with PyAV (pip install 'naiad[test]')")
 
@@ -33,13 +33,10 @@ def videos(root: Path) -> list[bytes]:
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Three tar shards (3, 3 and 2 samples) written by webdataset's ShardWriter: ``.mp4`` and ``.cls``."""
-    wds = pytest.importorskip("webdataset")
     root = tmp_path_factory.mktemp("shards")
-    with wds.ShardWriter(str(root / "train-%04d.tar"), maxcount=3, verbose=0) as sink:
-        for i, data in enumerate(videos(root / "videos")):
-            sink.write({"__key__": f"clip_{i:03d}", "mp4": data, "cls": LENGTHS[i]})
-    assert len(list(root.glob("train-*.tar"))) == 3
-    return str(root / "train-{0000..0002}.tar")
+    pattern = write_video_shards(root, videos(root / "videos"), LENGTHS, per_shard=3)
+    assert pattern.endswith("train-{0000..0002}.tar")
+    return pattern
 
 
 @pytest.fixture(scope="module")
