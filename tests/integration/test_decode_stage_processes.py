@@ -29,8 +29,8 @@ from naiad.errors import DecodeError, WorkerError
 from naiad.media.video import DecodeVideo
 from tests.conftest_stream import two_ranks_then_three
 from tests.helpers import INTERRUPTIBLE, child_pids, started, wait_gone
+from tests.integration.test_videos import by_path as videos_by_path
 from tests.integration.test_videos import same, write_folder
-from tests.video_data import frame_numbers
 
 pytest.importorskip("av", reason="the video tests write and decode videos with PyAV (pip install 'naiad[test]')")
 
@@ -57,14 +57,7 @@ def clips(**kw: Any) -> PidDecode:
 
 
 def by_path(batches: list[dict[str, Any]]) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]]:
-    out: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
-    for b in batches:
-        assert b["video"].dtype == torch.uint8 and b["video"].shape[1:] == (4, 3, 32, 32)
-        for path, clip, frames, label in zip(b["path"], b["video"], b["video_frames"], b["label"], strict=True):
-            assert path not in out, f"{path} delivered twice"
-            assert (frame_numbers(clip.numpy()) == frames.numpy()).all(), path
-            out[path] = (clip, frames, int(label))
-    return out
+    return videos_by_path(batches, size=32)
 
 
 def no_process_left(before: set[int], timeout_s: float = 10.0) -> None:

@@ -51,10 +51,12 @@ def random_clips() -> naiad.Transform:
     return naiad.decode_video("video", frames=4, stride=2, clip="random", size=16, crop="random", flip=True)
 
 
-def by_path(batches: list[dict[str, Any]]) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]]:
+def by_path(batches: list[dict[str, Any]], size: int = 16) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]]:
+    """Each video's clip, frame numbers and label by its path: delivered once, in 4-frame clips of
+    ``size`` x ``size``, its frame numbers those its pixels say."""
     out: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
     for b in batches:
-        assert b["video"].dtype == torch.uint8 and b["video"].shape[1:] == (4, 3, 16, 16)
+        assert b["video"].dtype == torch.uint8 and b["video"].shape[1:] == (4, 3, size, size)
         for path, clip, frames, label in zip(b["path"], b["video"], b["video_frames"], b["label"], strict=True):
             assert path not in out, f"{path} delivered twice"
             assert (frame_numbers(clip.numpy()) == frames.numpy()).all(), path
