@@ -207,3 +207,24 @@ def test_only_the_frames_from_the_keyframe_before_each_clip_to_its_last_are_deco
     numbers = out["video_frames"][0].numpy()
     assert (frame_numbers(out["video"][0].numpy()) == numbers % 32).all()
     assert len(decoded) < numbers[-1] + 1, (len(decoded), numbers.tolist())
+
+
+def test_a_seek_that_lands_past_the_clip_decodes_the_video_again_from_its_start(tmp_path, monkeypatch):
+    from naiad.media import video
+
+    data = write_video(tmp_path / "v.mp4", 60, width=32, height=24, gop=8).read_bytes()
+    real = video._decode_range
+    calls: list[int] = []
+
+    def past_once(container: Any, stream: Any, wanted: set[int], first: int, *args: Any) -> Any:
+        calls.append(first)
+        if len(calls) == 1:
+            return None  # as a seek that landed past the clip's first frame (a lying index) says
+        return real(container, stream, wanted, first, *args)
+
+    monkeypatch.setattr(video, "_decode_range", past_once)
+    out = decode(naiad.decode_video("video", frames=4, stride=2, clip="center"), data)
+    numbers = out["video_frames"][0].numpy()
+    assert numbers.tolist() == [26, 28, 30, 32]  # the centre clip: (60 - 7) // 2
+    assert (frame_numbers(out["video"][0].numpy()) == numbers % 32).all()
+    assert calls[1] == -1  # the second decode ran from the start, reopened

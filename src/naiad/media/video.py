@@ -53,7 +53,6 @@ bilinear like decode_images' default but not bit for bit the same as its torch r
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Mapping
 from typing import Any
 
@@ -243,9 +242,7 @@ def _frames_at(av: Any, container: Any, stream: Any, raw: bytes, runs: list[list
         except av.FFmpegError:
             pass  # a container that cannot seek: decode from the start below
         if part is None:  # the seek failed or landed past the run's first frame
-            with av.open(io.BytesIO(raw), mode="r") as again:
-                s = again.streams.video[0]
-                s.thread_type = "NONE"
+            with opened_video(av, raw) as (again, s):
                 part = _decode_range(again, s, set(run), -1, last, times) or {}
         got.update(part)
     return got
