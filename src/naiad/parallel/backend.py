@@ -309,6 +309,7 @@ class ProcessBackend:
         """The workers' messages, waiting up to ``timeout_s`` for the first; a worker's end
         (its sentinel, or EOF on its socket) comes after what it sent before it. Tasks waiting
         for room in a worker's socket go out meanwhile (NOTE [ Task channel ])."""
+        slots.collect()  # the slots of batches gone since the last wait go back to their workers
         deadline = time.monotonic() + timeout_s
         while True:
             waiting, owner = self._poll_set()

@@ -171,11 +171,13 @@ class PoolPass:
                     self._wait()
                     workers.reap()
                     continue
-                result = self._deliver(seq)
+                # In a list popped as it is yielded: held here while the loop runs, a batch the
+                # loop dropped would keep its slot a batch longer (NOTE [ Slot release ]).
+                result = [self._deliver(seq)]
                 if self._ended:
                     return
-                if result is not _NO_RESULT:
-                    yield result
+                if result[0] is not _NO_RESULT:
+                    yield result.pop()
                 self._refill()
         finally:
             # Results still owed for this pass are dropped (now if parked, else on arrival).

@@ -9,9 +9,17 @@ The worker copies a batch's arrays and tensors into a free slot and sends, in th
 small :class:`_SlotView` records; unpickled in the training process (:func:`_view`) each is
 an array or tensor over the slot's mapping there, made without a copy. The first byte of a
 slot says who holds it: 0 the worker (free), 1 the training process. The worker sets it before
-it sends; the training process clears it when the last array of that batch over the slot is
-gone (a finalizer per array, counted per batch), so a slot is never written while anything
-views it.
+it sends; the training process clears it once the last array of that batch over the slot is
+gone (NOTE [ Slot release ]), so a slot is never written while anything views it.
+
+NOTE [ Slot release ]
+A batch's arrays are views of one memoryview of the slot's mapping, made for that batch. A weak
+reference to it has ``list.append`` of a module list for its callback: when the last array goes,
+CPython appends the reference, and the training process clears the flags of the batches so gone
+each time it waits for a worker (:func:`collect`). No Python code runs when a batch dies. A
+finalizer in Python did (one per array), and a Ctrl-C that landed in it was raised there, printed
+as "Exception ignored" and lost: the loop went on. The cost: a slot comes back at the training
+process's next wait, not the moment its batch goes, so a worker may hold one slot more.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import numpy as np
 from naiad.parallel.transport import MAX_WALK, NOT_IN_NUMPY, plain_tensor
 from naiad.parallel.transport import pack as transport_pack
 
-__all__ = ["MAX_SLOTS", "WorkerSlots", "batch_array", "building", "forget", "memory", "receive", "supported", "use"]
+__all__ = ["MAX_SLOTS", "WorkerSlots", "batch_array", "building", "collect", "forget", "memory", "receive", "supported", "use"]
 
 MAX_SLOTS = 8
 """Slots a worker may hold at most: enough for its tasks in flight and the batches the loop
@@ -316,17 +324,21 @@ def batch_array(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 class _SlotMap:
     """A worker's slot as mapped in the training process."""
 
-    __slots__ = ("flag", "gen", "mm", "owner", "size", "tokens")
+    __slots__ = ("flag", "gen", "left", "mm", "size", "whole")
 
     def __init__(self, mm: mmap.mmap, size: int) -> None:
         self.mm, self.size = mm, size
-        self.owner = os.getpid()  # a forked child's copies of our arrays must not free the slot
         self.flag = np.frombuffer(mm, np.uint8, count=1)
         self.gen = -1
-        self.tokens: list[int] = []
+        self.left = 0  # arrays of the batch being unpickled still to make
+        self.whole: np.ndarray | None = None  # the batch's view of the mapping, while it is unpickled
 
 
 _MAPS: dict[tuple[int, int], _SlotMap] = {}
+# Batches out (id of the weak reference -> it, its slot's flag, the process that holds the
+# batch), and the weak references of those gone, appended by CPython (NOTE [ Slot release ]).
+_OUT: dict[int, tuple[weakref.ref[Any], np.ndarray, int]] = {}
+_GONE: list[weakref.ref[Any]] = []
 
 
 def receive(conn: Any, token: int, index: int, size: int) -> None:
@@ -357,10 +369,14 @@ def memory() -> dict[str, int]:
     return {"slots": len(maps), "bytes": sum(m.size for m in maps)}
 
 
-def _release(tokens: list[int], flag: np.ndarray, owner: int) -> None:
-    # list.pop is atomic: exactly one finalizer of a batch pops its 0, and that one frees the slot.
-    if os.getpid() == owner and tokens.pop() == 0:
-        flag[0] = 0
+def collect() -> None:
+    """Give back the slots whose batches are all gone (the training process, at each wait)."""
+    pid = None
+    while _GONE:
+        _, flag, owner = _OUT.pop(id(_GONE.pop()))
+        pid = os.getpid() if pid is None else pid
+        if owner == pid:  # a forked child's copies of our arrays must not free the slot
+            flag[0] = 0
 
 
 def _view(token: int, index: int, gen: int, count: int, offset: int, nbytes: int, kind: int, dtype: Any,
@@ -368,11 +384,15 @@ def _view(token: int, index: int, gen: int, count: int, offset: int, nbytes: int
     """One array of a batch, over the slot it was sent in (the unpickling side of :class:`_SlotView`)."""
     m = _MAPS[(token, index)]
     if m.gen != gen:  # this batch's first array: the previous batch's arrays are all gone
-        m.gen, m.tokens = gen, list(range(count))
-    raw = np.frombuffer(m.mm, np.uint8, count=nbytes, offset=_HEADER + offset)
-    # numpy made a memoryview of the mapping for this array; every view of ``raw`` holds it, so
-    # it dies with the last of them.
-    weakref.finalize(raw.base, _release, m.tokens, m.flag, m.owner).atexit = False
+        m.gen, m.left, m.whole = gen, count, np.frombuffer(m.mm, np.uint8)
+        ref = weakref.ref(m.whole.base, _GONE.append)
+        _OUT[id(ref)] = (ref, m.flag, os.getpid())
+    whole = m.whole
+    assert whole is not None
+    m.left -= 1
+    if m.left <= 0:
+        m.whole = None  # from here the batch's arrays alone hold the memoryview
+    raw = whole[_HEADER + offset:_HEADER + offset + nbytes]
     if kind == _ARRAY:
         return raw.view(dtype).reshape(shape)
     import torch

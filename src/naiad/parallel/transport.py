@@ -14,8 +14,9 @@ every page in again, about a millisecond per tensor whatever its size.
 Safe by construction:
 
 * a slot is never written while anything views it: its first byte says who holds it (0 the
-  worker, 1 the training process). The worker sets it before it sends; in the training process
-  every array rebuilt from the slot holds a finalizer, and the last of a batch's to go clears it.
+  worker, 1 the training process). The worker sets it before it sends; the training process
+  clears it at its first wait after the last array of the batch is gone (NOTE [ Slot release ]
+  in :mod:`naiad.parallel.slots`: no Python code runs when a batch dies, so a Ctrl-C is never lost).
   A batch the loop keeps (a list of batches, a tensor held across steps) keeps its slot; the
   worker makes another, up to :data:`~naiad.parallel.slots.MAX_SLOTS`, and past that sends the
   batch the old way (:func:`pack`), never waits and never overwrites;
