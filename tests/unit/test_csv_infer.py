@@ -2,9 +2,10 @@
 
 The reference is the slower rule it replaced: every column read as text and matched against the
 number patterns, PyArrow inferring the columns that are not numbers; except that a column PyArrow
-reads as numbers keeps PyArrow's type (the old rule called ``+3`` or a 20-digit number an
-integer, and the block parse then failed on every such value). Both must give the same types on
-any sample, bad rows and odd values included."""
+reads as numbers or booleans keeps PyArrow's type (the old rule called ``+3`` or a 20-digit
+number an integer, and the block parse then failed on every such value; and it called
+``true, 0, 0`` integers with one bad value, where PyArrow reads every value as a boolean). Both
+must give the same types on any sample, bad rows and odd values included."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from naiad import sources
@@ -40,7 +41,8 @@ def reference_types(sample: bytes, names: list[str]) -> pa.Schema:
     others = pacsv.read_csv(pa.py_buffer(sample), read_options=read, parse_options=parse,
                             convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in numeric})).schema
     own = pacsv.read_csv(pa.py_buffer(sample), read_options=read, parse_options=parse).schema
-    numeric.update((f.name, f.type) for f in own if pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
+    numeric.update((f.name, f.type) for f in own
+                   if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type))
     return pa.schema([pa.field(f.name, pa.string() if pa.types.is_null(numeric.get(f.name, f.type))
                                else numeric.get(f.name, f.type)) for f in others])
 
@@ -60,6 +62,7 @@ def samples(draw: st.DrawFn) -> tuple[list[str], list[list[str]]]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sample=samples())
+@example(sample=(["c0", "c1", "c2"], [["true", "0.0", "0.0"], *[["0", "0"]] * 21, *[["0", "0.0", "0.0"]] * 2]))
 def test_inferred_types_match_matching_every_column(tmp_path: Path, sample: tuple[list[str], list[list[str]]]) -> None:
     names, rows = sample
     body = "".join(",".join(r) + "\n" for r in rows)
