@@ -101,10 +101,10 @@ def _process_worker_main(spec: WorkerSpec, context: WorkerContext, conn: mpc.Con
     held = slots.WorkerSlots(functools.partial(_announce, conn)) if slots.supported() else None
     slots.use(held)
     serve(spec, context, _received_tasks(conn, parent), functools.partial(_send, conn, held),
-          reseed=spec.worker_init_fn is None)
+          reseed=spec.worker_init_fn is None, send_bundle=functools.partial(_send_bundle, conn, held))
 
 
-def _received_tasks(conn: mpc.Connection, parent: int) -> Iterator[Task]:
+def _received_tasks(conn: mpc.Connection, parent: int) -> Iterator[Task | list[Task]]:
     """The tasks sent to this worker (NOTE [ Task channel ]), until it is told to stop, its
     socket closes or its parent is gone."""
     # One poll set for the worker's life: ``Connection.poll`` builds a selector each call, a few
@@ -154,6 +154,32 @@ def _send(result_conn: mpc.Connection, held: slots.WorkerSlots | None, reply: Re
         if held is not None:
             held.unsent()
         result_conn.send(to_wire((ERROR, seq, RemoteError(exc), {})))
+    finally:
+        if held is not None:
+            held.end_task()
+    return True
+
+
+def _send_bundle(result_conn: mpc.Connection, held: slots.WorkerSlots | None, replies: list[Reply]) -> bool:
+    """Send a bundle's replies in one message, their results in one slot (NOTE [ Task bundles ]
+    in :mod:`naiad.parallel.passes`); one by one when they do not pickle together, so that only
+    the task whose result fails to pickle fails."""
+    values = [value for kind, _, value, _ in replies if kind is OK]
+    try:
+        packed = iter(held.pack(values) if held is not None else pack(values))
+        wire = [to_wire((kind, seq, next(packed) if kind is OK else value, stages))
+                for kind, seq, value, stages in replies]
+        if held is not None and held.in_slot:
+            result_conn.send_bytes(pickle.dumps(wire, pickle.HIGHEST_PROTOCOL))
+        else:
+            result_conn.send(wire)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return False  # the main process is gone
+    except Exception:  # noqa: BLE001 - a result did not pickle: each alone, so that only its task fails
+        if held is not None:
+            held.unsent()
+        # Not through the slots: the others' arrays may lie in the bundle's slot, free again now.
+        return all([_send(result_conn, None, reply) for reply in replies])
     finally:
         if held is not None:
             held.end_task()
@@ -246,13 +272,19 @@ class ProcessBackend:
         (pass id, epoch, the task's seed keys)."""
         self.channels[worker_id].put((seq, payload, key))
 
+    def submit_bundle(self, worker_id: int, tasks: list[Task]) -> None:
+        """Send several tasks in one message (NOTE [ Task bundles ] in :mod:`naiad.parallel.passes`)."""
+        self.channels[worker_id].put(tasks)
+
     def _drain(self, w: int, out: list[Message]) -> None:
         conn = self.conns[w]
         ready = select.poll()  # not conn.poll(): it builds a selector per call, twice a batch
         ready.register(conn.fileno(), select.POLLIN)
         while ready.poll(0):
             wire = conn.recv()
-            if wire[0] == _SLOT:
+            if type(wire) is list:  # a bundle's replies
+                out.extend([from_wire(w, one) for one in wire])
+            elif wire[0] == _SLOT:
                 token, index, size = wire[2]
                 slots.receive(conn, token, index, size)
                 self._slot_tokens[w] = token

@@ -58,6 +58,7 @@ from naiad.parallel.passes import (
     Pinned,
     PoolPass,
     assign_tasks,
+    bundle_size,
     run_inline,
     walk_assignments,
 )
@@ -263,6 +264,7 @@ class WorkerPool:
         epoch: int | None = None,
         task_seed: Callable[[Any], tuple[int, ...] | None] | None = None,
         on_deliver: OnDeliver | None = None,
+        bundle: bool = False,
     ) -> PoolResults:
         """Yield ``handler(payload)`` for each task, at most ``prefetch`` tasks ahead per worker.
 
@@ -276,28 +278,33 @@ class WorkerPool:
         exception is raised by ``next()``, and the next ``next()`` goes on with the following
         tasks (NOTE [ A failed task ]). ``on_deliver(worker, payload)``, when given, is called
         just before each task's result or exception is delivered (the worker is -1 inline).
+        ``bundle=True`` says the results do not depend on which worker runs a task (its
+        randomness is keyed by ``task_seed``, or it has none): small tasks may then go to process
+        workers several at a time, each still answered alone (NOTE [ Task bundles ]).
         """
         self._check_open()
-        options = PassOptions(prefetch, in_order, self._pass_key(epoch), task_seed, on_deliver)
+        options = PassOptions(prefetch, in_order, self._pass_key(epoch), task_seed, on_deliver, bundle=bundle)
         it = iter(tasks)
         if self._workers.backend is None:
             return PoolResults(self._imap_inline(it, options))
-        return PoolResults(self._run(self._assign(it, in_order), options))
+        return PoolResults(self._run_tasks(it, options))
 
-    def _assign(self, tasks: Iterator[Any], in_order: bool) -> Iterator[tuple[int, Any]]:
-        return assign_tasks(tasks, self._active, in_order, self._workers.least_busy)
-
-    def _run(self, assignments: Iterator[tuple[int, Any]], options: PassOptions) -> Iterator[Any]:
+    def _pass(self, options: PassOptions) -> PoolPass:
         capacity = functools.partial(self._capacity, options.prefetch)
-        one_pass = PoolPass(self._workers, self._inline, options, capacity=capacity, describe=self._describe,
-                            timeout_s=self.timeout_s)
-        return one_pass.run(assignments)
+        return PoolPass(self._workers, self._inline, options, capacity=capacity, describe=self._describe,
+                        timeout_s=self.timeout_s)
+
+    def _run_tasks(self, tasks: Iterator[Any], options: PassOptions) -> Iterator[Any]:
+        # A worker's turn is a bundle's worth of consecutive tasks (one, without bundles).
+        assignments = assign_tasks(tasks, self._active, options.in_order, self._workers.least_busy,
+                                   run=functools.partial(bundle_size, options, self._workers))
+        return self._pass(options).run(assignments)
 
     def _imap_inline(self, tasks: Iterator[Any], options: PassOptions) -> Iterator[Any]:
         payloads = (task.payload if isinstance(task, Pinned) else task for task in tasks)
         exhausted = yield from run_inline(self._inline, options, payloads, INLINE, until=lambda: bool(self._active))
         if not exhausted and self._active:  # resized: the workers take the rest of this pass
-            yield from self._run(self._assign(tasks, options.in_order), options)
+            yield from self._run_tasks(tasks, options)
 
     def imap_until_exhausted(
         self,
@@ -337,7 +344,7 @@ class WorkerPool:
               payload_for: Callable[[int], Any]) -> Iterator[Any]:
         self._workers.start_walk(options.key, payload_for)  # a restarted worker walks again to here
         try:
-            yield from self._run(assignments, options)
+            yield from self._pass(options).run(assignments)
         finally:
             self._workers.end_walk(options.key)  # unless a later walk ended this one
 

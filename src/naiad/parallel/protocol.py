@@ -28,6 +28,10 @@ when asking failed; the value is its exit code), ``Kind.DIED`` (any other end; i
 and ``Kind.UNREADABLE`` (a message from it could not be received here; the value is the
 exception that says why, raised in the consumer: it ends the pass).
 
+A process worker may be sent a *bundle*, a list of tasks in one message (NOTE [ Task bundles ]
+in :mod:`naiad.parallel.passes`); it runs them in turn and answers with the list of their
+replies in one message, each reply the one the task would have had alone.
+
 On the wire a process worker sends a kind as its number (:func:`to_wire`), which the backend
 turns back into the :class:`Kind` (:func:`from_wire`): an Enum member pickles as a reference to
 its class, a few microseconds a message on each side, where a small int costs what the short

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from naiad.parallel.context import (
     WorkerContext,
@@ -122,7 +122,8 @@ def _seed_globals_for(context: WorkerContext, key: TaskKey) -> None:
 
 
 def serve(
-    spec: WorkerSpec, context: WorkerContext, tasks: Iterator[Task], send: Callable[[Reply], bool], *, reseed: bool,
+    spec: WorkerSpec, context: WorkerContext, tasks: Iterator[Task | list[Task]], send: Callable[[Reply], bool], *,
+    reseed: bool, send_bundle: Callable[[list[Reply]], bool] | None = None,
 ) -> None:
     """A worker's life once its process or thread is set up: build the handler and say so,
     then answer each task of ``tasks`` until they end.
@@ -130,8 +131,10 @@ def serve(
     Args:
         spec: what the handler is built from.
         context: the worker's own.
-        tasks: the tasks sent to it, ending when it is told to stop (or its parent is gone).
+        tasks: the tasks sent to it, ending when it is told to stop (or its parent is gone);
+            a list of tasks is a bundle (NOTE [ Task bundles ] in :mod:`naiad.parallel.passes`).
         send: sends a reply; False when nobody will read it (the main process is gone).
+        send_bundle: sends a bundle's replies in one message (a worker sent bundles has it).
         reseed: reseed Python's, NumPy's and torch's global generators when a task's randomness
             starts fresh: process workers without a ``worker_init_fn`` (NOTE [ Worker
             randomness ]); threads share the generators with the training loop, so never there.
@@ -145,9 +148,19 @@ def serve(
     if not send((Kind.READY, NO_TASK, None, {})):
         return
     current: TaskKey | None = None
-    for seq, payload, key in tasks:
+
+    def answer(task: Task) -> Reply:
+        nonlocal current
+        seq, payload, key = task
         if enter_task(context, key, current) and reseed:
             _seed_globals_for(context, key)
         current = key
-        if not send(run_task(handler, seq, payload)):
+        return run_task(handler, seq, payload)
+
+    for task in tasks:
+        if type(task) is list:  # a bundle: its replies go back together
+            assert send_bundle is not None, "a bundle sent to a worker that cannot answer one"
+            if not send_bundle([answer(one) for one in task]):
+                return
+        elif not send(answer(cast(Task, task))):
             return

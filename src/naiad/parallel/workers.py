@@ -56,6 +56,7 @@ class WorkerSet:
             takes them (NOTE [ Passes sharing a pool ] in :mod:`naiad.parallel.pool`).
         restarts: the restart budget (NOTE [ Worker restarts ]).
         stage_seconds: time the workers reported per stage.
+        task_seconds: a running mean of a task's time in its worker (None before the first).
         walk_payload: while workers walk their own iterators, the payload of worker ``w``'s next task.
     """
 
@@ -75,6 +76,7 @@ class WorkerSet:
         self.ledger = TaskLedger()
         self.restarts = restarts if restarts is not None else RestartBudget(0)
         self.stage_seconds: dict[str, float] = {}
+        self.task_seconds: float | None = None
         self.seq = itertools.count()  # unique for the pool's lifetime (NOTE [ Worker protocol ])
         self.walk_payload: Callable[[int], Any] | None = None
         self._started_with: dict[int, int] = {}  # the worker count each worker started with
@@ -137,6 +139,22 @@ class WorkerSet:
         backend.submit(w, seq, payload, key)
         self.ledger.sent(w, seq, payload, key)
 
+    @property
+    def takes_bundles(self) -> bool:
+        """Whether tasks may go out in bundles: process workers, where a message costs more than
+        a small task (NOTE [ Task bundles ] in :mod:`naiad.parallel.passes`)."""
+        return isinstance(self.ensure_backend(), ProcessBackend)
+
+    def send_bundle(self, w: int, tasks: list[tuple[int, Any, TaskKey]]) -> None:
+        """Send worker ``w`` several tasks in one message (raises as :meth:`send`)."""
+        backend = self.ensure_backend()
+        if w in backend.dead:
+            raise self.death_error(w, None, [])
+        assert isinstance(backend, ProcessBackend)
+        backend.submit_bundle(w, tasks)
+        for seq, payload, key in tasks:
+            self.ledger.sent(w, seq, payload, key)
+
     def start_walk(self, key: TaskKey, payload_for: Callable[[int], Any]) -> None:
         """Workers walk their own iterators in pass ``key``: a restarted one walks again to where
         it was (NOTE [ Worker restarts ]), and the pool cannot resize until the walk ends."""
@@ -171,6 +189,10 @@ class WorkerSet:
         there), dropped (an abandoned pass's), or parked for another live pass."""
         self.ledger.answered(w, seq)
         add_seconds(self.stage_seconds, stages)
+        took = stages.get("worker")
+        if took is not None:
+            # Quick to follow: a worker's first tasks pay its start-up (slots made, pages faulted).
+            self.task_seconds = took if self.task_seconds is None else 0.75 * self.task_seconds + 0.25 * took
         if seq in self.stale:
             self.stale.discard(seq)
             return False
