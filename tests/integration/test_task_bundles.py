@@ -77,27 +77,37 @@ def assert_batch(got: Any, k: int) -> None:
     assert torch.equal(got["t"], torch.full((8,), float(k)))
 
 
-@pytest.mark.parametrize("in_order", [True, False])
-def test_small_tasks_travel_in_bundles_each_answered_once(bundles: list[int], in_order: bool) -> None:
+def test_small_tasks_travel_in_bundles_each_answered_once(bundles: list[int]) -> None:
     with WorkerPool(_batches, num_workers=2) as pool:
-        got = list(pool.imap(range(600), bundle=True, in_order=in_order))
-    if in_order:
-        for k, one in enumerate(got):
-            assert_batch(one, k)
-    else:
-        assert sorted(one["k"] for one in got) == list(range(600))
-        for one in got:
-            assert_batch(one, one["k"])
+        got = list(pool.imap(range(600), bundle=True))
+    for k, one in enumerate(got):
+        assert_batch(one, k)
     assert bundles and max(bundles) == MAX_BUNDLE  # tasks of microseconds: full bundles
     assert sum(bundles) > 600 // 2
 
 
-def test_no_bundles_unless_the_pass_allows_them_or_for_threads(bundles: list[int]) -> None:
+def _seed(worker_id: int) -> None:
+    np.random.seed(worker_id)
+
+
+def test_no_bundles_where_the_worker_matters_or_for_threads(bundles: list[int]) -> None:
+    def run(pool: WorkerPool, **kwargs: Any) -> None:
+        got = [b["k"] for b in pool.imap(range(300), **kwargs)]
+        assert sorted(got) == list(range(300))
+        if kwargs.get("in_order", True):
+            assert got == list(range(300))
+
     with WorkerPool(_batches, num_workers=2) as pool:
-        assert [b["k"] for b in pool.imap(range(300))] == list(range(300))
+        run(pool)  # the pass did not allow them
+        run(pool, bundle=True, in_order=False)  # a slow task must hold back no other
     with WorkerPool(_batches, num_workers=2, mode="thread") as pool:
-        assert [b["k"] for b in pool.imap(range(300), bundle=True)] == list(range(300))
-    assert bundles == []
+        run(pool, bundle=True)
+    with WorkerPool(_batches, num_workers=2, worker_init_fn=_seed) as pool:
+        # The user's seeds own the generators: per-task draws would follow the worker.
+        run(pool, bundle=True, task_seed=lambda k: (k,))
+        assert bundles == []
+        run(pool, bundle=True)  # no draws at all (no task seed): bundles again
+    assert max(bundles) > 1
 
 
 def test_a_task_fails_alone_inside_a_bundle(bundles: list[int]) -> None:

@@ -395,8 +395,9 @@ class MapPass:
             # NOTE [ Out-of-order delivery ]: which plan batch leaves, told by the pool.
             log.add(task[0])  # type: ignore[union-attr]
 
-        # Gathering draws nothing, and the other strategies' draws are keyed by task: which
-        # worker runs a batch never matters, so small ones may travel in bundles.
+        # Gathering draws nothing, and the other strategies' draws are keyed by task (unless a
+        # worker_init_fn owns the generators: the pool then sends no bundles), so small batches
+        # may travel in bundles.
         return pool.imap(self.tasks, prefetch=prefetch, in_order=in_order, epoch=self.epoch, task_seed=task_seed,
                          on_deliver=delivered if log is not None else None, bundle=True)
 

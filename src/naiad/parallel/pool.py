@@ -155,6 +155,9 @@ class WorkerPool:
         self.timeout_s = timeout_s or None
         self._worker_mode = mode
         self._describe = describe
+        # A worker_init_fn owns the workers' global generators: no task reseeds them, so a
+        # task's draws depend on the worker and the tasks it ran before (NOTE [ Worker randomness ]).
+        self._reseeds_per_task = worker_init_fn is None
         spec = WorkerSpec(factory, worker_init_fn, prepare, base_seed, rank)
         # The backend factory holds what a backend needs, never the pool: the pool's workers
         # then go when the pool does, by reference counting alone (no cycle to wait for).
@@ -280,9 +283,12 @@ class WorkerPool:
         just before each task's result or exception is delivered (the worker is -1 inline).
         ``bundle=True`` says the results do not depend on which worker runs a task (its
         randomness is keyed by ``task_seed``, or it has none): small tasks may then go to process
-        workers several at a time, each still answered alone (NOTE [ Task bundles ]).
+        workers several at a time, each still answered alone (NOTE [ Task bundles ]); never out
+        of order, nor with a ``task_seed`` in a pool whose ``worker_init_fn`` owns the generators.
         """
         self._check_open()
+        # Out of order a slow task must hold back no other: a bundle would queue its neighbours.
+        bundle = bundle and in_order and (task_seed is None or self._reseeds_per_task)
         options = PassOptions(prefetch, in_order, self._pass_key(epoch), task_seed, on_deliver, bundle=bundle)
         it = iter(tasks)
         if self._workers.backend is None:
