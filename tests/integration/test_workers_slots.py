@@ -7,6 +7,9 @@ even when a worker's socket is full both ways.
 
 from __future__ import annotations
 
+import collections
+import gc
+import mmap
 import os
 import signal
 import subprocess
@@ -145,19 +148,37 @@ def test_the_owner_check_keeps_a_forked_child_from_freeing_a_slot() -> None:
         pass
 
     for owner, want in ((os.getpid() + 1, 1), (os.getpid(), 0)):  # another process's copy; ours
-        flag, obj = np.ones(1, np.uint8), Gone()
+        m, obj = slots._SlotMap(mmap.mmap(-1, 4096), 4096), Gone()
+        m.flag[0] = 1
         ref = weakref.ref(obj, slots._GONE.append)
-        slots._OUT[id(ref)] = (ref, flag, owner)
+        slots._OUT[id(ref)] = (ref, weakref.ref(m), owner)
         del obj
         slots.collect()
-        assert flag[0] == want and id(ref) not in slots._OUT
+        assert m.flag[0] == want and id(ref) not in slots._OUT
+
+
+def batch_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("memfd:naiad-batch" in line for line in f)
+
+
+def test_a_batch_dropped_after_its_pool_closed_takes_its_slot_mapping_with_it() -> None:
+    # Nothing but the batch's arrays holds a slot of a closed pool: no later wait is needed.
+    gc.collect()
+    before = batch_mappings()
+    with WorkerPool(_batches, num_workers=2) as pool:
+        kept = collections.deque(pool.imap(range(40)), maxlen=3)
+    assert all(over_a_slot(got["x"]) for got in kept)
+    assert batch_mappings() > before
+    del kept
+    assert batch_mappings() <= before
 
 
 def test_a_batch_dies_without_running_python_code() -> None:
     # A Ctrl-C is raised in whatever Python code runs when it lands; in code run by a dying
     # object it is printed and lost (NOTE [ Slot release ]). Nothing of naiad's may run there.
     with WorkerPool(_batches, num_workers=1) as pool:
-        results = pool.imap(range(3))
+        results = pool.imap(range(10))
         got = next(results)
         assert over_a_slot(got["x"])
         calls: list[str] = []
@@ -167,9 +188,10 @@ def test_a_batch_dies_without_running_python_code() -> None:
         finally:
             sys.setprofile(None)
         assert calls == [] and slots._GONE  # it died, and nothing ran
-        gone = [id(ref) for ref in slots._GONE]
+        gone = list(slots._GONE)
         assert [next(results)["k"] for _ in range(2)] == [1, 2]
-        assert not any(key in slots._OUT for key in gone)  # its slot went back at the next wait
+        # Its slot went back when the next task went out.
+        assert not any(slots._OUT.get(id(ref), (None,))[0] is ref for ref in gone)
 
 
 def _big_tasks(context: WorkerContext) -> Any:

@@ -270,10 +270,12 @@ class ProcessBackend:
     def submit(self, worker_id: int, seq: int, payload: Any, key: TaskKey) -> None:
         """Send a task (never blocking: NOTE [ Task channel ]); ``key`` is (pass id, epoch) or
         (pass id, epoch, the task's seed keys)."""
+        slots.collect()  # the worker may need a slot for it: those of batches gone are free
         self.channels[worker_id].put((seq, payload, key))
 
     def submit_bundle(self, worker_id: int, tasks: list[Task]) -> None:
         """Send several tasks in one message (NOTE [ Task bundles ] in :mod:`naiad.parallel.passes`)."""
+        slots.collect()
         self.channels[worker_id].put(tasks)
 
     def _drain(self, w: int, out: list[Message]) -> None:

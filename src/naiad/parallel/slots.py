@@ -16,10 +16,10 @@ NOTE [ Slot release ]
 A batch's arrays are views of one memoryview of the slot's mapping, made for that batch. A weak
 reference to it has ``list.append`` of a module list for its callback: when the last array goes,
 CPython appends the reference, and the training process clears the flags of the batches so gone
-each time it waits for a worker (:func:`collect`). No Python code runs when a batch dies. A
+each time it sends a worker a task or waits for one (:func:`collect`). No Python code runs when a batch dies. A
 finalizer in Python did (one per array), and a Ctrl-C that landed in it was raised there, printed
-as "Exception ignored" and lost: the loop went on. The cost: a slot comes back at the training
-process's next wait, not the moment its batch goes, so a worker may hold one slot more.
+as "Exception ignored" and lost: the loop went on. The cost: a slot comes back when the training
+process next sends or waits, not the moment its batch goes, so a worker may hold one slot more.
 """
 
 from __future__ import annotations
@@ -324,7 +324,7 @@ def batch_array(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 class _SlotMap:
     """A worker's slot as mapped in the training process."""
 
-    __slots__ = ("flag", "gen", "left", "mm", "size", "whole")
+    __slots__ = ("__weakref__", "flag", "gen", "left", "mm", "size", "whole")
 
     def __init__(self, mm: mmap.mmap, size: int) -> None:
         self.mm, self.size = mm, size
@@ -335,9 +335,10 @@ class _SlotMap:
 
 
 _MAPS: dict[tuple[int, int], _SlotMap] = {}
-# Batches out (id of the weak reference -> it, its slot's flag, the process that holds the
-# batch), and the weak references of those gone, appended by CPython (NOTE [ Slot release ]).
-_OUT: dict[int, tuple[weakref.ref[Any], np.ndarray, int]] = {}
+# Batches out (id of the weak reference -> it, its slot, weakly: a worker's slots go with it,
+# and the process that holds the batch), and the weak references of those gone, appended by
+# CPython (NOTE [ Slot release ]).
+_OUT: dict[int, tuple[weakref.ref[Any], weakref.ref[_SlotMap], int]] = {}
 _GONE: list[weakref.ref[Any]] = []
 
 
@@ -358,7 +359,9 @@ def receive(conn: Any, token: int, index: int, size: int) -> None:
 
 
 def forget(token: int) -> None:
-    """Drop a worker's slots (it ended): arrays still viewing them keep their own mappings."""
+    """Drop a worker's slots (it ended): arrays still viewing them keep their own mappings, and
+    the mappings go with the last of them."""
+    collect()
     for key in [k for k in _MAPS if k[0] == token]:
         del _MAPS[key]
 
@@ -373,10 +376,13 @@ def collect() -> None:
     """Give back the slots whose batches are all gone (the training process, at each wait)."""
     pid = None
     while _GONE:
-        _, flag, owner = _OUT.pop(id(_GONE.pop()))
+        _, slot, owner = _OUT.pop(id(_GONE.pop()))
         pid = os.getpid() if pid is None else pid
-        if owner == pid:  # a forked child's copies of our arrays must not free the slot
-            flag[0] = 0
+        m = slot()
+        # A forked child's copies of our arrays must not free the slot; a slot is never
+        # replaced while held, so the map found is the batch's own.
+        if m is not None and owner == pid:
+            m.flag[0] = 0
 
 
 def _view(token: int, index: int, gen: int, count: int, offset: int, nbytes: int, kind: int, dtype: Any,
@@ -386,7 +392,7 @@ def _view(token: int, index: int, gen: int, count: int, offset: int, nbytes: int
     if m.gen != gen:  # this batch's first array: the previous batch's arrays are all gone
         m.gen, m.left, m.whole = gen, count, np.frombuffer(m.mm, np.uint8)
         ref = weakref.ref(m.whole.base, _GONE.append)
-        _OUT[id(ref)] = (ref, m.flag, os.getpid())
+        _OUT[id(ref)] = (ref, weakref.ref(m), os.getpid())
     whole = m.whole
     assert whole is not None
     m.left -= 1

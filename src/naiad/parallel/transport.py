@@ -15,8 +15,9 @@ Safe by construction:
 
 * a slot is never written while anything views it: its first byte says who holds it (0 the
   worker, 1 the training process). The worker sets it before it sends; the training process
-  clears it at its first wait after the last array of the batch is gone (NOTE [ Slot release ]
-  in :mod:`naiad.parallel.slots`: no Python code runs when a batch dies, so a Ctrl-C is never lost).
+  clears it when it next sends a task or waits, after the last array of the batch is gone (NOTE
+  [ Slot release ] in :mod:`naiad.parallel.slots`: no Python code runs when a batch dies, so a
+  Ctrl-C is never lost).
   A batch the loop keeps (a list of batches, a tensor held across steps) keeps its slot; the
   worker makes another, up to :data:`~naiad.parallel.slots.MAX_SLOTS`, and past that sends the
   batch the old way (:func:`pack`), never waits and never overwrites;
