@@ -76,7 +76,9 @@ class DataLoader(AccelerateHooks, OptionAttributes, TorchDataLoader[T_co]):
     Args:
         dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
         pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
-        prefetch_factor, persistent_workers, pin_memory_device, in_order: as in torch.
+        prefetch_factor, persistent_workers, pin_memory_device, in_order: as in torch; with
+            process workers and batches quicker than a millisecond, ``prefetch_factor`` counts
+            bundles of up to 8 batches (NOTE [ Task bundles ] in :mod:`naiad.parallel.passes`).
         seed: with ``shuffle=True``, shuffle by ``(seed, epoch)`` instead of torch's global
             random generator: reproducible, and the same whatever ``num_workers`` is. The epoch
             advances with each pass, or is named by :meth:`set_epoch`. Also seeds the workers.
