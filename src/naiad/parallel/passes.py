@@ -25,6 +25,9 @@ the time a task takes in its worker: tasks of a millisecond or more go alone, an
 tasks of a pool, before any time is known, go alone too (the first batch is not held back). A
 worker is given one bundle of consecutive tasks at a time (in order, the workers in turn), and
 a pass keeps ``prefetch`` bundles in flight per worker; it tops up only when a whole bundle fits.
+A bundle's replies come together, so a pass's ``timeout_s`` covers the whole bundle: tasks that
+together took about a millisecond when it was sent, the risk being a run of them each turning
+slow at once.
 """
 
 from __future__ import annotations
