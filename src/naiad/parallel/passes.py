@@ -13,12 +13,12 @@ between the two processes (the pickles, the syscalls, waking the other side), mo
 vectorised batch costs to make (a token batch of 32 x 1024: about 60 µs). A pass that says its
 results do not depend on which worker runs a task (``bundle=True``: its randomness is keyed by
 task, or it has none) lets the pool send a process worker several consecutive tasks in one
-message, in order only (out of order, a slow task must hold back no other, and a bundle would
-queue its neighbours behind it), and not when a ``worker_init_fn`` owns the workers' generators
-while the tasks draw (their draws then follow the worker, as torch's do): the worker runs them in turn and sends their replies in one message, their results in
-one batch slot. Nothing else changes: each task keeps its own sequence number, reply, exception,
-delivery and place in the restart ledger; a worker that dies is sent its unanswered tasks again
-one by one.
+message: the worker runs them in turn and sends their replies in one message, their results in
+one batch slot. In order only (out of order, a slow task must hold back no other, and a bundle
+would queue its neighbours behind it), and not when a ``worker_init_fn`` owns the workers'
+generators while the tasks draw (their draws then follow the worker, as torch's do). Nothing
+else changes: each task keeps its own sequence number, reply, exception, delivery and place in
+the restart ledger; a worker that dies is sent its unanswered tasks again one by one.
 
 A bundle holds ``BUNDLE_S / task time`` tasks, at most ``MAX_BUNDLE``, from the running mean of
 the time a task takes in its worker: tasks of a millisecond or more go alone, and the first
