@@ -166,3 +166,19 @@ def test_a_loader_resumes_exactly_with_bundled_batches(bundles: list[int]) -> No
     for a, b in zip(head + rest, whole, strict=True):
         assert torch.equal(a, b)
     assert max(bundles) > 1
+
+
+def test_a_death_inside_a_bundle_names_the_task_it_died_on(tmp_path: Path, bundles: list[int]) -> None:
+    (tmp_path / "205").touch()  # well after the first bundles went out
+    with WorkerPool(_killing(str(tmp_path)), num_workers=2, describe=lambda k: f"task {k}") as pool:
+        with pytest.raises(naiad.WorkerError, match="killed by signal") as info:
+            list(pool.imap(range(400), bundle=True))
+    assert "while loading task 205" in str(info.value), str(info.value)
+    assert max(bundles) > 1
+
+
+def test_bundles_with_spawned_workers(bundles: list[int]) -> None:
+    with WorkerPool(_batches, num_workers=2, multiprocessing_context="spawn") as pool:
+        for k, got in enumerate(pool.imap(range(300), bundle=True)):
+            assert_batch(got, k)
+    assert max(bundles) > 1

@@ -86,7 +86,7 @@ def _set_up_process(context: WorkerContext) -> None:
 
 
 def _process_worker_main(spec: WorkerSpec, context: WorkerContext, conn: mpc.Connection,
-                         inherited: tuple[int, ...]) -> None:
+                         inherited: tuple[int, ...], running: Any) -> None:
     # A forked worker holds copies of the training process's ends of the sockets (its own and
     # the workers' started before it). Held here, they would keep a blocked send of a result
     # from failing once the training process is gone, and the worker would outlive it.
@@ -101,7 +101,8 @@ def _process_worker_main(spec: WorkerSpec, context: WorkerContext, conn: mpc.Con
     held = slots.WorkerSlots(functools.partial(_announce, conn)) if slots.supported() else None
     slots.use(held)
     serve(spec, context, _received_tasks(conn, parent), functools.partial(_send, conn, held),
-          reseed=spec.worker_init_fn is None, send_bundle=functools.partial(_send_bundle, conn, held))
+          reseed=spec.worker_init_fn is None, send_bundle=functools.partial(_send_bundle, conn, held),
+          started=functools.partial(setattr, running, "value"))
 
 
 def _received_tasks(conn: mpc.Connection, parent: int) -> Iterator[Task | list[Task]]:
@@ -200,6 +201,7 @@ class ProcessBackend:
         self.stopping: set[int] = set()  # asked to return; their exit is not a failure
         self.forced: set[int] = set()  # stopping, but ended by a signal: the message failed
         self._slot_tokens: dict[int, int] = {}  # worker id -> the token naming its slots here
+        self._running: dict[int, Any] = {}  # worker id -> the shared number of the task it runs
         self._waiting: tuple[Any, dict[int, tuple[int, bool]]] | None = None  # kept by _poll_set
         # The finalizer holds the same lists, so it also sees workers started later; it holds
         # nothing that holds the backend, so dropping the pool stops the workers at once.
@@ -213,13 +215,15 @@ class ProcessBackend:
             self._release(w)
         # A socket pair: tasks out, results and slot descriptors back (NOTE [ Task channel ]).
         reader, writer = self._mp.Pipe(duplex=True)
+        # The task the worker runs now: of a bundle's tasks, which one its death interrupted.
+        running = self._mp.RawValue("q", -1)
         inherited: tuple[int, ...] = ()
         if getattr(self._mp, "get_start_method", lambda: "")() == "fork":  # spawn passes only what it pickles
             ends = [*self.conns, *self.channels, reader]
             inherited = tuple(fd for fd in (_fileno(e) for e in ends) if fd is not None)
         p = self._mp.Process(
             target=_process_worker_main,
-            args=(self._spec, self._spec.context(w, num_workers, "process"), writer, inherited),
+            args=(self._spec, self._spec.context(w, num_workers, "process"), writer, inherited, running),
             name=f"naiad-worker-{w}",
             daemon=True,
         )
@@ -246,6 +250,7 @@ class ProcessBackend:
             self.channels.append(channel)
             self.conns.append(reader)
             self.procs.append(p)
+        self._running[w] = running
         self.dead.discard(w)
         self._waiting = None  # another socket and sentinel to wait on
         self.stopping.discard(w)
@@ -364,6 +369,12 @@ class ProcessBackend:
     def pid(self, worker_id: int) -> int | None:
         """Worker ``worker_id``'s process id."""
         return self.procs[worker_id].pid
+
+    def running(self, worker_id: int) -> int | None:
+        """The sequence number of the task worker ``worker_id`` began last (None: none yet)."""
+        shared = self._running.get(worker_id)
+        seq = int(shared.value) if shared is not None else -1
+        return seq if seq >= 0 else None
 
     def exitcode(self, worker_id: int) -> int | None:
         """How worker ``worker_id`` ended (None: it runs)."""

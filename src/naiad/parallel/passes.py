@@ -18,7 +18,9 @@ one batch slot. In order only (out of order, a slow task must hold back no other
 would queue its neighbours behind it), and not when a ``worker_init_fn`` owns the workers'
 generators while the tasks draw (their draws then follow the worker, as torch's do). Nothing
 else changes: each task keeps its own sequence number, reply, exception, delivery and place in
-the restart ledger; a worker that dies is sent its unanswered tasks again one by one.
+the restart ledger; a worker that dies is sent its unanswered tasks again one by one. A process
+worker writes the number of each task it begins into a shared integer, so a death inside a
+bundle is told, and charged to (NOTE [ Worker restarts ]), the task it died on.
 
 A bundle holds ``BUNDLE_S / task time`` tasks, at most ``MAX_BUNDLE``, from the running mean of
 the time a task takes in its worker: tasks of a millisecond or more go alone, and the first

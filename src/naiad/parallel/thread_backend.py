@@ -82,6 +82,10 @@ class ThreadBackend:
         """The training process's id: thread workers run in it."""
         return os.getpid()
 
+    def running(self, worker_id: int) -> int | None:
+        """None: a thread worker is sent no bundles, so the first task it owes is the one it runs."""
+        return None
+
     def exitcode(self, worker_id: int) -> int | None:
         """Thread workers have no exit code."""
         return None

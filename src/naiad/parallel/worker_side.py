@@ -124,6 +124,7 @@ def _seed_globals_for(context: WorkerContext, key: TaskKey) -> None:
 def serve(
     spec: WorkerSpec, context: WorkerContext, tasks: Iterator[Task | list[Task]], send: Callable[[Reply], bool], *,
     reseed: bool, send_bundle: Callable[[list[Reply]], bool] | None = None,
+    started: Callable[[int], None] | None = None,
 ) -> None:
     """A worker's life once its process or thread is set up: build the handler and say so,
     then answer each task of ``tasks`` until they end.
@@ -135,6 +136,8 @@ def serve(
             a list of tasks is a bundle (NOTE [ Task bundles ] in :mod:`naiad.parallel.passes`).
         send: sends a reply; False when nobody will read it (the main process is gone).
         send_bundle: sends a bundle's replies in one message (a worker sent bundles has it).
+        started: told each task's sequence number as it begins (a process worker's, so that the
+            training process knows which task of a bundle its death interrupted).
         reseed: reseed Python's, NumPy's and torch's global generators when a task's randomness
             starts fresh: process workers without a ``worker_init_fn`` (NOTE [ Worker
             randomness ]); threads share the generators with the training loop, so never there.
@@ -155,6 +158,8 @@ def serve(
         if enter_task(context, key, current) and reseed:
             _seed_globals_for(context, key)
         current = key
+        if started is not None:
+            started(seq)
         return run_task(handler, seq, payload)
 
     for task in tasks:

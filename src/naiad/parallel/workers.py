@@ -241,7 +241,7 @@ class WorkerSet:
             return
         for seq, (w, _) in pending.items():
             if seq not in done and w in backend.dead:
-                raise self.death_error(w, backend.exitcode(w), _held(w, pending, done))
+                raise self.death_error(w, backend.exitcode(w), _held(w, pending, done, backend.running(w)))
 
     def death_error(self, w: int, exitcode: int | None, held: list[Any]) -> WorkerError:
         """The WorkerError of worker ``w``'s death, ``held`` the payloads of the tasks it owed."""
@@ -258,16 +258,19 @@ class WorkerSet:
         if self.restarts.limit and w not in self.active and w not in self.retiring and not owed:
             _LOG.info("worker %d: %s after it was taken out, owing nothing; not replaced", w, ended_words(exitcode))
             return
+        running = backend.running(w)
         if not self.restarts.left:
-            raise self.death_error(w, exitcode, _held(w, pending, done))
+            raise self.death_error(w, exitcode, _held(w, pending, done, running))
         starting = w not in self.ready
-        doing = doing_words(self._describe, [owed[0][1]] if owed else [], starting)
+        # The task it died on: the one it began last (of a bundle, not always the first owed).
+        first = next((t for t in owed if t[0] == running), owed[0] if owed else None)
+        doing = doing_words(self._describe, [first[1]] if first is not None else [], starting)
         pid = backend.pid(w)
-        if owed and not starting:
-            deaths = self.ledger.charge(owed[0][0])
+        if first is not None and not starting:
+            deaths = self.ledger.charge(first[0])
             if deaths >= DEATHS_PER_TASK:
                 raise repeated_death_error(w, pid, exitcode, doing, deaths)
-        epoch = owed[0][2][1] if owed else None
+        epoch = first[2][1] if first is not None else None
         self.restarts.spend({"worker": w, "pid": pid, "exitcode": exitcode, "task": doing, "epoch": epoch})
         _LOG.warning("worker %d (pid %s) %s %s; started again, %d of max_worker_restarts=%d left",
                      w, pid, ended_words(exitcode), doing, self.restarts.left, self.restarts.limit)
@@ -301,6 +304,9 @@ class WorkerSet:
             self.backend.close()
 
 
-def _held(w: int, pending: Pending, done: Done) -> list[Any]:
-    """The payloads of ``pending``'s tasks that worker ``w`` has not answered, in the order sent."""
-    return [payload for seq, (v, payload) in pending.items() if v == w and seq not in done]
+def _held(w: int, pending: Pending, done: Done, running: int | None = None) -> list[Any]:
+    """The payloads of ``pending``'s tasks that worker ``w`` has not answered, in the order sent,
+    but the one it ran (``running``) first."""
+    held = [(seq, payload) for seq, (v, payload) in pending.items() if v == w and seq not in done]
+    held.sort(key=lambda task: task[0] != running)  # stable: the rest stay in the order sent
+    return [payload for _, payload in held]
