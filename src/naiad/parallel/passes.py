@@ -245,7 +245,7 @@ class PoolPass:
                 self._submit(*assignment, k)
         finally:
             for w in list(self._unsent):  # every task counted in flight is sent before any wait
-                self._send_bundle(w)
+                self._workers.send_tasks(w, self._unsent.pop(w))
 
     def _submit(self, w: int, payload: Any, bundle: int = 1) -> None:
         options = self._options
@@ -262,14 +262,7 @@ class PoolPass:
         if options.in_order:
             self._order.append(seq)
         if len(self._unsent.get(w, ())) >= bundle > 1:
-            self._send_bundle(w)
-
-    def _send_bundle(self, w: int) -> None:
-        tasks = self._unsent.pop(w)
-        if len(tasks) == 1:
-            self._workers.send(w, *tasks[0])
-        else:
-            self._workers.send_bundle(w, tasks)
+            self._workers.send_tasks(w, self._unsent.pop(w))
 
     def _next_ready(self) -> Seq | None:
         """The task whose result is delivered next, if its result is in."""

@@ -133,27 +133,27 @@ class WorkerSet:
 
     def send(self, w: int, seq: int, payload: Any, key: TaskKey) -> None:
         """Send worker ``w`` a task (raises the WorkerError of a worker known dead)."""
+        self.send_tasks(w, [(seq, payload, key)])
+
+    def send_tasks(self, w: int, tasks: list[tuple[int, Any, TaskKey]]) -> None:
+        """Send worker ``w`` tasks, several in one message (a bundle: NOTE [ Task bundles ] in
+        :mod:`naiad.parallel.passes`; process workers only); raises as :meth:`send`."""
         backend = self.ensure_backend()
         if w in backend.dead:
             raise self.death_error(w, None, [])
-        backend.submit(w, seq, payload, key)
-        self.ledger.sent(w, seq, payload, key)
+        if len(tasks) == 1:
+            backend.submit(w, *tasks[0])
+        else:
+            assert isinstance(backend, ProcessBackend)
+            backend.submit_bundle(w, tasks)
+        for seq, payload, key in tasks:
+            self.ledger.sent(w, seq, payload, key)
 
     @property
     def takes_bundles(self) -> bool:
         """Whether tasks may go out in bundles: process workers, where a message costs more than
         a small task (NOTE [ Task bundles ] in :mod:`naiad.parallel.passes`)."""
         return isinstance(self.ensure_backend(), ProcessBackend)
-
-    def send_bundle(self, w: int, tasks: list[tuple[int, Any, TaskKey]]) -> None:
-        """Send worker ``w`` several tasks in one message (raises as :meth:`send`)."""
-        backend = self.ensure_backend()
-        if w in backend.dead:
-            raise self.death_error(w, None, [])
-        assert isinstance(backend, ProcessBackend)
-        backend.submit_bundle(w, tasks)
-        for seq, payload, key in tasks:
-            self.ledger.sent(w, seq, payload, key)
 
     def start_walk(self, key: TaskKey, payload_for: Callable[[int], Any]) -> None:
         """Workers walk their own iterators in pass ``key``: a restarted one walks again to where
