@@ -61,10 +61,8 @@ EXAMPLES = int(os.environ.get("NAIAD_FUZZ_EXAMPLES", "0") or 0)
 """Examples of every fuzz test (0: each test's own count, a few minutes in all)."""
 
 CORPUS = os.path.join(os.path.dirname(__file__), "corpus_samples")
-# NumPy parses a damaged .npy header the Python 2 way when the plain way fails, and says so.
 # Pillow warns of any image over its limit as it opens it, before the decode's budget refuses it.
-pytestmark = [pytest.mark.filterwarnings("ignore:Reading `.npy` or `.npz` file required additional header parsing"),
-              pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")]
+pytestmark = [pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")]
 MEMORY_MB = 300
 """The most a batch of cases may raise a process's peak resident memory by."""
 

@@ -19,7 +19,6 @@ import naiad.media.rows
 import naiad.parallel.threads
 import naiad.sources.cache
 import naiad.sources.engine
-import naiad.sources.npy
 import naiad.sources.openfiles
 import naiad.sources.parquet
 import naiad.sources.readahead
@@ -32,7 +31,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX o
 EXPECTED = {
     "naiad.media.rows decode pool", "naiad.parallel.threads helper", "naiad.sources.cache block caches",
     "naiad.sources.openfiles descriptors", "naiad.sources.readahead io threads", "naiad.sources.storage filesystems",
-    "naiad.sources.npy load lock", "naiad.sources.engine keep decision",
+    "naiad.sources.engine keep decision",
 }
 
 

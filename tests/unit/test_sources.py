@@ -357,38 +357,61 @@ def test_npy_and_arrow_blocks_are_a_share_of_the_whole_source(tmp_path, fmt):
     assert sum(b.rows for b in both.blocks()) == 6_000_000
 
 
-def test_npy_headers_are_parsed_one_at_a_time(tmp_path, monkeypatch):
-    # NumPy parses a header with ast.literal_eval, which CPython 3.11 cannot run in two threads at
-    # once (SystemError "AST constructor recursion depth mismatch" for an undamaged file, about
-    # one new loader in twelve with two read-ahead threads): opening is serialised.
+def test_npy_headers_open_in_threads_beside_the_callers_parses(tmp_path):
+    # NumPy parses a header with ast.literal_eval, which CPython 3.11 cannot run in two threads
+    # at once (SystemError "AST constructor recursion depth mismatch" in either): naiad reads
+    # headers with no parser (NOTE [ npy headers without ast ]), so threads open files while the
+    # caller's own thread parses source, and every one reads right. The caller's parses leave
+    # garbage whose finalizer yields the interpreter, as a training loop's do: a collection
+    # inside a parse then lets the threads run in its middle.
+    import ast
+    import gc
     import threading
     import time
 
     from naiad.sources import npy
 
-    path = tmp_path / "a.npy"
-    np.save(path, np.zeros((4, 2)))
-    inside, most, lock = [0], [0], threading.Lock()
-    real = np.load
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"a{i}.npy"))
+        np.save(paths[-1], np.full((8, 3), i, np.int32))
+    errors: list[BaseException] = []
+    stop = threading.Event()
 
-    def slow_load(*args, **kwargs):
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-        time.sleep(0.05)
+    def open_all() -> None:
         try:
-            return real(*args, **kwargs)
-        finally:
-            with lock:
-                inside[0] -= 1
+            while not stop.is_set():
+                for i, p in enumerate(paths):
+                    assert (np.asarray(npy._load(p)) == i).all()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
 
-    monkeypatch.setattr(npy.np, "load", slow_load)
-    threads = [threading.Thread(target=npy._load, args=(str(path),)) for _ in range(4)]
+    class Yields:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: freed by a collection, which may come inside a parse
+
+        def __del__(self) -> None:
+            time.sleep(0)
+
+    threads = [threading.Thread(target=open_all) for _ in range(2)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(10)
-    assert most[0] == 1
+    source = "x = [(1, 2), {'a': (3,)}]\n" * 50
+    gc.collect()
+    old = gc.get_threshold()
+    gc.set_threshold(50)
+    try:
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline and not errors:
+            for _ in range(20):
+                Yields()
+            ast.parse(source)
+    finally:
+        gc.set_threshold(*old)
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not errors, errors
 
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])

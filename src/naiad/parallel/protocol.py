@@ -196,20 +196,47 @@ class Exhausted(Exception):
 
 
 class RemoteError:
-    """An exception raised in a worker, carried to the consumer with its type, message and traceback."""
+    """An exception raised in a worker, carried to the consumer with its type, message and traceback.
+
+    NOTE [ Tracebacks cross processes only ]
+    A thread worker's exception stays the object itself, its traceback the frames it ran: it is
+    put into words (and its object into bytes) only when it is pickled to cross from a process
+    worker. Besides saving the work, a thread must never format a traceback: on Python 3.11,
+    ``traceback.format_exception`` calls ``ast.parse`` to place its carets, and the parser's
+    depth counter is one per interpreter (CPython gh-106905), so a parse in a worker thread beside
+    one in the training thread (pytest's import of a module, a compiler's reading of source)
+    raised ``SystemError: AST constructor recursion depth mismatch`` in the training thread.
+    """
 
     def __init__(self, exc: BaseException) -> None:
-        self.tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        try:
-            # Most exceptions pickle; keeping the object keeps its type, args, notes and attributes.
-            self.payload: bytes | None = pickle.dumps(exc)
-        except Exception:
-            self.payload = None
+        self._exc: BaseException | None = exc  # None once it crossed from another process
         self.type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
         self.message = str(exc)
+        self.tb = ""
+        self.payload: bytes | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        exc = self._exc
+        state = {"type_name": self.type_name, "message": self.message, "tb": self.tb, "payload": self.payload}
+        if exc is not None:  # pickled in the worker's process: its one chance to say what happened
+            state["tb"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            try:
+                # Most exceptions pickle; keeping the object keeps its type, args, notes and attributes.
+                state["payload"] = pickle.dumps(exc)
+            except Exception:
+                state["payload"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._exc = None
+        self.type_name, self.message = state["type_name"], state["message"]
+        self.tb, self.payload = state["tb"], state["payload"]
 
     def rebuild(self) -> BaseException:
-        """The exception to raise in the consumer (the same type whenever it can be rebuilt)."""
+        """The exception to raise in the consumer (the same type whenever it can be rebuilt; a
+        thread worker's, the object itself with its own traceback)."""
+        if self._exc is not None:
+            return self._exc
         exc: BaseException | None = None
         if self.payload is not None:
             try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
-from naiad.process_state import per_process
 from naiad.sources import storage
 from naiad.sources.base import Source
 from naiad.sources.columnar import ReaderCache
@@ -20,16 +18,9 @@ from naiad.sources.contract import Block, BlockData, default_block_rows
 from naiad.sources.options import BadRows, StorageLike, old_storage
 from naiad.sources.paths import PathLike, expand_paths
 from naiad.sources.storage import Storage
+from naiad.trust.npy_header import read_npy_header
 
 __all__ = ["NpySource", "read_npy"]
-
-
-# NumPy reads a header with ast.literal_eval, and CPython 3.11's AST constructor is not safe
-# from two threads at once: read-ahead threads opening one file side by side got SystemError
-# ("AST constructor recursion depth mismatch") for an undamaged file, 25 times in 300 epochs.
-# Opening is a header and a map, once per file and thread: one at a time costs nothing.
-# This process's: a forked child's is free (NOTE [ Per-process state ]).
-_LOAD_LOCK = per_process("naiad.sources.npy load lock", threading.Lock)
 
 
 class RemoteNpy:
@@ -42,10 +33,7 @@ class RemoteNpy:
         self._store = store
         with storage.open_input(url, 1 << 16, store=store) as f:
             try:
-                version = np.lib.format.read_magic(f)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                with _LOAD_LOCK.get():  # the first 64 KiB are read: a header parse, as in _load
-                    shape, fortran, dtype = read_header(f)
+                shape, fortran, dtype = read_npy_header(f)
             except ValueError as exc:
                 raise SourceError(f"not a readable .npy file ({exc}); is it truncated?", path=url) from None
             self.offset = f.tell()
@@ -76,17 +64,24 @@ def _load(path: str, store: Storage | None = None) -> np.ndarray | RemoteNpy:
     if storage.is_remote(path):
         return RemoteNpy(path, storage.needs_store(path, store))
     try:
-        with _LOAD_LOCK.get():
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        # The header read here, not by NumPy's np.load (NOTE [ npy headers without ast ] in
+        # naiad/trust/npy_header.py), then the rest mapped as np.load(mmap_mode="r") maps it.
+        with open(path, "rb") as f:
+            shape, fortran, dtype = read_npy_header(f)
+            offset = f.tell()
+        if dtype.hasobject:
+            raise SourceError("object arrays are not read (they would need pickle).", path=path)
+        if not shape:
+            raise SourceError("expected an array with a first (row) axis, got a scalar.", path=path)
+        return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
     except FileNotFoundError:
         raise SourceError("file not found.", path=path) from None
+    except SourceError:
+        raise
     except Exception as exc:
-        # A damaged header is a Python literal that NumPy tokenizes and evaluates safely, and it
-        # fails in many ways (ValueError, SyntaxError, tokenize.TokenError, ...): all are this file's.
+        # A damaged header fails in many ways (ValueError names the problem; an OSError or a map
+        # longer than the file): all are this file's.
         raise SourceError(f"not a readable .npy file ({type(exc).__name__}: {exc}); is it truncated?", path=path) from None
-    if not isinstance(arr, np.ndarray) or arr.ndim == 0:
-        raise SourceError("expected an array with a first (row) axis, got a scalar or an archive.", path=path)
-    return arr
 
 
 # Opening parses the header (a Python literal) and maps the file: once per file and thread, not

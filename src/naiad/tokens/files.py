@@ -37,6 +37,7 @@ from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
 from naiad.sources.openfiles import Descriptors, descriptors
 from naiad.sources.storage import Storage
+from naiad.trust.npy_header import read_npy_header
 
 __all__ = ["HEADER_BYTES", "HEADER_MAGIC", "HEADER_VERSION", "TokenFile", "TokenReader", "inspect_token_file", "token_dtype"]
 
@@ -107,9 +108,7 @@ def inspect_token_file(path: str, dtype: np.dtype | None, store: Storage | None)
 def _npy(path: str, head: bytes, size: int, dtype: np.dtype | None) -> TokenFile:
     f = io.BytesIO(head)
     try:
-        version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _fortran, dt = read(f)
+        shape, _fortran, dt = read_npy_header(f)  # NOTE [ npy headers without ast ]
     except Exception as exc:  # a damaged header fails in many ways; all are this file's
         raise SourceError(f"not a readable .npy header ({type(exc).__name__}: {exc}).", path=path) from None
     if dt.hasobject or dt.kind not in "iu":

@@ -39,6 +39,7 @@ import zlib
 import numpy as np
 
 from naiad.process_state import per_process
+from naiad.trust.npy_header import read_npy_header
 
 __all__ = ["MAX_KEPT_BYTES", "load_npz", "miss", "parse_npz", "read_kept", "trusted_owner"]
 
@@ -174,16 +175,11 @@ def _data_offset(data: bytes, info: zipfile.ZipInfo) -> int:
 
 
 def _array(body: memoryview) -> np.ndarray:
-    """One ``.npy`` member: its header parsed by NumPy (a literal, never code), then a view of the
-    bytes after it, which must be exactly what the header's shape and dtype take."""
+    """One ``.npy`` member: its header read as a literal (never code, never by Python's parser:
+    NOTE [ npy headers without ast ] in npy_header.py), then a view of the bytes after it, which
+    must be exactly what the header's shape and dtype take."""
     f = io.BytesIO(body[: min(len(body), 1 << 16)])
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    elif version in ((2, 0), (3, 0)):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-    else:
-        raise ValueError(f"an .npy of version {version}")
+    shape, fortran, dtype = read_npy_header(f)
     if dtype.hasobject or dtype.kind not in _ALLOWED_KINDS or fortran:
         raise ValueError(f"an array of {dtype}{' in Fortran order' if fortran else ''}")
     count = 1
