@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from naiad.errors import WorkerError
-from naiad.parallel.backend import POLL_S
 from naiad.parallel.inline import InlineWorker
 from naiad.parallel.protocol import (
     EXHAUSTED,
@@ -54,6 +53,7 @@ from naiad.parallel.protocol import (
     add_note,
 )
 from naiad.parallel.results import Failed
+from naiad.parallel.worker_process import POLL_S
 from naiad.parallel.workers import INLINE, Done, Pending, WorkerSet
 
 __all__ = ["BUNDLE_S", "MAX_BUNDLE", "OnDeliver", "PassOptions", "Pinned", "PoolPass", "assign_tasks", "bundle_size",
