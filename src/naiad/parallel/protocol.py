@@ -202,10 +202,11 @@ class RemoteError:
     A thread worker's exception stays the object itself, its traceback the frames it ran: it is
     put into words (and its object into bytes) only when it is pickled to cross from a process
     worker. Besides saving the work, a thread must never format a traceback: on Python 3.11,
-    ``traceback.format_exception`` calls ``ast.parse`` to place its carets, and the parser's
-    depth counter is one per interpreter (CPython gh-106905), so a parse in a worker thread beside
-    one in the training thread (pytest's import of a module, a compiler's reading of source)
-    raised ``SystemError: AST constructor recursion depth mismatch`` in the training thread.
+    ``traceback.format_exception`` calls ``ast.parse`` to place its carets, and up to 3.11.7 the
+    parser's depth counter is one per interpreter (CPython gh-106905), so a parse in a worker
+    thread beside one in the training thread (pytest's import of a module, a compiler's reading
+    of source) raised ``SystemError: AST constructor recursion depth mismatch`` in the training
+    thread.
     """
 
     def __init__(self, exc: BaseException) -> None:

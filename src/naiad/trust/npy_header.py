@@ -3,9 +3,9 @@ Python's parser.
 
 NOTE [ npy headers without ast ]
 An ``.npy`` header is a Python dict literal (``{'descr': '<f4', 'fortran_order': False, 'shape':
-(10, 3), }``), which NumPy reads with ``ast.literal_eval``. On Python 3.11 the parser's depth
-counter is one per interpreter (CPython gh-106905): a parse in one thread beside a parse in
-another raises ``SystemError: AST constructor recursion depth mismatch`` in either, and naiad
+(10, 3), }``), which NumPy reads with ``ast.literal_eval``. Up to Python 3.11.7 the parser's
+depth counter is one per interpreter (CPython gh-106905): a parse in one thread beside a parse
+in another raises ``SystemError: AST constructor recursion depth mismatch`` in either, and naiad
 opens these files in worker and read-ahead threads while the training thread may parse too
 (pytest importing a module, a compiler reading source). A lock among naiad's own threads could
 not cover the training thread's parses; this reader uses no parser state at all. It reads the
