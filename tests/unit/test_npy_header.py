@@ -10,6 +10,7 @@ import io
 import re
 import struct
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -83,6 +84,12 @@ def test_python_2_headers_with_long_integers_read() -> None:
     (_header("{'descr': '<f4', 'fortran_order': 0, 'shape': (3,)}"), "fortran_order is not a bool"),
     (_header("{'descr': '<q9', 'fortran_order': False, 'shape': (3,)}"), "descr is not a dtype"),
     (_header("{'descr': None, 'fortran_order': False, 'shape': (3,)}"), "descr is not a dtype"),
+    # NumPy reads a string with a comma as its comma form, through ast.literal_eval
+    (_header("{'descr': 'f4,(2,3)i2', 'fortran_order': False, 'shape': (3,)}"), "is not a type"),
+    (_header("{'descr': '<)72e,u<f4', 'fortran_order': False, 'shape': (3,)}"), "is not a type"),
+    (_header("{'descr': [('a', 'f4,i2')], 'fortran_order': False, 'shape': (3,)}"), "is not a type"),
+    (_header("{'descr': [('a', '<f4', 3)], 'fortran_order': False, 'shape': (3,)}"), "is not a shape"),
+    (_header("{'descr': [('a',)], 'fortran_order': False, 'shape': (3,)}"), "is not (name, type[, shape])"),
     (_header("{'descr': __import__('os').system('x'), 'fortran_order': False, 'shape': (3,)}"), "cannot read the header"),
     (_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3,)} {}"), "goes on after its literal"),
     (_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1.5,)}"), "cannot read the header"),
@@ -131,3 +138,33 @@ def test_what_the_reader_accepts_python_reads_alike(text: str) -> None:
     except ValueError:
         return  # refusing what a writer never writes is allowed; reading it otherwise is not
     assert got == ast.literal_eval(text.strip())  # white space around the literal is passed over
+
+
+def _saved(dtype: str, shape: tuple[int, ...]) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(shape, dtype))
+    return buf.getvalue()
+
+
+SEEDS = [_saved("<f4", (3, 2)), _saved("<i8", (5,)), _saved("f4,u1,(2,3)i2", (2,))]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(SEEDS), st.integers(0, 200), st.binary(min_size=1, max_size=12),
+       st.sampled_from(["overwrite", "insert", "cut"]))
+def test_a_damaged_header_reads_or_is_a_value_error(seed: bytes, at: int, payload: bytes, how: str) -> None:
+    # Kept indexes and token files treat a ValueError as "refuse this file": nothing else may
+    # escape; and nothing, NumPy's dtype parser included, may run Python's parser.
+    if how == "overwrite":
+        raw = seed[:at] + payload + seed[at + len(payload):]
+    elif how == "insert":
+        raw = seed[:at] + payload + seed[at:]
+    else:
+        raw = seed[:at]
+    try:
+        with mock.patch("ast.parse", side_effect=AssertionError("Python's parser ran")):
+            shape, fortran, dtype = read_npy_header(io.BytesIO(raw))
+    except ValueError:
+        return
+    assert isinstance(fortran, bool) and all(type(n) is int and n >= 0 for n in shape)
+    assert isinstance(dtype, np.dtype)

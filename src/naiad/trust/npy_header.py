@@ -12,7 +12,9 @@ not cover the training thread's parses; this reader uses no parser state at all.
 literals NumPy's writer produces (strings, integers with Python 2's ``L`` suffix, booleans,
 ``None``, tuples, lists, dicts), nested at most :data:`MAX_DEPTH` deep, in at most
 :data:`MAX_HEADER` characters (NumPy's own bound), and checks what NumPy checks; the dtype is
-NumPy's (``descr_to_dtype``).
+NumPy's (``descr_to_dtype``), given only types spelled as NumPy's writer spells them (``<f4``,
+``|S7``, ``<M8[ns]``): NumPy reads any other string as its comma form (``f4,(2,3)i2``), whose
+shapes it parses with ``ast.literal_eval`` too.
 """
 
 from __future__ import annotations
@@ -152,6 +154,41 @@ class Readable(Protocol):
     def read(self, n: int, /) -> bytes: ...
 
 
+# A type as NumPy's writer spells it (``dtype.str``): byte order, kind, size, a time unit. NumPy
+# reads other strings as its comma form ("f4,(2,3)i2"), through ast.literal_eval: never given.
+_TYPE = re.compile(r"[<>|=]?[A-Za-z][0-9]*(?:\[[0-9]*[A-Za-z]+\])?", re.ASCII)
+
+
+def _descr_problem(descr: Any, depth: int) -> str | None:
+    """What makes ``descr`` other than a descr NumPy's writer writes (``dtype.str``, or a list of
+    ``(name, descr[, shape])`` fields), or None."""
+    if depth > MAX_DEPTH:
+        return "nested too deep"
+    if isinstance(descr, str):
+        return None if _TYPE.fullmatch(descr) else f"{descr!r} is not a type"
+    if isinstance(descr, tuple) and len(descr) == 2 and isinstance(descr[1], tuple):  # (type, shape)
+        return _descr_problem(descr[0], depth + 1) or _shape_problem(descr[1])
+    if not isinstance(descr, list):
+        return "neither a type nor a list of fields"
+    for field in descr:
+        if not isinstance(field, tuple) or len(field) not in (2, 3):
+            return f"a field {field!r} is not (name, type[, shape])"
+        name = field[0]
+        if not (isinstance(name, str) or (isinstance(name, tuple) and len(name) == 2
+                                          and all(isinstance(n, str) for n in name))):
+            return f"a field's name {name!r} is not a string or (title, name)"
+        problem = _descr_problem(field[1], depth + 1) or (_shape_problem(field[2]) if len(field) == 3 else None)
+        if problem:
+            return problem
+    return None
+
+
+def _shape_problem(shape: Any) -> str | None:
+    if isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape):
+        return None
+    return f"{shape!r} is not a shape"
+
+
 def _read(f: Readable, n: int, what: str) -> bytes:
     data = f.read(n)
     if len(data) != n:
@@ -186,6 +223,9 @@ def read_npy_header(f: Readable) -> tuple[tuple[int, ...], bool, np.dtype]:
         raise ValueError(f"the header's shape is not a tuple of sizes: {shape!r}")
     if not isinstance(fortran, bool):
         raise ValueError(f"the header's fortran_order is not a bool: {fortran!r}")
+    problem = _descr_problem(d["descr"], 0)
+    if problem:
+        raise ValueError(f"the header's descr is not a dtype: {d['descr']!r} ({problem})")
     try:
         dtype = np.lib.format.descr_to_dtype(d["descr"])
     except (TypeError, ValueError, KeyError, IndexError, OverflowError) as exc:
