@@ -238,6 +238,36 @@ def test_worker_memory_stays_flat_across_epochs(tmp_path, mixed):
 # -- object storage -------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_batch_of_remote_windows_is_few_requests_in_flight_together(s3, tmp_path, shuffle):
+    """NOTE [ Remote windows ]: against a far server (a proxy adding 30 ms to every request), a
+    batch's nearby windows share one range request (an unshuffled batch is one), and scattered
+    ones are fetched several at a time; the batches are the local file's."""
+    from tests.s3server import BUCKET, FaultProxy
+
+    key = f"far/tokens-{int(shuffle)}.bin"
+    path = write_bin(tmp_path / "t.bin", np.arange(4_000_000, dtype=np.uint32) % 60000)  # 8 MB
+    s3.put(key, pathlib.Path(path).read_bytes())
+    proxy = FaultProxy(s3.port, latency_s=0.03)
+    try:
+        remote = naiad.read_tokens(f"s3://{BUCKET}/{key}", seq_len=64, storage=s3.options(endpoint=proxy.endpoint))
+        local = naiad.read_tokens(path, seq_len=64)
+        before = len(proxy.object_gets(key))
+        batches = 3
+        far, near = (iter(naiad.DataLoader(ds, batch_size=32, shuffle=shuffle, seed=0)) for ds in (remote, local))
+        for _ in range(batches):
+            a, b = next(far), next(near)
+            assert all(bool((a[k] == b[k]).all()) for k in b)
+        gets = len(proxy.object_gets(key)) - before
+    finally:
+        proxy.close()
+    if shuffle:  # 32 windows spread over 8 MB: most alone, but several requests at once
+        assert proxy.max_concurrent > 1 and gets <= batches * 32, (proxy.max_concurrent, gets)
+    else:
+        assert gets == batches, gets
+
+
 @pytest.mark.timeout(180)
 def test_token_files_read_from_an_s3_url_equal_the_local_ones(s3, tmp_path):
     from tests.s3server import BUCKET

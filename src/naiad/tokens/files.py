@@ -20,7 +20,8 @@ resident memory stays the size of a batch, epoch after epoch. Each process opens
 descriptors on first use and keeps a bounded number of them open, the oldest closed past the
 budget (NOTE [ Open files ] in sources/openfiles.py: a corpus of thousands of
 files in every worker would pass the limit on open files). A URL is read with one range request
-per window through the source's Storage (NOTE [ Remote files in workers ]).
+per run of a batch's nearby windows through the source's Storage, the runs in flight together
+(NOTE [ Remote windows ] in tokens/remote.py; NOTE [ Remote files in workers ]).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage
 from naiad.sources.openfiles import Descriptors, descriptors
 from naiad.sources.storage import Storage
+from naiad.tokens.remote import read_remote_rows
 from naiad.trust.npy_header import read_npy_header
 
 __all__ = ["HEADER_BYTES", "HEADER_MAGIC", "HEADER_VERSION", "TokenFile", "TokenReader", "inspect_token_file", "token_dtype"]
@@ -206,12 +208,9 @@ class TokenReader:
             buf = out if rows is None else np.empty((len(rows), length), f.dtype)
             if self._local[i]:
                 self._read_rows(buf, file_ids if rows is None else file_ids[rows], starts if rows is None else starts[rows])
-            else:
-                offsets = (f.offset + (starts if rows is None else starts[rows]) * f.dtype.itemsize).tolist()
-                nbytes = length * f.dtype.itemsize
-                view = buf.view(np.uint8).reshape(len(buf), nbytes)
-                for j, off in enumerate(offsets):
-                    view[j] = np.frombuffer(storage.read_range(f.path, off, off + nbytes, store=self.stores[i]), np.uint8)
+            else:  # a batch's windows in few requests, in flight together (NOTE [ Remote windows ])
+                offsets = f.offset + np.asarray(starts if rows is None else starts[rows], np.int64) * f.dtype.itemsize
+                read_remote_rows(f.path, self.stores[i], offsets, buf)
             if not whole:
                 out[rows] = buf
         return out
