@@ -50,7 +50,6 @@ _TOKEN = re.compile(
 _ESCAPE = re.compile(r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[\\'\"ntr])", re.ASCII)
 _SIMPLE = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
 _NAMES = {"True": True, "False": False, "None": None}
-_CLOSE = {"(": ")", "[": "]", "{": "}"}
 
 
 def _unescape(body: str) -> str:
