@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -371,6 +372,15 @@ def main() -> None:
         ap.error(f"--sections: unknown {sorted(unknown)}")
     print(environment())
     folder = args.dir or tempfile.mkdtemp(prefix="naiad-bench-tokens-")
+    try:
+        run_sections(args, folder, sections)
+    finally:
+        if not args.dir:  # a folder of its own: its files (hundreds of MB) go with the run
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_sections(args: argparse.Namespace, folder: str, sections: list[str]) -> None:
+    """The token files made (or found) in ``folder``, then each section asked for."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "train.bin")
     files = [(path, args.n, 0)]

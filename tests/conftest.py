@@ -15,9 +15,17 @@ from tests.processes import MARKER, command, describe, kill, marked, parent, wai
 # Block indexes (and other cached data) of the tests' files go to a folder of this run, not to
 # the user's cache; child processes inherit it.
 if "NAIAD_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["NAIAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="naiad-test-cache-")
+
+    def _remove_cache(path: str = os.environ["NAIAD_CACHE_DIR"], owner: int = os.getpid()) -> None:
+        if os.getpid() == owner:  # the run that made it; never a forked child ending
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(_remove_cache)
 
 # Property tests draw new examples on every local run; under CI the same ones each run, so a
 # run fails for the change it tests, never for a draw (a local run finds what a draw finds).

@@ -66,8 +66,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env(marker: str) -> dict[str, str]:
+def _env(marker: str, tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # torchrun's agent makes a folder in the temporary directory per job and leaves it when the
+    # job is killed: under the test's own folder, it goes with it.
+    tmp.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     # The ranks import naiad from this checkout, as the test does.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
@@ -90,7 +94,7 @@ def _launch(nproc: int, data: Path, out: Path, tag: str, *extra: str) -> Job:
         "--num-workers", "1", "--ckpt-every", str(CKPT_EVERY), *extra,
     ]
     with open(output, "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(marker), stdout=f, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(marker, out / "tmp"), stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own process group, to kill as one
     return Job(proc, marker, output)
 

@@ -43,7 +43,7 @@ def _run(jobs: list[Job], out: Path, cmd: list[str], expect: int = 0) -> str:
     output = out / f"run-{uuid.uuid4().hex[:6]}.out"
     marker = uuid.uuid4().hex  # finds the job's ranks, whatever session or parent they have
     with open(output, "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(marker), stdout=f, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(marker, out / "tmp"), stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     job = Job(proc, marker, output)
     jobs.append(job)
