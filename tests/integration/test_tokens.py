@@ -268,6 +268,20 @@ def test_a_batch_of_remote_windows_is_few_requests_in_flight_together(s3, tmp_pa
         assert gets == batches, gets
 
 
+@pytest.mark.timeout(60)
+def test_a_remote_token_file_shorter_than_listed_is_a_source_error_naming_it(s3, tmp_path):
+    from tests.s3server import BUCKET
+
+    key = "far/shrinks.bin"
+    path = write_bin(tmp_path / "t.bin", np.arange(200_000, dtype=np.uint32) % 60000)
+    s3.put(key, pathlib.Path(path).read_bytes())
+    tokens = naiad.read_tokens(f"s3://{BUCKET}/{key}", seq_len=64, storage=s3.options())
+    s3.put(key, pathlib.Path(path).read_bytes()[:1000])  # replaced by a shorter object after the listing
+    with pytest.raises(naiad.SourceError) as info:
+        list(naiad.DataLoader(tokens, batch_size=32, shuffle=True, seed=0))
+    assert f"s3://{BUCKET}/{key}" in str(info.value)
+
+
 @pytest.mark.timeout(180)
 def test_token_files_read_from_an_s3_url_equal_the_local_ones(s3, tmp_path):
     from tests.s3server import BUCKET

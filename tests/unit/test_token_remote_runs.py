@@ -1,17 +1,15 @@
 """A batch's windows of one object as few range requests (NOTE [ Remote windows ] in
 naiad/tokens/remote.py): every window's bytes right, in the batch's order, whatever the offsets
-(duplicates, overlaps, any order), nearby windows in one request, a new one past a run boundary."""
+(duplicates, overlaps, any order), nearby windows in one request, a new one past a run boundary.
+An object shorter than listed: tests/integration/test_tokens.py."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from naiad.errors import SourceError
 from naiad.tokens import remote
 from naiad.tokens.remote import GAP_BYTES, RUN_BYTES, read_remote_rows
 
@@ -63,10 +61,3 @@ def test_nearby_windows_share_a_request_and_a_new_one_starts_past_a_run_boundary
     assert sorted(seen) == [(1000, within + nbytes), (past, past + nbytes),
                             (RUN_BYTES - 10, RUN_BYTES - 10 + nbytes), (RUN_BYTES + 500, RUN_BYTES + 500 + nbytes)]
 
-
-def test_a_shorter_object_is_a_source_error_naming_it(tmp_path: Path) -> None:
-    path = tmp_path / "short.bin"
-    path.write_bytes(bytes(100))
-    with pytest.raises(SourceError, match="shorter than when it was listed") as info:
-        read_remote_rows(str(path), None, np.array([90], np.int64), np.empty((1, 20), np.uint8))
-    assert str(path) in str(info.value)

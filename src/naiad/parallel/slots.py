@@ -17,9 +17,10 @@ A batch's arrays are views of one memoryview of the slot's mapping, made for tha
 reference to it has ``list.append`` of a module list for its callback: when the last array goes,
 CPython appends the reference, and the training process clears the flags of the batches so gone
 each time it sends a worker a task or waits for one (:func:`collect`). No Python code runs when
-a batch dies. A finalizer in Python did (one per array), and a Ctrl-C that landed in it was raised there, printed
-as "Exception ignored" and lost: the loop went on. The cost: a slot comes back when the training
-process next sends or waits, not the moment its batch goes, so a worker may hold one slot more.
+a batch dies. A finalizer in Python did (one per array), and a Ctrl-C that landed in it was
+raised there, printed as "Exception ignored" and lost: the loop went on. The cost: a slot comes
+back when the training process next sends or waits, not the moment its batch goes, so a worker
+may hold one slot more.
 """
 
 from __future__ import annotations

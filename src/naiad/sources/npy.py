@@ -37,12 +37,9 @@ class RemoteNpy:
             except ValueError as exc:
                 raise SourceError(f"not a readable .npy file ({exc}); is it truncated?", path=url) from None
             self.offset = f.tell()
-        if dtype.hasobject:
-            raise SourceError("object arrays are not read (they would need pickle).", path=url)
+        _check_rows(url, shape, dtype)
         if fortran and len(shape) > 1:
             raise SourceError("a Fortran-order array cannot be read by row ranges; save it in C order.", path=url)
-        if not shape:
-            raise SourceError("expected an array with a first (row) axis, got a scalar or an archive.", path=url)
         self.shape: tuple[int, ...] = tuple(shape)
         self.dtype: np.dtype = dtype
         self._row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * dtype.itemsize
@@ -60,6 +57,15 @@ class RemoteNpy:
         return np.frombuffer(data, self.dtype).reshape((b - a, *self.shape[1:]))
 
 
+def _check_rows(path: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """A SourceError unless the header's array can be read as rows: not of objects (they would
+    need pickle), and with a first axis."""
+    if dtype.hasobject:
+        raise SourceError("object arrays are not read (they would need pickle).", path=path)
+    if not shape:
+        raise SourceError("expected an array with a first (row) axis, got a scalar.", path=path)
+
+
 def _load(path: str, store: Storage | None = None) -> np.ndarray | RemoteNpy:
     if storage.is_remote(path):
         return RemoteNpy(path, storage.needs_store(path, store))
@@ -69,10 +75,7 @@ def _load(path: str, store: Storage | None = None) -> np.ndarray | RemoteNpy:
         with open(path, "rb") as f:
             shape, fortran, dtype = read_npy_header(f)
             offset = f.tell()
-        if dtype.hasobject:
-            raise SourceError("object arrays are not read (they would need pickle).", path=path)
-        if not shape:
-            raise SourceError("expected an array with a first (row) axis, got a scalar.", path=path)
+        _check_rows(path, shape, dtype)
         return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
     except FileNotFoundError:
         raise SourceError("file not found.", path=path) from None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from naiad.errors import SourceError
 from naiad.sources import storage
 from naiad.sources.cache import CHUNK_BYTES
 from naiad.sources.readahead import IO_THREADS, io_map
@@ -35,7 +34,8 @@ from its chunks, so later epochs find them whatever windows they ask for."""
 
 def read_remote_rows(url: str, store: Storage | None, offsets: np.ndarray, out: np.ndarray) -> None:
     """``out[j]`` = the bytes of ``url`` from ``offsets[j]`` on, as many as a row of ``out``
-    holds (NOTE [ Remote windows ]); a SourceError naming the object when it is shorter now."""
+    holds (NOTE [ Remote windows ]); the Storage's SourceError naming the object when it is
+    shorter now than its listing says."""
     n = len(offsets)
     if n == 0:
         return
@@ -50,13 +50,8 @@ def read_remote_rows(url: str, store: Storage | None, offsets: np.ndarray, out: 
     lasts = np.append(firsts[1:], n) - 1
     spans = list(zip(begins[firsts].tolist(), ends[lasts].tolist(), strict=True))
 
-    def fetch(span: tuple[int, int]) -> bytes:
-        start, stop = span
-        data = storage.read_range(url, start, stop, store=store)
-        if len(data) != stop - start:
-            raise SourceError(f"read {len(data)} of {stop - start} bytes at offset {start}: the object is shorter "
-                              "than when it was listed.", path=url)
-        return data
+    def fetch(span: tuple[int, int]) -> bytes:  # the Storage refuses an object shorter than listed
+        return storage.read_range(url, span[0], span[1], store=store)
 
     # One request per run of windows, not per window: the loop below is over requests.
     for (start, _), first, last, data in zip(spans, firsts.tolist(), lasts.tolist(),
