@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ import torch
 from naiad.errors import ConfigError
 from naiad.parallel import Pinned, WorkerContext, WorkerPool, get_worker_context, worker_rng
 from naiad.parallel.context import epoch_seed_sequence, seed_globals
+from naiad.parallel.passes import MAX_BUNDLE, PassOptions, bundle_size
+from naiad.parallel.workers import WorkerSet
 
 
 def context_factory(context: WorkerContext) -> Any:
@@ -88,3 +91,18 @@ def test_closed_pool_refuses_work() -> None:
     pool.close()
     with pytest.raises(ConfigError, match="closed"):
         pool.imap([1])
+
+
+@pytest.mark.parametrize(("bundle", "took", "takes", "size"), [
+    (True, None, True, 1),  # no task timed yet: the first batch is not held back
+    (True, 2e-3, True, 1),  # a task of a millisecond or more goes alone
+    (True, 250e-6, True, 4),  # BUNDLE_S of tasks
+    (True, 1e-6, True, MAX_BUNDLE),
+    (True, 0.0, True, MAX_BUNDLE),
+    (False, 1e-6, True, 1),  # the pass did not allow bundles
+    (True, 1e-6, False, 1),  # threads take no bundles
+])
+def test_bundle_size_follows_the_measured_task_time(bundle: bool, took: float | None, takes: bool, size: int) -> None:
+    options = PassOptions(prefetch=2, in_order=True, key=(0, 0), bundle=bundle)
+    workers = cast(WorkerSet, SimpleNamespace(task_seconds=took, takes_bundles=takes))
+    assert bundle_size(options, workers) == size
