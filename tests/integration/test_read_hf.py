@@ -273,3 +273,24 @@ def test_a_state_json_that_names_files_outside_its_folder_is_a_source_error(save
     (folder / "state.json").write_text("{not json")
     with pytest.raises(SourceError, match=r"state\.json.*not readable JSON"):
         naiad.read_hf(folder)
+
+
+def test_tokenized_rows_arrive_as_the_dataset_gives_them(tmp_path):
+    """A tokenizer's output (``datasets.Sequence`` columns of any length per row, after ``map``
+    and ``shuffle``): each row a 1-D tensor of its own values and dtype (NOTE [ Ragged columns ])."""
+    text = datasets.Dataset.from_dict({"text": [" ".join(["w"] * (k % 11)) for k in range(ROWS)], "k": list(range(ROWS))})
+    features = datasets.Features({"text": datasets.Value("string"), "k": datasets.Value("int64"),
+                                  "input_ids": datasets.Sequence(datasets.Value("int32")),
+                                  "attention_mask": datasets.Sequence(datasets.Value("int8"))})
+    tokenized = text.map(lambda b: {"input_ids": [[101, *range(k, k + len(t.split())), 102] for t, k in zip(b["text"], b["k"], strict=True)],
+                                    "attention_mask": [[1] * (len(t.split()) + 2) for t in b["text"]]},
+                         batched=True, features=features)
+    tokenized.save_to_disk(str(tmp_path / "tok"), num_shards=2)
+    view = datasets.load_from_disk(str(tmp_path / "tok")).shuffle(seed=3).select(range(70))
+    got = {}
+    for batch in naiad.DataLoader(naiad.read_hf(view, columns=["k", "input_ids", "attention_mask"]), batch_size=16,
+                                  shuffle=True, seed=0, num_workers=2, worker_mode="process"):
+        for k, ids, mask in zip(batch["k"].tolist(), batch["input_ids"], batch["attention_mask"], strict=True):
+            assert ids.dtype == torch.int32 and mask.dtype == torch.int8
+            got[k] = (ids.tolist(), mask.tolist())
+    assert got == {ex["k"]: (ex["input_ids"], ex["attention_mask"]) for ex in view}

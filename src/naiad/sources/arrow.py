@@ -19,6 +19,8 @@ from naiad.sources.columns import (
     apply_dtypes,
     cast_to_schema,
     check_columns_present,
+    missing_reason,
+    missing_values,
     null_rows,
     resolve_dtypes,
     select_columns,
@@ -313,9 +315,9 @@ class ArrowSource(Source):
         for i in bad.tolist():
             path, row = self.paths[file_of[i]], int(rows[i] - file_starts[file_of[i]])
             column, reason = no_bytes.get(i) or next(
-                (name, f"missing value in integer column {name!r} (NumPy integers have no NaN)")
+                (name, missing_reason(name, col.type))
                 for name, col in zip(table.column_names, table.columns)
-                if (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)) and not col[i].is_valid)
+                if (m := missing_values(col.slice(i, 1))) is not None and m[0])
             if self.on_bad_rows == "raise":
                 raise SourceError(f"row {row}: {reason}; pass on_bad_rows='skip' to skip such rows.", path=path, column=column)
             entries.append(bad_entry(i, path, reason, row=row, column=column))

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from naiad.errors import SourceError
 from naiad.process_state import ProcessLocal
-from naiad.sources.columns import null_column, null_rows
+from naiad.sources.columns import missing_reason, missing_values, null_rows
 from naiad.sources.contract import Block, OnBadRows, bad_entry
 from naiad.sources.openfiles import open_files_budget
 from naiad.sources.storage import Storage, is_remote
@@ -23,7 +23,9 @@ __all__ = ["ReaderCache", "check_no_nulls", "indexed_blocks"]
 
 def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRows,
                    also_bad: Mapping[int, tuple[str, str]] | None = None) -> tuple[pa.Table, tuple[dict[str, Any], ...]]:
-    """Drop (or report) rows with a null in an integer/bool column; returns (table, their entries).
+    """Drop (or report) rows with a value NumPy cannot hold (``missing_values``: a null in an
+    integer or bool column, a null or gapped row of a ragged integer column); returns (table,
+    their entries).
 
     For columnar formats, where a row number is exact; text formats find such rows line by line.
     ``also_bad``: rows found bad before (a media struct with no bytes: ``media.resolve_media``),
@@ -34,30 +36,37 @@ def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRow
         bad = np.union1d(bad, np.fromiter(also_bad, np.int64, count=len(also_bad)))
     if bad.size == 0:
         return table, ()
+    names = _missing_columns(table)
+    also = also_bad or {}
     if on_bad_rows == "raise":
-        col = null_column(table)
-        raise SourceError(
-            f"missing value at row {block.first_line + lo + int(bad[0])} in an integer column "
-            f"(NumPy integers have no NaN); pass dtypes={{{col!r}: 'float32'}} to read it as "
-            "NaN, or on_bad_rows='skip'.",
-            path=block.path, column=col,
-        )
+        i = int(bad[0])
+        column = names[i]
+        if i in also and not column:
+            column, reason, fix = *also[i], "pass on_bad_rows='skip' to skip such rows"
+        elif pa.types.is_list(t := table.schema.field(column).type) or pa.types.is_large_list(t):
+            reason, fix = missing_reason(column, t), "pass on_bad_rows='skip' to skip such rows"
+        else:
+            reason, fix = missing_reason(column, t), f"pass dtypes={{{column!r}: 'float32'}} to read it as NaN, or on_bad_rows='skip'"
+        raise SourceError(f"row {block.first_line + lo + i}: {reason}; {fix}.", path=block.path, column=column)
     keep = np.ones(table.num_rows, bool)
     keep[bad] = False
-    # Each skipped row's column: the first integer/bool column with a null there.
-    names = np.full(table.num_rows, "", object)
-    for name, column in zip(table.column_names, table.columns):
-        if column.null_count and (pa.types.is_integer(column.type) or pa.types.is_boolean(column.type)):
-            m = column.is_null().to_numpy(zero_copy_only=False) & (names == "")
-            names[m] = name
-    also = also_bad or {}
     entries = tuple(
         bad_entry(i, block.path, also[i][1], row=block.first_line + lo + i, column=also[i][0]) if i in also and not names[i] else
-        bad_entry(i, block.path, f"missing value in integer column {names[i]!r} (NumPy integers have no NaN)",
+        bad_entry(i, block.path, missing_reason(names[i], table.schema.field(names[i]).type),
                   row=block.first_line + lo + i, column=names[i])
         for i in bad.tolist()
     )
     return table.filter(pa.array(keep)), entries
+
+
+def _missing_columns(table: pa.Table) -> np.ndarray:
+    """Each row's first column with a value NumPy cannot hold (``missing_values``), or ""."""
+    names = np.full(table.num_rows, "", object)
+    for name, column in zip(table.column_names, table.columns):
+        m = missing_values(column)
+        if m is not None:
+            names[m & (names == "")] = name
+    return names
 
 
 class ReaderCache:

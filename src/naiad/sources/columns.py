@@ -1,5 +1,25 @@
 """A source's columns: the user's ``dtypes`` as PyArrow types, Arrow tables as NumPy columns,
-and the checks that a file's columns and values fit the source's schema."""
+and the checks that a file's columns and values fit the source's schema.
+
+NOTE [ Ragged columns ]
+A column whose rows are lists of numbers of any length (Arrow ``list`` or ``large_list`` of
+integers, floats or bools: a tokenizer's ``input_ids`` and ``attention_mask`` in a Hugging Face
+dataset, a JSON array per line) reaches the batch as a list of 1-D tensors, one per row, of the
+column's own dtype: what ``datasets``' torch format gives, ready for ``pad_sequence`` or
+``torch.nested``. torch's ``default_collate`` refuses rows of unequal length, and a list of Python
+lists cost a Python int per value: 15 µs a row of 136 tokens, against 0.75 µs for Arrow's own
+conversion into an object array of NumPy views of the block's values (``to_numpy``), which is how
+the column travels through the reads, the shuffle buffer and a process worker's pipe. A batch's
+rows are copied once into one tensor and split into views of it (``batching.ragged_tensors``): a
+batch owns its values, and no row is a Python loop in the training process.
+
+A row NumPy cannot hold that way is a bad row, as a null in an integer column is: a null row, or a
+missing integer or bool inside one (``missing_values``; a missing float is NaN), raised naming
+the file, row and column, or skipped with ``on_bad_rows="skip"``. Lists of anything else
+(strings, structs, lists of lists) stay Python lists. While any row of a block is in the shuffle
+buffer, the views keep that block's values alive: the buffer holds a few times its rows' own
+bytes at most, still less than the Python lists held.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +30,7 @@ from typing import Any, TypeAlias, Union
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from naiad.errors import ConfigError, SourceError
 
@@ -23,6 +44,9 @@ __all__ = [
     "concat_columns",
     "field_shape",
     "is_pixel_field",
+    "is_ragged_numeric",
+    "missing_reason",
+    "missing_values",
     "null_column",
     "null_rows",
     "numpy_dtype",
@@ -131,6 +155,14 @@ def _is_numeric_list(t: pa.DataType) -> bool:
     return bool(pa.types.is_fixed_size_list(t) and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)))
 
 
+def is_ragged_numeric(t: pa.DataType) -> bool:
+    """Whether ``t`` is a list of numbers of any length per row (a tokenizer's ``input_ids``):
+    a batch holds such a column as a list of 1-D tensors (NOTE [ Ragged columns ])."""
+    return bool((pa.types.is_list(t) or pa.types.is_large_list(t))
+                and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+                     or pa.types.is_boolean(t.value_type)))
+
+
 def field_shape(field: pa.Field) -> tuple[int, ...]:
     """The shape one row of a fixed-width column has in a batch: the ``naiad.shape`` in the
     field's metadata when it agrees with the width (``naiad convert`` writes it for ``.npy``
@@ -210,6 +242,10 @@ def table_to_columns(table: pa.Table | pa.RecordBatch) -> Columns:
             # Parquet decodes a fixed-size list value by value (a repetition level each), a
             # fixed_size_binary as one block of bytes: pixels are stored so, and read as uint8.
             out[name] = _pixels(col, field_shape(field))
+        elif is_ragged_numeric(t) and missing_values(col) is None:
+            # NOTE [ Ragged columns ]: each row a NumPy view of the block's values, made by
+            # Arrow in C (20x faster than a list of Python ints, a tenth of its memory).
+            out[name] = col.to_numpy(zero_copy_only=False)
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
             # Bytes (an image, a clip): an object array of ``bytes``, filled by Arrow in C; it
             # travels through the shuffle buffer as one and reaches the batch as a list.
@@ -229,12 +265,42 @@ def row_bytes(schema: pa.Schema) -> int:
     return total
 
 
+def missing_values(col: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """A mask of the rows of ``col`` that NumPy cannot hold, or None where there are none: a null
+    in an integer or bool column (NumPy integers have no NaN), and in a ragged column of numbers
+    (NOTE [ Ragged columns ]) a null row, or a null integer or bool inside one (a null float is NaN)."""
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
+    if not is_ragged_numeric(t):
+        return None
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    values = col.flatten()  # the slice's values, less the null rows'
+    inner = bool(values.null_count) and not pa.types.is_floating(t.value_type)
+    if not col.null_count and not inner:
+        return None
+    mask = np.array(col.is_null().to_numpy(zero_copy_only=False))
+    if inner:
+        parents = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
+        mask[parents[values.is_null().to_numpy(zero_copy_only=False)]] = True
+    return mask
+
+
+def missing_reason(name: str, t: pa.DataType, fix: str = "NumPy integers have no NaN") -> str:
+    """Why a row :func:`missing_values` marks in column ``name`` of type ``t`` is bad (``fix``:
+    what the words say of an integer column's)."""
+    if is_ragged_numeric(t):
+        return f"missing value in list column {name!r} (a row of numbers must be a list, with no missing integer in it)"
+    return f"missing value in integer column {name!r} ({fix})"
+
+
 def null_rows(table: pa.Table) -> np.ndarray:
-    """Row indices with a null in an integer or bool column (NumPy has no integer NaN)."""
+    """Row indices with a value NumPy cannot hold in any column (:func:`missing_values`)."""
     mask: np.ndarray | None = None
     for col in table.columns:
-        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
-            m = col.is_null().to_numpy(zero_copy_only=False)
+        m = missing_values(col)
+        if m is not None:
             mask = m if mask is None else (mask | m)
     return np.zeros(0, np.int64) if mask is None else np.flatnonzero(mask)
 
@@ -259,9 +325,9 @@ def concat_columns(pieces: Sequence[Mapping[str, np.ndarray | list[Any]]]) -> Co
 
 
 def null_column(table: pa.Table) -> str:
-    """The first integer/bool column that has a null."""
+    """The first column with a value NumPy cannot hold (:func:`missing_values`)."""
     for name, col in zip(table.column_names, table.columns):
-        if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+        if missing_values(col) is not None:
             return str(name)
     return ""
 

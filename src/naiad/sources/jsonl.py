@@ -17,6 +17,7 @@ from naiad.sources.base import Source
 from naiad.sources.columns import (
     DTypes,
     apply_dtypes,
+    missing_reason,
     null_column,
     null_rows,
     resolve_dtypes,
@@ -188,7 +189,7 @@ class JsonlSource(LineBlocks, Source):
             table.validate(full=True)
             if null_rows(table).size:
                 col = null_column(table)
-                raise BadRow(f"missing value in integer field {col!r} (pass dtypes={{{col!r}: 'float32'}} to read NaN)", col)
+                raise BadRow(missing_reason(col, table.schema.field(col).type, f"pass dtypes={{{col!r}: 'float32'}} to read NaN"), col)
             return table
 
         tables, skipped = parse_robust(

@@ -14,21 +14,33 @@ import torch
 from naiad.errors import ConfigError
 from naiad.stream.shuffle import as_array
 
-__all__ = ["Batcher", "PackXY", "pack_xy", "to_torch"]
+__all__ = ["Batcher", "PackXY", "pack_xy", "ragged_tensors", "to_torch"]
 
 
 def to_torch(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """NumPy columns to tensors (zero-copy where the array is writable); object columns to lists."""
+    """NumPy columns to tensors (zero-copy where the array is writable); a ragged column (each
+    row a 1-D array: NOTE [ Ragged columns ]) to a list of 1-D tensors; other object columns to
+    lists."""
     out: dict[str, Any] = {}
     for name, arr in arrays.items():
         if arr.dtype.kind == "O":
-            out[name] = arr.tolist()
+            out[name] = ragged_tensors(arr) if len(arr) and isinstance(arr[0], np.ndarray) else arr.tolist()
             continue
         flags = arr.flags
         if not (flags.writeable and flags.c_contiguous):
             arr = np.array(arr)  # a view of a memory map or of Arrow memory
         out[name] = torch.from_numpy(arr)
     return out
+
+
+def ragged_tensors(rows: np.ndarray) -> list[torch.Tensor]:
+    """A batch's ragged column (an object array of 1-D arrays) as a list of 1-D tensors: one
+    copy of all the rows' values, then views of it, with no loop per row in Python."""
+    if not len(rows):
+        return []
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    flat = torch.from_numpy(np.concatenate(rows.tolist()))
+    return list(torch.split(flat, lengths.tolist()))
 
 
 class Batcher:
@@ -139,7 +151,8 @@ class PackXY:
         for f in features:
             t = batch[f]
             if not isinstance(t, torch.Tensor):
-                raise ConfigError(f"pack_xy: column {f!r} is not numeric; leave it out with `features=`.")
+                what = "rows of unequal length" if t and isinstance(t[0], torch.Tensor) else "not numeric"
+                raise ConfigError(f"pack_xy: column {f!r} is not one tensor ({what}); leave it out with `features=`.")
             cols.append(t.reshape(len(t), -1).to(self.dtype))
         y = batch[label]
         if self.label_dtype is not None:

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from naiad.sources.auto import _suffix, read
 from naiad.sources.base import Block, Source
+from naiad.sources.columns import is_ragged_numeric
 from naiad.sources.images import ImageFolderSource, read_images
 from naiad.sources.options import StorageLike
 from naiad.sources.storage import size as object_size
@@ -49,7 +50,8 @@ class InspectReport:
         format: the files' suffix (``csv``) and ``reader``, the naiad reader that reads them.
         files: one ``{"path", "bytes"}`` per file, in reading order.
         columns: one ``{"name", "arrow_type", "dtype", "shape", "batch"}`` per column: ``dtype`` and
-            ``shape`` of the column in a batch of ``n`` rows; ``batch`` is "tensor" or "list".
+            ``shape`` of the column in a batch of ``n`` rows; ``batch`` is "tensor", "tensors" (a list
+            of 1-D tensors, one per row, of shape ``(n, *)``: NOTE [ Ragged columns ]) or "list".
         rows: the row count (exact); ``count_s``: how long counting took (a text format's scan).
         blocks: ``{"count", "rows": {"min", "median", "max"}, "bytes": {...} or None}``.
         head: the first rows, as plain values.
@@ -96,7 +98,7 @@ class InspectReport:
         lines.append("columns (as naiad's batches hold them):")
         width = max((len(c["name"]) for c in self.columns), default=4)
         for c in self.columns:
-            lines.append(f"  {c['name']:<{width}}  {c['dtype']:<8} {c['batch']:<6} shape {c['shape']:<12} "
+            lines.append(f"  {c['name']:<{width}}  {c['dtype']:<8} {c['batch']:<7} shape {c['shape']:<12} "
                          f"(arrow {c['arrow_type']})")
         b = self.blocks
         r = b["rows"]
@@ -184,6 +186,8 @@ def _columns(source: Source) -> list[dict[str, Any]]:
         col = empty.get(f.name)
         if isinstance(col, np.ndarray) and col.dtype != object:
             dtype, kind, shape = str(col.dtype), "tensor", ["n", *col.shape[1:]]
+        elif is_ragged_numeric(f.type):  # a list of 1-D tensors, each row's own length
+            dtype, kind, shape = str(np.dtype(f.type.value_type.to_pandas_dtype())), "tensors", ["n", "*"]
         else:
             text = pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
             binary = pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_fixed_size_binary(f.type)
