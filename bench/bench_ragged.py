@@ -16,6 +16,11 @@ alternating):
   shuffle=True, collate_fn=...)``: ``datasets`` makes each row's tensors in the workers (int64,
   its torch format's integer type), the collate lists them (torch's ``default_collate`` refuses
   rows of unequal length).
+* ``torch with_format, batched``: the same dataset indexed a batch at a time (a ``BatchSampler``
+  as the sampler, ``batch_size=None``): ``dataset[indices]`` gives each ragged column as a list of
+  tensors, one call per batch instead of one per row; and that in the loop's own process
+  (``num_workers=0``): torch's workers send each tensor in a shared-memory file of its own, two
+  per row here.
 * ``naiad read_hf``: ``naiad.DataLoader(naiad.read_hf(dataset), shuffle=True, seed=0)`` (the
   columns' own int32 and int8).
 * ``naiad read_hf, process workers``: the same with ``worker_mode="process"``.
@@ -79,6 +84,12 @@ def loaders(ds: Any, args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
     return {
         "torch with_format": lambda: torch.utils.data.DataLoader(ds.with_format("torch", columns=COLUMNS), shuffle=True,
                                                                  collate_fn=listed, **common),
+        "torch with_format, batched": lambda: torch.utils.data.DataLoader(
+            ds.with_format("torch", columns=COLUMNS), batch_size=None, num_workers=args.workers, persistent_workers=True,
+            sampler=torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(ds), args.batch, drop_last=False)),
+        "torch with_format, batched, no workers": lambda: torch.utils.data.DataLoader(
+            ds.with_format("torch", columns=COLUMNS), batch_size=None,
+            sampler=torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(ds), args.batch, drop_last=False)),
         "naiad read_hf": lambda: naiad.DataLoader(naiad.read_hf(ds, columns=COLUMNS), shuffle=True, seed=0, **common),
         "naiad read_hf, process workers": lambda: naiad.DataLoader(naiad.read_hf(ds, columns=COLUMNS), shuffle=True,
                                                                    seed=0, worker_mode="process", **common),

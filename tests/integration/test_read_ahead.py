@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -229,10 +230,17 @@ def test_a_remote_source_reads_further_ahead() -> None:
         fs.rm("memory://naiad-read-ahead", recursive=True)
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds every process on the machine has used (/proc/stat's first line)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def _run_until_decided(path: str, step: Callable[[], None] | None, limit_s: float = 60.0) -> tuple[naiad.DataLoader, list[np.ndarray]]:
     loader = naiad.DataLoader(naiad.read_csv(path), batch_size=256, shuffle=True, seed=0, shuffle_buffer=8192)
     first: list[np.ndarray] = []
-    start = time.monotonic()
+    start, busy, own = time.monotonic(), _machine_busy_s(), time.process_time()
     epoch = 0
     while not loader.stats().workers.get("read_ahead_tuning", {}).get("settled"):
         assert time.monotonic() - start < limit_s, loader.stats().workers
@@ -243,6 +251,11 @@ def _run_until_decided(path: str, step: Callable[[], None] | None, limit_s: floa
             if step is not None:
                 step()
         epoch += 1
+    # The tuner weighs this process's CPU against the cores; other processes busy on them take
+    # the cores it counts as free, and the decision is then not the one this test names.
+    others = (_machine_busy_s() - busy - (time.process_time() - own)) / (time.monotonic() - start)
+    if others > 0.5:
+        pytest.skip(f"other processes kept {others:.1f} cores busy while the tuner measured")
     return loader, first
 
 

@@ -20,6 +20,12 @@ import naiad
 from naiad.errors import SourceError
 from naiad.sources.columns import missing_values, table_to_columns
 from naiad.stream.batching import ragged_tensors
+from naiad.stream.options import (
+    BUFFER_BYTES_BUDGET,
+    DEFAULT_SHUFFLE_BUFFER_ROWS,
+    MIN_SAMPLE_BUFFER_ROWS,
+    default_buffer_rows,
+)
 from naiad.testing import check_resume
 
 ROWS = 300
@@ -148,3 +154,17 @@ def test_pack_xy_names_a_ragged_column_it_cannot_pack(tmp_path: Path) -> None:
     loader = naiad.DataLoader(read(write(tmp_path, "parquet")), batch_size=8, transform=naiad.pack_xy(label="k"))
     with pytest.raises(naiad.errors.ConfigError, match=r"column 'ids' is not one tensor \(rows of unequal length\)"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_the_default_buffer_counts_ragged_rows_at_their_bytes(tmp_path: Path, fmt: str) -> None:
+    """Rows of 8,192 token ids (32 KiB) would make the 131,072-row default 4 GiB: the buffer is
+    sized by the file's bytes per row instead, within the same budget."""
+    rows = [list(range(k, k + 8192)) for k in range(300)]
+    src = read(write(tmp_path, fmt, "int32", rows))
+    assert 32 << 10 <= src.sample_bytes() < 40 << 10
+    buffer = default_buffer_rows(src)
+    assert MIN_SAMPLE_BUFFER_ROWS <= buffer < DEFAULT_SHUFFLE_BUFFER_ROWS and buffer * (32 << 10) <= BUFFER_BYTES_BUDGET
+    (tmp_path / "small").mkdir()
+    small = read(write(tmp_path / "small", fmt, "int32", [[k] for k in range(300)]))  # a few bytes a row: the usual floor
+    assert default_buffer_rows(small) == DEFAULT_SHUFFLE_BUFFER_ROWS

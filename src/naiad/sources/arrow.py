@@ -38,7 +38,7 @@ from naiad.sources.index import IndexDir, check_index_dir
 from naiad.sources.ipc_footer import ipc_batch_rows
 from naiad.sources.ipc_stream import StreamFile, is_stream_file, open_stream_file
 from naiad.sources.media import (
-    has_binary,
+    has_variable_rows,
     is_media_struct,
     media_access,
     media_schema,
@@ -148,9 +148,10 @@ class ArrowSource(Source):
         return apply_dtypes(schema, resolve_dtypes(self._dtypes_arg, schema.names))
 
     def sample_bytes(self) -> int | None:
-        """With a column of bytes, the first file's bytes per row; else None."""
+        """With a column of bytes or a ragged one (``has_variable_rows``), the first file's bytes
+        per row; else None."""
         path = self.paths[0]
-        if not has_binary(self.file_schema(path)):
+        if not has_variable_rows(self.file_schema(path)):
             return None
         stream = self._stream(path)
         if stream is not None:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from naiad.errors import SourceError
 from naiad.process_state import ProcessLocal
-from naiad.sources.columns import missing_reason, missing_values, null_rows
+from naiad.sources.columns import is_ragged_numeric, missing_reason, missing_values, null_rows
 from naiad.sources.contract import Block, OnBadRows, bad_entry
 from naiad.sources.openfiles import open_files_budget
 from naiad.sources.storage import Storage, is_remote
@@ -43,7 +43,7 @@ def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRow
         column = names[i]
         if i in also and not column:
             column, reason, fix = *also[i], "pass on_bad_rows='skip' to skip such rows"
-        elif pa.types.is_list(t := table.schema.field(column).type) or pa.types.is_large_list(t):
+        elif is_ragged_numeric(t := table.schema.field(column).type):
             reason, fix = missing_reason(column, t), "pass on_bad_rows='skip' to skip such rows"
         else:
             reason, fix = missing_reason(column, t), f"pass dtypes={{{column!r}: 'float32'}} to read it as NaN, or on_bad_rows='skip'"

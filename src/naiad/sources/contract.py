@@ -29,7 +29,8 @@ always right:
   by part.
 - ``parsed_bytes()``: the size of its parsed blocks, kept when ``SourceTraits.keeps_parsed``.
 - ``sample_bytes()``: about how many bytes a row holds when that is far more than its schema
-  says (an image, a clip): the default shuffle buffer is sized by it; default None.
+  says (an image, a clip, a ragged row of tokens): the default shuffle buffer is sized by it;
+  default None.
 
 A format may use from the engine ``schema()``, ``blocks()`` and ``local_bytes()``, and the
 options set by ``Source.__init__``: ``paths``, ``storage``, ``on_bad_rows``. Nothing here is

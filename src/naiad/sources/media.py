@@ -28,12 +28,13 @@ import pyarrow as pa
 
 from naiad.errors import ConfigError, SourceError
 from naiad.sources import storage as storage_mod
+from naiad.sources.columns import is_ragged_numeric
 from naiad.trust.paths import MediaAccess, locate_media, read_local_file
 
 if TYPE_CHECKING:
     from naiad.sources.storage import Storage
 
-__all__ = ["has_binary", "is_media_struct", "media_access", "media_schema", "resolve_media"]
+__all__ = ["has_variable_rows", "is_media_struct", "media_access", "media_schema", "resolve_media"]
 
 
 def media_access(media: MediaAccess | None) -> MediaAccess:
@@ -71,9 +72,12 @@ def media_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields, metadata=schema.metadata)
 
 
-def has_binary(schema: pa.Schema) -> bool:
-    """Whether the schema has a column of bytes (its rows then weigh what their bytes do)."""
-    return any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or is_media_struct(f.type) for f in schema)
+def has_variable_rows(schema: pa.Schema) -> bool:
+    """Whether the schema has a column whose rows vary in size: bytes, a media struct, a ragged
+    column of numbers (NOTE [ Ragged columns ]). Its rows then weigh what their values do, not
+    the few bytes a row of the schema's fixed-width columns says."""
+    return any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or is_media_struct(f.type)
+               or is_ragged_numeric(f.type) for f in schema)
 
 
 def resolve_media(table: pa.Table, path: str, store: Storage, first_row: int, skip: bool,

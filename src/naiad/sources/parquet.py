@@ -18,12 +18,14 @@ from naiad.sources.columns import (
     apply_dtypes,
     cast_to_schema,
     check_columns_present,
+    is_ragged_numeric,
     resolve_dtypes,
+    row_bytes,
     select_columns,
     table_to_columns,
 )
 from naiad.sources.contract import Block, BlockData, GroupPart, SourceTraits
-from naiad.sources.media import has_binary, media_access, media_schema, resolve_media
+from naiad.sources.media import has_variable_rows, media_access, media_schema, resolve_media
 from naiad.sources.options import BadRows, StorageLike
 from naiad.sources.paths import PathLike
 from naiad.sources.storage import Storage
@@ -97,15 +99,23 @@ class ParquetSource(Source):
         return apply_dtypes(schema, resolve_dtypes(self._dtypes_arg, schema.names))
 
     def sample_bytes(self) -> int | None:
-        """With a column of bytes, the first file's bytes per row (uncompressed, from its
-        footer): the rows of images weigh what their bytes do; else None."""
+        """With a column of bytes or a ragged one (``has_variable_rows``), the first file's bytes
+        per row, from its footer: its pages' uncompressed size, or a ragged column's values at
+        their width if more (dictionary pages hold token ids in a byte or two, a batch in four or
+        eight); rows of images or of tokens weigh what their values do. Else None."""
         pf = open_parquet(self.paths[0], self.storage)
-        if not has_binary(pf.schema_arrow) or not pf.metadata.num_rows:
+        schema, meta = pf.schema_arrow, pf.metadata
+        if not has_variable_rows(schema) or not meta.num_rows:
             return None
-        meta = pf.metadata
-        nbytes: int = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+        nbytes: int = sum(g.total_byte_size for g in groups)
+        widths = {f.name: max(1, f.type.value_type.bit_width // 8) for f in schema if is_ragged_numeric(f.type)}
+        leaves = [(j, widths[name]) for j in range(meta.num_columns)
+                  if (name := meta.schema.column(j).path.split(".")[0]) in widths]
+        values: int = sum(g.column(j).num_values * width for g in groups for j, width in leaves)
         rows: int = meta.num_rows
-        return max(1, nbytes // rows)
+        fixed = row_bytes(pa.schema([f for f in schema if f.name not in widths])) * rows
+        return max(1, max(nbytes, values + fixed) // rows)
 
     def _file_blocks(self, path: str) -> list[Block]:
         pf = open_parquet(path, self.storage)

@@ -58,8 +58,8 @@ def default_buffer_rows(source: Source, *, decoded_bytes: int | None = None) -> 
     -0.042, batch span 0.916), and the whole table costs no more memory than the budget already
     allows one big block.
 
-    A source of samples (images, audio: ``Source.sample_bytes()``, known without counting every
-    file) gets what fits the same 256 MiB at its bytes per row, between ``MIN_SAMPLE_BUFFER_ROWS``
+    A source of samples (images, audio, ragged rows of tokens: ``Source.sample_bytes()``, known
+    without counting every file) gets what fits the same 256 MiB at its bytes per row, between ``MIN_SAMPLE_BUFFER_ROWS``
     and ``DEFAULT_SHUFFLE_BUFFER_ROWS``: 131,072 ImageNet JPEGs would hold 14 GB (WebDataset's
     default buffer is 1,000 samples; this is about 2,400 of 110 KB). Samples decoded before the
     buffer (``decoded_bytes`` each: NOTE [ Small samples decode in the reads ] in decode.py) count
