@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import argparse
 import io
-import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import photo  # noqa: E402
-from harness import environment, markdown_table  # noqa: E402
-from harness import epoch_rate as harness_epoch_rate  # noqa: E402
+from harness import compare_epochs, environment, markdown_table  # noqa: E402
 
 import naiad  # noqa: E402
 
@@ -68,11 +66,6 @@ def make_dataset(count: int, folder: Path) -> Any:
     return datasets.load_from_disk(str(folder))
 
 
-def epoch_rate(loader: Iterable[Any], images: int) -> tuple[float, float]:
-    """Images per wall second and per CPU second of the process tree, over one epoch."""
-    return harness_epoch_rate(loader, images, lambda batch: len(batch["image"]))
-
-
 def loaders(ds: Any, args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
     common = {"batch_size": args.batch, "num_workers": args.workers, "persistent_workers": True}
     return {
@@ -87,26 +80,7 @@ def loaders(ds: Any, args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
 def run_size(count: int, args: argparse.Namespace, root: Path) -> list[list[Any]]:
     ds = make_dataset(count, root / f"saved-{count}")
     made = {name: make() for name, make in loaders(ds, args).items()}
-    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in made}
-    try:
-        for loader in made.values():
-            epoch_rate(loader, count)  # warm-up: workers started, files in the page cache
-        for _ in range(args.rounds):
-            for name, loader in made.items():
-                rates[name].append(epoch_rate(loader, count))
-    finally:
-        for loader in made.values():
-            close = getattr(loader, "close", None)
-            if close is not None:
-                close()
-    base = statistics.median(w for w, _ in rates["torch with_format"])
-    base_cpu = statistics.median(c for _, c in rates["torch with_format"])
-    rows = []
-    for name, got in rates.items():
-        wall, cpu = statistics.median(w for w, _ in got), statistics.median(c for _, c in got)
-        runs = ", ".join(f"{w / base:.2f}" for w, _ in got)
-        rows.append([count, name, f"{wall:,.0f}", f"{wall / base:.2f}x", f"{cpu:,.0f}", f"{cpu / base_cpu:.2f}x", runs])
-    return rows
+    return [[count, *row] for row in compare_epochs(made, count, lambda batch: len(batch["image"]), args.rounds, "torch with_format")]
 
 
 def main() -> None:

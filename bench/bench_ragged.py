@@ -32,7 +32,6 @@ here are shared and noisy: compare the ratios of one run, not absolute rates acr
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from collections.abc import Callable
@@ -45,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import environment, epoch_rate, markdown_table  # noqa: E402
+from harness import compare_epochs, environment, markdown_table  # noqa: E402
 
 import naiad  # noqa: E402
 
@@ -103,27 +102,7 @@ def run_size(count: int, args: argparse.Namespace, root: Path) -> list[list[Any]
         batch = next(iter(loader))
         if not all(isinstance(batch[c], list) and batch[c][0].ndim == 1 for c in COLUMNS[:2]):
             raise RuntimeError(f"{name}: not a list of 1-D tensors per row")
-    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in made}
-    count_rows: Callable[[Any], int] = lambda batch: len(batch["label"])  # noqa: E731
-    try:
-        for loader in made.values():
-            epoch_rate(loader, count, count_rows)  # warm-up: workers started, files in the page cache
-        for _ in range(args.rounds):
-            for name, loader in made.items():
-                rates[name].append(epoch_rate(loader, count, count_rows))
-    finally:
-        for loader in made.values():
-            close = getattr(loader, "close", None)
-            if close is not None:
-                close()
-    base = statistics.median(w for w, _ in rates["torch with_format"])
-    base_cpu = statistics.median(c for _, c in rates["torch with_format"])
-    rows = []
-    for name, got in rates.items():
-        wall, cpu = statistics.median(w for w, _ in got), statistics.median(c for _, c in got)
-        runs = ", ".join(f"{w / base:.2f}" for w, _ in got)
-        rows.append([count, name, f"{wall:,.0f}", f"{wall / base:.2f}x", f"{cpu:,.0f}", f"{cpu / base_cpu:.2f}x", runs])
-    return rows
+    return [[count, *row] for row in compare_epochs(made, count, lambda batch: len(batch["label"]), args.rounds, "torch with_format")]
 
 
 def main() -> None:

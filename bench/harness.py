@@ -79,3 +79,31 @@ def epoch_rate(loader: Iterable[Any], expected: int, count: Callable[[Any], int]
     if seen != expected:
         raise RuntimeError(f"an epoch delivered {seen} items, expected {expected}")
     return expected / elapsed, expected / max(1e-9, cpu)
+
+
+def compare_epochs(made: dict[str, Any], expected: int, count: Callable[[Any], int], rounds: int,
+                   baseline: str) -> list[list[Any]]:
+    """Each loader of ``made`` over whole epochs, side by side: a warm-up epoch each, then
+    ``rounds`` epochs each with the loaders alternating; each closed after (those that close).
+    One row per loader: ``[name, rate, vs baseline, rate per CPU s, vs baseline, each round vs
+    the baseline's median]``, medians of the rounds (:func:`epoch_rate`)."""
+    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in made}
+    try:
+        for loader in made.values():
+            epoch_rate(loader, expected, count)  # warm-up: workers started, files in the page cache
+        for _ in range(rounds):
+            for name, loader in made.items():
+                rates[name].append(epoch_rate(loader, expected, count))
+    finally:
+        for loader in made.values():
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+    base = statistics.median(w for w, _ in rates[baseline])
+    base_cpu = statistics.median(c for _, c in rates[baseline])
+    rows = []
+    for name, got in rates.items():
+        wall, cpu = statistics.median(w for w, _ in got), statistics.median(c for _, c in got)
+        runs = ", ".join(f"{w / base:.2f}" for w, _ in got)
+        rows.append([name, f"{wall:,.0f}", f"{wall / base:.2f}x", f"{cpu:,.0f}", f"{cpu / base_cpu:.2f}x", runs])
+    return rows
