@@ -19,7 +19,7 @@ import torch
 import naiad
 from naiad.errors import SourceError
 from naiad.sources.columns import missing_values, table_to_columns
-from naiad.stream.batching import ragged_tensors
+from naiad.stream.batching import ragged_tensors, to_torch
 from naiad.stream.options import (
     BUFFER_BYTES_BUDGET,
     DEFAULT_SHUFFLE_BUFFER_ROWS,
@@ -168,3 +168,21 @@ def test_the_default_buffer_counts_ragged_rows_at_their_bytes(tmp_path: Path, fm
     (tmp_path / "small").mkdir()
     small = read(write(tmp_path / "small", fmt, "int32", [[k] for k in range(300)]))  # a few bytes a row: the usual floor
     assert default_buffer_rows(small) == DEFAULT_SHUFFLE_BUFFER_ROWS
+
+
+def test_object_columns_of_other_arrays_keep_their_rows() -> None:
+    """A worker-side transform may leave arrays of any shape in a column: each row is still its own."""
+    def column(*rows: Any) -> np.ndarray:
+        out = np.empty(len(rows), object)
+        out[:] = list(rows)
+        return out
+
+    images = column(np.ones((2, 3), np.uint8), np.zeros((4, 3), np.uint8))  # alike past the first axis
+    got = to_torch({"c": images})["c"]
+    assert [tuple(t.shape) for t in got] == [(2, 3), (4, 3)] and got[0].dtype == torch.uint8
+    for rows in [column(np.ones((2, 3)), np.ones((2, 5))),  # unlike past it: the arrays as they are
+                 column(np.array(["a", "bc"]), np.array(["d"])),  # not numbers
+                 column(np.array([1, 2]), [3, 4])]:  # not all arrays
+        got = to_torch({"c": rows})["c"]
+        assert len(got) == 2 and all(g is r for g, r in zip(got, rows, strict=True))
+    assert to_torch({"c": column(b"x", b"yz")})["c"] == [b"x", b"yz"]

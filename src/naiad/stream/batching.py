@@ -24,7 +24,7 @@ def to_torch(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, arr in arrays.items():
         if arr.dtype.kind == "O":
-            out[name] = ragged_tensors(arr) if len(arr) and isinstance(arr[0], np.ndarray) else arr.tolist()
+            out[name] = _object_column(arr)
             continue
         flags = arr.flags
         if not (flags.writeable and flags.c_contiguous):
@@ -33,9 +33,22 @@ def to_torch(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
+def _object_column(arr: np.ndarray) -> list[Any]:
+    """An object column as a list: of tensors when every row is a NumPy array of numbers (a
+    ragged column, or a worker-side transform's arrays of unequal length), else as it is."""
+    rows = arr.tolist()
+    if rows and set(map(type, rows)) == {np.ndarray}:
+        try:
+            return ragged_tensors(arr)
+        except (TypeError, ValueError):  # strings or dates, or shapes past the first axis that differ
+            pass
+    return rows
+
+
 def ragged_tensors(rows: np.ndarray) -> list[torch.Tensor]:
-    """A batch's ragged column (an object array of 1-D arrays) as a list of 1-D tensors: one
-    copy of all the rows' values, then views of it, with no loop per row in Python."""
+    """A batch's ragged column (an object array of 1-D arrays, or of arrays alike past their
+    first axis) as a list of tensors: one copy of all the rows' values, then views of it, with no
+    loop per row in Python."""
     if not len(rows):
         return []
     lengths = np.fromiter(map(len, rows), np.int64, len(rows))
