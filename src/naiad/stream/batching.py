@@ -36,7 +36,7 @@ def to_torch(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
 def _object_column(arr: np.ndarray) -> list[Any]:
     """An object column as a list: of tensors when every row is a NumPy array of numbers (a
     ragged column, or a worker-side transform's arrays of unequal length), else as it is."""
-    rows = arr.tolist()
+    rows: list[Any] = arr.tolist()
     if rows and set(map(type, rows)) == {np.ndarray}:
         try:
             return ragged_tensors(arr)
