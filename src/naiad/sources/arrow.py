@@ -19,8 +19,8 @@ from naiad.sources.columns import (
     apply_dtypes,
     cast_to_schema,
     check_columns_present,
+    missing_columns,
     missing_reason,
-    missing_values,
     null_rows,
     resolve_dtypes,
     select_columns,
@@ -312,21 +312,19 @@ class ArrowSource(Source):
         """``table`` less its bad rows (a null in an integer column, a media struct with no
         bytes), each raised or kept as an entry naming its file and its row there."""
         bad = np.union1d(null_rows(table), np.fromiter(no_bytes, np.int64, count=len(no_bytes)))
+        if not bad.size:
+            return BlockData(table_to_columns(table), ())
+        names = missing_columns(table)
         entries = []
         for i in bad.tolist():
             path, row = self.paths[file_of[i]], int(rows[i] - file_starts[file_of[i]])
-            column, reason = no_bytes.get(i) or next(
-                (name, missing_reason(name, col.type))
-                for name, col in zip(table.column_names, table.columns)
-                if (m := missing_values(col.slice(i, 1))) is not None and m[0])
+            column, reason = no_bytes.get(i) or (names[i], missing_reason(names[i], table.schema.field(names[i]).type))
             if self.on_bad_rows == "raise":
                 raise SourceError(f"row {row}: {reason}; pass on_bad_rows='skip' to skip such rows.", path=path, column=column)
             entries.append(bad_entry(i, path, reason, row=row, column=column))
-        if entries:
-            keep = np.ones(table.num_rows, bool)
-            keep[bad] = False
-            table = table.filter(pa.array(keep))
-        return BlockData(table_to_columns(table), tuple(entries))
+        keep = np.ones(table.num_rows, bool)
+        keep[bad] = False
+        return BlockData(table_to_columns(table.filter(pa.array(keep))), tuple(entries))
 
 
 def sliced_blocks(blocks: list[Block], step: int | None) -> list[Block]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from naiad.errors import SourceError
 from naiad.process_state import ProcessLocal
-from naiad.sources.columns import is_ragged_numeric, missing_reason, missing_values, null_rows
+from naiad.sources.columns import is_ragged_numeric, missing_columns, missing_reason, null_rows
 from naiad.sources.contract import Block, OnBadRows, bad_entry
 from naiad.sources.openfiles import open_files_budget
 from naiad.sources.storage import Storage, is_remote
@@ -36,7 +36,7 @@ def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRow
         bad = np.union1d(bad, np.fromiter(also_bad, np.int64, count=len(also_bad)))
     if bad.size == 0:
         return table, ()
-    names = _missing_columns(table)
+    names = missing_columns(table)
     also = also_bad or {}
     if on_bad_rows == "raise":
         i = int(bad[0])
@@ -57,16 +57,6 @@ def check_no_nulls(table: pa.Table, block: Block, lo: int, on_bad_rows: OnBadRow
         for i in bad.tolist()
     )
     return table.filter(pa.array(keep)), entries
-
-
-def _missing_columns(table: pa.Table) -> np.ndarray:
-    """Each row's first column with a value NumPy cannot hold (``missing_values``), or ""."""
-    names = np.full(table.num_rows, "", object)
-    for name, column in zip(table.column_names, table.columns):
-        m = missing_values(column)
-        if m is not None:
-            names[m & (names == "")] = name
-    return names
 
 
 class ReaderCache:

@@ -50,6 +50,7 @@ __all__ = [
     "field_shape",
     "is_pixel_field",
     "is_ragged_numeric",
+    "missing_columns",
     "missing_reason",
     "missing_values",
     "null_column",
@@ -298,6 +299,16 @@ def missing_reason(name: str, t: pa.DataType, fix: str = "NumPy integers have no
     if is_ragged_numeric(t):
         return f"missing value in list column {name!r} (a row of numbers must be a list, with no missing integer in it)"
     return f"missing value in integer column {name!r} ({fix})"
+
+
+def missing_columns(table: pa.Table) -> np.ndarray:
+    """Each row's first column with a value NumPy cannot hold (:func:`missing_values`), or ""."""
+    names = np.full(table.num_rows, "", object)
+    for name, column in zip(table.column_names, table.columns):
+        m = missing_values(column)
+        if m is not None:
+            names[m & (names == "")] = name
+    return names
 
 
 def null_rows(table: pa.Table) -> np.ndarray:

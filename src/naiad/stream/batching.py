@@ -39,20 +39,20 @@ def _object_column(arr: np.ndarray) -> list[Any]:
     rows: list[Any] = arr.tolist()
     if rows and set(map(type, rows)) == {np.ndarray}:
         try:
-            return ragged_tensors(arr)
+            return ragged_tensors(rows)
         except (TypeError, ValueError):  # strings or dates, or shapes past the first axis that differ
             pass
     return rows
 
 
-def ragged_tensors(rows: np.ndarray) -> list[torch.Tensor]:
-    """A batch's ragged column (an object array of 1-D arrays, or of arrays alike past their
-    first axis) as a list of tensors: one copy of all the rows' values, then views of it, with no
-    loop per row in Python."""
-    if not len(rows):
+def ragged_tensors(rows: Sequence[np.ndarray]) -> list[torch.Tensor]:
+    """A batch's ragged column (its rows' 1-D arrays, or arrays alike past their first axis) as a
+    list of tensors: one copy of all the rows' values, then views of it, with no loop per row in
+    Python."""
+    if not rows:
         return []
     lengths = np.fromiter(map(len, rows), np.int64, len(rows))
-    flat = torch.from_numpy(np.concatenate(rows.tolist()))
+    flat = torch.from_numpy(np.concatenate(rows))
     return list(torch.split(flat, lengths.tolist()))
 
 
